@@ -1,0 +1,5 @@
+"""The scheduling core: synchronous, deterministic code shared by masterd and the simulator.
+
+Nothing under this package awaits, sleeps, reads the wall clock or touches the network: time
+comes in as ``now`` and the cluster comes in as a :class:`~masterd.core.cluster.ClusterState`.
+"""

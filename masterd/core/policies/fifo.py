@@ -1,0 +1,38 @@
+"""First in, first out with packing placement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from masterd.core.cluster import ClusterSnapshot
+from masterd.core.placement import FreePool, pack
+from masterd.core.policy import Decision, Start
+from shared.model import Job
+
+
+class FifoPolicy:
+    """Start jobs strictly in queue order; the first job that does not fit blocks the rest.
+
+    Blocking is the point of FIFO (no job is overtaken); ``backfill=True`` lets later jobs use
+    resources the blocked head cannot use, which trades strict order for utilisation.
+    """
+
+    name = "fifo"
+
+    def __init__(self, backfill: bool = False) -> None:
+        self.backfill = backfill
+
+    def decide(
+        self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
+    ) -> list[Decision]:
+        pool = FreePool(snapshot)
+        decisions: list[Decision] = []
+        for job in queue:
+            placement = pack(job.spec, pool)
+            if placement is None:
+                if self.backfill:
+                    continue
+                break
+            pool.take(placement)
+            decisions.append(Start(job.id, placement))
+        return decisions

@@ -1,0 +1,267 @@
+"""The job state machine and scheduling pass shared by masterd and the simulator.
+
+``SchedulingCore`` owns the jobs, the queue and the cluster accounting. Drivers feed it events
+(``submit``, ``node_started``, ``node_exited``, ...) with the time they happened and call
+``schedule(now)``; it returns the decisions it applied, which the driver carries out (real
+node commands in masterd, virtual completions in the simulator).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
+from masterd.core.placement import fits_cluster
+from masterd.core.policy import Decision, Policy, Preempt, Start
+from shared.model import Job, JobSpec, JobState, NodeInventory, Placement
+
+
+class JobError(ValueError):
+    """A request about a job that cannot be honoured; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A job state change the driver should record (and act on)."""
+
+    job_id: str
+    state: JobState
+    reason: str = ""
+
+
+class SchedulingCore:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.cluster = ClusterState()
+        self.jobs: dict[str, Job] = {}
+        self._queued: dict[str, Job] = {}
+        self._active: dict[str, Job] = {}  # starting or running
+        self._seq = itertools.count()
+        self._order: dict[str, tuple[int, float, int]] = {}
+        self._stopping: set[str] = set()  # preempted or cancelled, waiting for exits
+
+    # -- nodes ---------------------------------------------------------------------------
+    def node_up(self, inventory: NodeInventory) -> None:
+        self.cluster.upsert_node(inventory)
+        self.cluster.set_schedulable(inventory.name, True)
+
+    def node_down(self, name: str) -> None:
+        """The node is unreachable: place nothing new there, keep its jobs' resources."""
+        if self.cluster.node(name) is not None:
+            self.cluster.set_schedulable(name, False)
+
+    def set_drained(self, name: str, drained: bool) -> None:
+        if self.cluster.node(name) is None:
+            raise JobError("unknown_node", f"node {name!r} is not registered")
+        self.cluster.set_schedulable(name, not drained)
+
+    # -- jobs ----------------------------------------------------------------------------
+    def check_submittable(self, spec: JobSpec) -> None:
+        reason = fits_cluster(spec, self.cluster.snapshot({}))
+        if reason is not None:
+            raise JobError("unsatisfiable", f"job {spec.name}: {reason}")
+
+    def submit(self, job: Job) -> None:
+        if job.id in self.jobs:
+            raise JobError("duplicate_job", f"job id {job.id!r} already exists")
+        self.jobs[job.id] = job
+        if job.state is JobState.QUEUED:
+            self._enqueue(job)
+        elif not job.state.terminal:
+            self._active[job.id] = job
+
+    def restore(self, job: Job) -> None:
+        """Re-enter a job loaded from the store, keeping its resources if it was placed."""
+        self.jobs[job.id] = job
+        if job.state is JobState.QUEUED:
+            self._enqueue(job)
+        elif not job.state.terminal:
+            self._active[job.id] = job
+
+    def claim_restored(self, job_id: str) -> str | None:
+        """Re-allocate a restored active job's resources once its nodes are back."""
+        job = self._active.get(job_id)
+        if job is None or job.placement is None:
+            return None
+        if self.cluster.allocation(job_id) == job.placement:
+            return None
+        try:
+            self.cluster.adopt(job_id, job.placement)
+        except AllocationError as exc:
+            return str(exc)
+        return None
+
+    def _enqueue(self, job: Job) -> None:
+        job.state = JobState.QUEUED
+        self._queued[job.id] = job
+        self._order[job.id] = (-job.requeue_priority, job.submit_time, next(self._seq))
+
+    def queue(self) -> list[Job]:
+        return sorted(self._queued.values(), key=lambda j: self._order[j.id])
+
+    def running(self) -> dict[str, Job]:
+        return dict(self._active)
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self.cluster.snapshot(self._active)
+
+    # -- the scheduling pass -------------------------------------------------------------
+    def schedule(self, now: float) -> list[Decision]:
+        if not self._queued:
+            return []
+        decisions = self.policy.decide(self.snapshot(), self.queue(), now)
+        applied: list[Decision] = []
+        for decision in decisions:
+            if isinstance(decision, Start):
+                job = self._queued.get(decision.job_id)
+                if job is None:
+                    continue
+                try:
+                    self.cluster.allocate(job.id, decision.placement)
+                except AllocationError:
+                    # A stale or conflicting decision: leave the job queued for the next pass.
+                    continue
+                del self._queued[job.id]
+                self._order.pop(job.id, None)
+                job.state = JobState.STARTING
+                job.placement = decision.placement
+                job.attempts += 1
+                job.node_states = {n: "preparing" for n in decision.placement.nodes}
+                job.reason = ""
+                self._active[job.id] = job
+                applied.append(decision)
+            elif isinstance(decision, Preempt):
+                job = self._active.get(decision.job_id)
+                if job is None or job.id in self._stopping:
+                    continue
+                self._stopping.add(job.id)
+                job.reason = f"preempted: {decision.reason}"
+                applied.append(decision)
+        return applied
+
+    # -- events from nodes ---------------------------------------------------------------
+    def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:
+        """A node refused to start its part: free everything and queue the job again."""
+        job = self._active.pop(job_id, None)
+        if job is None:
+            return None
+        self.cluster.release(job_id)
+        job.placement = None
+        job.node_states = {}
+        job.reason = f"start failed: {reason}"
+        self._stopping.discard(job_id)
+        job.requeue_priority = max(job.requeue_priority, 1)
+        self._enqueue(job)
+        return Transition(job_id, JobState.QUEUED, job.reason)
+
+    def node_started(self, job_id: str, node: str, now: float) -> Transition | None:
+        job = self._active.get(job_id)
+        if job is None or node not in job.node_states:
+            return None
+        job.node_states[node] = "running"
+        if job.state is JobState.STARTING and all(
+            s == "running" for s in job.node_states.values()
+        ):
+            job.state = JobState.RUNNING
+            job.start_time = now
+            return Transition(job_id, JobState.RUNNING)
+        return None
+
+    def node_exited(
+        self, job_id: str, node: str, exit_code: int | None, signal: int | None, now: float
+    ) -> tuple[Transition | None, list[str]]:
+        """Record one node's part exiting.
+
+        Returns the job's transition (once every part has exited) and the nodes whose parts
+        must now be stopped (a failed rank takes the whole job down).
+        """
+        job = self._active.get(job_id)
+        if job is None or node not in job.node_states:
+            return None, []
+        job.node_states[node] = "exited"
+        failed = (exit_code not in (0, None)) or signal is not None
+        if failed and job.exit_code in (0, None) and job.signal is None:
+            job.exit_code, job.signal = exit_code, signal
+        elif job.exit_code is None and job.signal is None:
+            job.exit_code = exit_code
+        to_stop: list[str] = []
+        if failed and job_id not in self._stopping:
+            self._stopping.add(job_id)
+            to_stop = [n for n, s in job.node_states.items() if s != "exited"]
+        if any(s != "exited" for s in job.node_states.values()):
+            return None, to_stop
+        return self._finish(job, now), to_stop
+
+    def _finish(self, job: Job, now: float) -> Transition:
+        del self._active[job.id]
+        self.cluster.release(job.id)
+        stopping = job.id in self._stopping
+        self._stopping.discard(job.id)
+        if job.state is JobState.CANCELLED or job.reason == "cancelled":
+            job.state = JobState.CANCELLED
+            job.end_time = now
+            return Transition(job.id, JobState.CANCELLED, "cancelled")
+        if stopping and job.reason.startswith("preempted"):
+            # Back to the head of its array, as if never started.
+            job.placement = None
+            job.node_states = {}
+            job.start_time = None
+            job.exit_code = job.signal = None
+            job.requeue_priority += 1
+            self._enqueue(job)
+            return Transition(job.id, JobState.QUEUED, job.reason)
+        job.end_time = now
+        if job.exit_code == 0 and job.signal is None:
+            job.state = JobState.FINISHED
+        else:
+            job.state = JobState.FAILED
+            if not job.reason:
+                job.reason = (
+                    f"killed by signal {job.signal}"
+                    if job.signal is not None
+                    else f"exited with code {job.exit_code}"
+                )
+        return Transition(job.id, job.state, job.reason)
+
+    def cancel(self, job_id: str, now: float) -> tuple[Transition | None, list[str]]:
+        """Cancel a job: at once if queued; running parts must be stopped on these nodes."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        if job.state.terminal:
+            raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
+        if job.state is JobState.QUEUED:
+            del self._queued[job_id]
+            self._order.pop(job_id, None)
+            job.state = JobState.CANCELLED
+            job.end_time = now
+            job.reason = "cancelled"
+            return Transition(job_id, JobState.CANCELLED, "cancelled"), []
+        job.reason = "cancelled"
+        self._stopping.add(job_id)
+        return None, [n for n, s in job.node_states.items() if s != "exited"]
+
+    def lost_parts(self, node: str, reported: Iterable[str], now: float) -> list[Transition]:
+        """A node re-registered without some jobs the master thought it ran: they ended unseen."""
+        seen = set(reported)
+        transitions = []
+        for job_id in self.cluster.jobs_on(node):
+            job = self._active.get(job_id)
+            if job is None or job_id in seen:
+                continue
+            if job.node_states.get(node) == "preparing":
+                continue  # the start command may still be in flight
+            job.reason = job.reason or f"lost on node {node}"
+            transition, _ = self.node_exited(job_id, node, None, None, now)
+            if transition is not None:
+                transitions.append(transition)
+        return transitions
+
+    def placement_of(self, job_id: str) -> Placement | None:
+        return self.cluster.allocation(job_id)

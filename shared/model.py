@@ -1,0 +1,220 @@
+"""The data model shared by the master, the node daemon, the CLI and the simulator."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+from shared.schema import bounded
+
+# Anything that may become part of a filesystem path (cgroup, resctrl group, state file) must
+# match NAME_PATTERN: no '/', no '.', so neither '..' nor hidden files can be formed.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}"
+UNIX_USER_PATTERN = r"[a-z_][a-z0-9_-]{0,31}"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+LARGE_JOB_GPUS = 4  # SODA: jobs of 4 GPUs or more use the large-job array
+
+
+def is_valid_name(name: str) -> bool:
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
+def check_name(name: str, what: str) -> str:
+    if not is_valid_name(name):
+        raise ValueError(
+            f"{what} {name!r} is not a valid name: use 1-63 letters, digits, '-' or '_', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+class JobKind(enum.StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    CPU = "cpu"
+
+
+class QosClass(enum.StrEnum):
+    URGENT = "urgent"
+    PRIOR = "prior"
+    NORMAL = "normal"
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node inventory
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int = bounded(min=0, max=1023)
+    uuid: str = bounded(max_len=128)
+    model: str = bounded(max_len=128)
+    memory_mib: int = bounded(min=0)
+    numa_node: int = bounded(-1, min=-1, max=1023)
+    pci_bus_id: str = bounded("", max_len=64)
+    # Id of the PCIe switch the GPU sits behind; GPUs sharing it talk fastest (GENIE's locality).
+    pcie_switch: int = bounded(0, min=0)
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class CpuCore:
+    id: int = bounded(min=0, max=65535)
+    socket: int = bounded(0, min=0)
+    numa_node: int = bounded(0, min=0)
+    core: int = bounded(0, min=0)
+    siblings: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NicInfo:
+    name: str = bounded(max_len=64)
+    speed_mbps: int = bounded(0, min=0)
+
+
+@dataclass(frozen=True)
+class RdtCapabilities:
+    cat: bool = False
+    mba: bool = False
+    mbm: bool = False
+    mba_mbps: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    name: str = bounded(pattern=NAME_PATTERN)
+    hostname: str = bounded(max_len=255)
+    address: str = bounded(max_len=255)
+    gpus: tuple[GpuInfo, ...] = bounded(default_factory=tuple, max_len=1024)
+    cpus: tuple[CpuCore, ...] = bounded(default_factory=tuple, max_len=65536)
+    memory_mib: int = bounded(0, min=0)
+    nics: tuple[NicInfo, ...] = bounded(default_factory=tuple, max_len=64)
+    rdt: RdtCapabilities = field(default_factory=RdtCapabilities)
+    # NVML topology levels between GPU i and j (0 same board ... 50 across sockets); may be empty.
+    gpu_links: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def gpu_model(self) -> str | None:
+        return self.gpus[0].model if self.gpus else None
+
+    def numa_of_gpu(self, index: int) -> int:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu.numa_node
+        return -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a user asks for. Validated on submission; immutable afterwards."""
+
+    name: str = bounded(pattern=NAME_PATTERN)
+    command: tuple[str, ...] = bounded(max_len=1024)
+    user: str = bounded(pattern=UNIX_USER_PATTERN)
+    kind: JobKind = JobKind.TRAINING
+    tenant: str = bounded("default", pattern=NAME_PATTERN)
+    qos: QosClass = QosClass.NORMAL
+    gpus: int = bounded(0, min=0, max=4096)
+    gpu_model: str | None = bounded(None, max_len=128)
+    cpus: int = bounded(1, min=0, max=4096)
+    memory_mib: int = bounded(0, min=0, max=1 << 30)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = bounded(None, max_len=4096)
+    model_type: str | None = bounded(None, max_len=128)
+    model_family: str | None = bounded(None, max_len=64)
+    model_params_m: float | None = bounded(None, min=0)
+    batch: int | None = bounded(None, min=1, max=1 << 24)
+    iterations: int | None = bounded(None, min=1, max=1 << 40)
+    # Absolute deadline (seconds since the epoch); overrides the class's ECT when set.
+    deadline: float | None = bounded(None, min=0)
+    # Nodes a multi-node job may span at most; None lets the policy choose.
+    max_nodes: int | None = bounded(None, min=1, max=4096)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("command must not be empty")
+        if self.kind is JobKind.CPU and self.gpus:
+            raise ValueError(f"a cpu job cannot ask for GPUs (gpus={self.gpus})")
+        if self.kind is JobKind.TRAINING and self.gpus == 0:
+            raise ValueError("a training job needs at least one GPU (gpus=0)")
+        if self.cpus == 0 and self.gpus == 0:
+            raise ValueError("a job must ask for at least one GPU or one CPU core")
+        for key in self.env:
+            if not key or "=" in key or len(key) > 256:
+                raise ValueError(f"env key {key!r} is not a valid variable name")
+
+    @property
+    def array_kind(self) -> str:
+        """Which SODA array family the job belongs to: cpu, small or large."""
+        if self.gpus == 0:
+            return "cpu"
+        return "large" if self.gpus >= LARGE_JOB_GPUS else "small"
+
+
+@dataclass(frozen=True)
+class NodeAllocation:
+    """The concrete resources of one node given to one job."""
+
+    node: str = bounded(pattern=NAME_PATTERN)
+    gpus: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = ()
+    memory_mib: int = bounded(0, min=0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    allocations: tuple[NodeAllocation, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.allocations)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(a.gpus) for a in self.allocations)
+
+
+@dataclass
+class Job:
+    """The master's record of one job (mutable: state moves as events arrive)."""
+
+    id: str
+    spec: JobSpec
+    submit_time: float
+    state: JobState = JobState.QUEUED
+    placement: Placement | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    attempts: int = 0
+    # Per-node state of a starting/running job: node -> "preparing"|"running"|"exited".
+    node_states: dict[str, str] = field(default_factory=dict)
+    # Higher sorts first among jobs re-queued at the head of their array (preemption).
+    requeue_priority: int = 0
+
+    @property
+    def queued_seconds(self) -> float | None:
+        if self.start_time is None:
+            return None
+        return self.start_time - self.submit_time
