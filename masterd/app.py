@@ -1,0 +1,143 @@
+"""aiohttp wiring: the node WebSocket endpoint and the msgpack RPC endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import WSMsgType, web
+
+from masterd.rpc import Rpc
+from masterd.service import Master
+from masterd.sessions import NodeSession
+from masterd.store import StoreError
+from shared.messages import NODE_EVENTS, Hello
+from shared.protocol import (
+    MAX_FRAME,
+    ProtocolError,
+    decode_frame,
+    decode_rpc_request,
+    encode_frame,
+    encode_rpc_error,
+    encode_rpc_result,
+    error_body,
+)
+from shared.schema import SchemaError, decode
+
+log = logging.getLogger("trellis.master.http")
+
+MSGPACK = "application/msgpack"
+MASTER_KEY = web.AppKey("master", Master)
+RPC_KEY = web.AppKey("rpc", Rpc)
+
+
+async def handle_rpc(request: web.Request) -> web.Response:
+    rpc = request.app[RPC_KEY]
+    body = await request.read()
+    req_id = None
+    try:
+        req = decode_rpc_request(body)
+        req_id = req.id
+        result = await rpc.call(req.method, req.params)
+    except ProtocolError as exc:
+        status = 404 if exc.code in ("unknown_job", "unknown_node", "unknown_method") else 400
+        return web.Response(body=encode_rpc_error(req_id, exc.code, exc.message),
+                            status=status, content_type=MSGPACK)
+    except StoreError as exc:
+        return web.Response(body=encode_rpc_error(req_id, "store_unavailable", str(exc)),
+                            status=503, content_type=MSGPACK)
+    except Exception:
+        log.exception("rpc failed")
+        return web.Response(
+            body=encode_rpc_error(req_id, "internal", "the master failed to serve the request; "
+                                  "see its log"),
+            status=500, content_type=MSGPACK)
+    return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
+
+
+async def handle_node(request: web.Request) -> web.WebSocketResponse:
+    """Read frames as they come; acks resolve at once, events go to a per-node worker.
+
+    Events are handled in order but off the reader, so a handler that sends this node a
+    command and waits for its ack cannot deadlock the connection.
+    """
+    master = request.app[MASTER_KEY]
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=10.0)
+    await ws.prepare(request)
+    session: NodeSession | None = None
+    inbox: asyncio.Queue[tuple[int, str, object]] = asyncio.Queue()
+    worker: asyncio.Task[None] | None = None
+
+    async def work() -> None:
+        assert session is not None
+        while True:
+            id_, type_, body = await inbox.get()
+            try:
+                if isinstance(body, Hello):
+                    await master.node_hello(session, body)
+                else:
+                    await master.node_event(session.name, type_, body)
+            except Exception as exc:
+                log.exception("node=%s event %s failed", session.name, type_)
+                await session.reply_error(id_, ProtocolError("internal", str(exc)))
+                continue
+            await session.reply(id_)
+
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.BINARY:
+                if msg.type == WSMsgType.TEXT:
+                    await ws.close(code=1003, message=b"binary msgpack frames only")
+                break
+            try:
+                frame = decode_frame(msg.data)
+            except ProtocolError as exc:
+                log.warning("node=%s bad frame: %s", session.name if session else "?", exc)
+                continue
+            if frame.type in ("ack", "error"):
+                if session is not None:
+                    session.resolve(frame.id, frame.type == "ack", frame.body)
+                continue
+            try:
+                schema = NODE_EVENTS.get(frame.type)
+                if schema is None:
+                    raise ProtocolError("unknown_type", f"unknown message type {frame.type!r}")
+                try:
+                    body = decode(schema, frame.body)
+                except SchemaError as exc:
+                    raise ProtocolError("invalid_message", f"{frame.type}: {exc}") from None
+                if session is None:
+                    if not isinstance(body, Hello):
+                        raise ProtocolError("not_registered", "send hello first")
+                    session = NodeSession(body.inventory.name, ws,
+                                          master.config.command_timeout_s)
+                    worker = asyncio.get_running_loop().create_task(work())
+                    inbox.put_nowait((frame.id, "hello", body))
+                elif isinstance(body, Hello):
+                    raise ProtocolError("already_registered", "hello was already received")
+                else:
+                    inbox.put_nowait((frame.id, frame.type, body))
+            except ProtocolError as exc:
+                await ws.send_bytes(
+                    encode_frame("error", frame.id, error_body(exc.code, exc.message)))
+    finally:
+        if worker is not None:
+            worker.cancel()
+        if session is not None:
+            session.close()
+            master.node_disconnected(session)
+    return ws
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def make_app(master: Master) -> web.Application:
+    app = web.Application(client_max_size=MAX_FRAME)
+    app[MASTER_KEY] = master
+    app[RPC_KEY] = Rpc(master)
+    app.router.add_post("/v1/rpc", handle_rpc)
+    app.router.add_get("/v1/node", handle_node)
+    app.router.add_get("/healthz", handle_health)
+    return app

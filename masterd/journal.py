@@ -1,0 +1,70 @@
+"""Async front of the store: one thread, ordered writes, group commit for submissions."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from masterd.store import Store
+from shared.model import Job
+
+T = TypeVar("T")
+
+
+class Journal:
+    """Runs every store call on one thread, in issue order.
+
+    Submissions are batched: while one commit is on disk, newly arriving submissions wait in a
+    list and all go into the next transaction, so N concurrent submitters cost about one fsync
+    rather than N.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
+        self._pending: list[tuple[int, Job, asyncio.Future[None]]] = []
+        self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    async def submit(self, seq: int, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._pending.append((seq, job, fut))
+        if not self._flushing:
+            self._flushing = True
+            self._flusher = loop.create_task(self._flush())
+        await fut
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self.call(self.store.insert_jobs, [(s, j) for s, j, _ in batch])
+                except Exception:
+                    # One bad row must not sink its neighbours: retry one by one to find it.
+                    for seq, job, fut in batch:
+                        try:
+                            await self.call(self.store.insert_jobs, [(seq, job)])
+                        except Exception as exc:
+                            if not fut.done():
+                                fut.set_exception(exc)
+                        else:
+                            if not fut.done():
+                                fut.set_result(None)
+                    continue
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_result(None)
+        finally:
+            self._flushing = False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.close()

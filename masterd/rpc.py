@@ -1,0 +1,188 @@
+"""The admin/client RPC: method table, parameter schemas and the views it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from masterd.core.scheduler import JobError
+from masterd.service import Master
+from shared.model import NAME_PATTERN, Job, JobSpec, JobState
+from shared.protocol import ProtocolError
+from shared.schema import SchemaError, bounded, decode
+
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class SubmitParams:
+    job: JobSpec
+    id: str | None = bounded(None, max_len=256)
+
+
+@dataclass(frozen=True)
+class JobIdParams:
+    id: str = bounded(max_len=256)
+
+
+@dataclass(frozen=True)
+class NodeParams:
+    node: str = bounded(max_len=256)
+
+
+@dataclass(frozen=True)
+class JobsParams:
+    state: str | None = bounded(None, pattern="|".join(s.value for s in JobState) + "|active")
+    tenant: str | None = bounded(None, pattern=NAME_PATTERN)
+    node: str | None = bounded(None, pattern=NAME_PATTERN)
+    limit: int = bounded(10_000, min=1, max=100_000)
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "id": job.id,
+        "name": spec.name,
+        "state": job.state.value,
+        "kind": spec.kind.value,
+        "tenant": spec.tenant,
+        "user": spec.user,
+        "qos": spec.qos.value,
+        "gpus": spec.gpus,
+        "cpus": spec.cpus,
+        "memory_mib": spec.memory_mib,
+        "command": list(spec.command),
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "queued_s": job.queued_seconds,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "reason": job.reason,
+        "attempts": job.attempts,
+        "nodes": list(job.placement.nodes) if job.placement else [],
+        "placement": [
+            {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus),
+             "memory_mib": a.memory_mib}
+            for a in job.placement.allocations
+        ] if job.placement else [],
+    }
+
+
+class Rpc:
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.methods: dict[str, tuple[type, Callable[[Any], Awaitable[Any]]]] = {
+            "ping": (NoParams, self.ping),
+            "submit": (SubmitParams, self.submit),
+            "cancel": (JobIdParams, self.cancel),
+            "jobs": (JobsParams, self.jobs),
+            "job": (JobIdParams, self.job),
+            "nodes": (NoParams, self.nodes),
+            "drain": (NodeParams, self.drain),
+            "undrain": (NodeParams, self.undrain),
+        }
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        entry = self.methods.get(method)
+        if entry is None:
+            known = ", ".join(sorted(self.methods))
+            raise ProtocolError("unknown_method", f"unknown method {method!r}; known: {known}")
+        schema, handler = entry
+        try:
+            args = decode(schema, params, "params")
+        except SchemaError as exc:
+            raise ProtocolError("invalid_params", str(exc)) from None
+        try:
+            return await handler(args)
+        except JobError as exc:
+            raise ProtocolError(exc.code, str(exc)) from None
+        except ValueError as exc:
+            raise ProtocolError("invalid_params", str(exc)) from None
+
+    def _job(self, job_id: str) -> Job:
+        job = self.master.core.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        return job
+
+    async def ping(self, _: NoParams) -> dict[str, Any]:
+        return {"version": VERSION, "policy": self.master.core.policy.name}
+
+    async def submit(self, p: SubmitParams) -> dict[str, Any]:
+        job = await self.master.submit(p.job, p.id)
+        return {"job": job_view(job)}
+
+    async def cancel(self, p: JobIdParams) -> dict[str, Any]:
+        self._job(p.id)
+        job = await self.master.cancel(p.id)
+        return {"job": job_view(job)}
+
+    async def jobs(self, p: JobsParams) -> dict[str, Any]:
+        out = []
+        for job in self.master.core.jobs.values():
+            if p.state == "active":
+                if job.state.terminal or job.state is JobState.QUEUED:
+                    continue
+            elif p.state and job.state.value != p.state:
+                continue
+            if p.tenant and job.spec.tenant != p.tenant:
+                continue
+            if p.node and not (job.placement and p.node in job.placement.nodes):
+                continue
+            out.append(job_view(job))
+            if len(out) >= p.limit:
+                break
+        return {"jobs": out}
+
+    async def job(self, p: JobIdParams) -> dict[str, Any]:
+        job = self._job(p.id)
+        events = await self.master.journal.call(self.master.store.events, job.id)
+        return {
+            "job": job_view(job),
+            "events": [
+                {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
+                for e in events
+            ],
+        }
+
+    async def nodes(self, _: NoParams) -> dict[str, Any]:
+        out = []
+        for view in self.master.core.cluster.views():
+            inv = view.inventory
+            util = self.master.gpu_util.get(view.name, {})
+            out.append({
+                "name": view.name,
+                "status": self.master.node_status(view.name),
+                "address": inv.address,
+                "gpu_model": inv.gpu_model,
+                "gpus": len(inv.gpus),
+                "gpus_free": len(view.free_gpus),
+                "gpus_unhealthy": [g.index for g in inv.gpus if not g.healthy],
+                "cpus": len(inv.cpus),
+                "cpus_free": len(view.free_cpus),
+                "memory_mib": inv.memory_mib,
+                "memory_free_mib": view.free_memory_mib,
+                "jobs": self.master.core.cluster.jobs_on(view.name),
+                "gpu_detail": [
+                    dict(dataclasses.asdict(g), utilization_pct=(
+                        util[g.index].utilization_pct if g.index in util else None))
+                    for g in inv.gpus
+                ],
+            })
+        return {"nodes": out}
+
+    async def drain(self, p: NodeParams) -> dict[str, Any]:
+        await self.master.set_drained(p.node, True)
+        return {"node": p.node, "status": self.master.node_status(p.node)}
+
+    async def undrain(self, p: NodeParams) -> dict[str, Any]:
+        await self.master.set_drained(p.node, False)
+        return {"node": p.node, "status": self.master.node_status(p.node)}

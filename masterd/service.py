@@ -1,0 +1,440 @@
+"""The master: drives the scheduling core from real events and carries out its decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pwd
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from masterd.core.policies import make_policy
+from masterd.core.policy import Preempt, Start
+from masterd.core.scheduler import JobError, SchedulingCore, Transition
+from masterd.journal import Journal
+from masterd.sessions import CommandFailed, NodeSession
+from masterd.store import Store, StoreError
+from shared.config import MasterConfig
+from shared.messages import (
+    ForgetJob,
+    GpuHealth,
+    GpuUtil,
+    Hello,
+    JobExited,
+    JobReport,
+    JobStarted,
+    PrepareJob,
+    StartJob,
+    StopJob,
+)
+from shared.model import Job, JobSpec, JobState, NodeInventory, check_name
+
+log = logging.getLogger("trellis.master")
+
+
+class Master:
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.core = SchedulingCore(make_policy(config.policy, **config.policy_options))
+        self.store = Store(Path(config.state_dir) / "master.db")
+        self.journal = Journal(self.store)
+        self.sessions: dict[str, NodeSession] = {}
+        self.drained: set[str] = set()
+        self.unreachable: set[str] = set()
+        self.gpu_util: dict[str, dict[int, GpuUtil]] = {}
+        self._seq = self.store.next_seq()
+        self._pass_pending = False
+        self._launching: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._grace: dict[str, asyncio.TimerHandle] = {}
+        self.passes = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def restore(self) -> None:
+        """Reload nodes and jobs from the journal (before serving)."""
+        for inventory, drained, _ in self.store.load_nodes():
+            self.core.node_up(inventory)
+            self.core.node_down(inventory.name)  # until it reconnects
+            if drained:
+                self.drained.add(inventory.name)
+        jobs = self.store.load_jobs()
+        for job in jobs:
+            self.core.restore(job)
+        for job in jobs:
+            if not job.state.terminal and job.state is not JobState.QUEUED:
+                problem = self.core.claim_restored(job.id)
+                if problem:
+                    log.error("job=%s cannot re-claim its resources: %s", job.id, problem)
+        active = sum(1 for j in jobs if not j.state.terminal and j.state is not JobState.QUEUED)
+        log.info(
+            "restored jobs=%d queued=%d active=%d nodes=%d",
+            len(jobs), len(self.core.queue()), active, len(self.core.cluster.node_names),
+        )
+
+    async def close(self) -> None:
+        for handle in self._grace.values():
+            handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.journal.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    # -- submissions ---------------------------------------------------------------------
+    def check_user(self, user: str) -> None:
+        if user == "root" and not self.config.allow_root_jobs:
+            raise JobError("user_refused", "jobs may not run as root")
+        if self.config.allowed_users and user not in self.config.allowed_users:
+            raise JobError("user_refused", f"user {user!r} is not on the allowed list")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise JobError("unknown_user", f"Unix user {user!r} does not exist") from None
+
+    async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+        self.check_user(spec.user)
+        self.core.check_submittable(spec)
+        seq = self._seq
+        self._seq += 1
+        if job_id is None:
+            job_id = f"{spec.name[:44]}-{seq}"
+        else:
+            check_name(job_id, "job id")
+        if job_id in self.core.jobs:
+            raise JobError("duplicate_job", f"job id {job_id!r} already exists")
+        job = Job(id=job_id, spec=spec, submit_time=self.clock())
+        # Reserve the id before the first await so a concurrent duplicate is refused.
+        self.core.jobs[job_id] = job
+        try:
+            await self.journal.submit(seq, job)
+        except StoreError as exc:
+            del self.core.jobs[job_id]
+            raise JobError("store_unavailable", str(exc)) from None
+        except Exception as exc:  # e.g. an id taken by a row written before a crash
+            del self.core.jobs[job_id]
+            raise JobError("duplicate_job", f"job id {job_id!r} cannot be stored: {exc}") from None
+        del self.core.jobs[job_id]
+        self.core.submit(job)
+        log.info("job=%s submitted tenant=%s gpus=%d cpus=%d", job.id, spec.tenant,
+                 spec.gpus, spec.cpus)
+        self.request_pass()
+        return job
+
+    async def cancel(self, job_id: str) -> Job:
+        now = self.clock()
+        transition, stop_on = self.core.cancel(job_id, now)
+        job = self.core.jobs[job_id]
+        await self._persist([job], [(now, job_id, None, "cancel_requested", {})])
+        if transition is not None:
+            await self._record(transition)
+        for node in stop_on:
+            self._spawn(self._stop_part(job_id, node, "cancelled"))
+        return job
+
+    # -- scheduling ----------------------------------------------------------------------
+    def request_pass(self) -> None:
+        """Schedule one pass soon; a burst of events costs one pass, not one each."""
+        if not self._pass_pending:
+            self._pass_pending = True
+            asyncio.get_running_loop().call_soon(self._run_pass)
+
+    def _run_pass(self) -> None:
+        self._pass_pending = False
+        now = self.clock()
+        decisions = self.core.schedule(now)
+        self.passes += 1
+        for decision in decisions:
+            if isinstance(decision, Start):
+                job = self.core.jobs[decision.job_id]
+                self._launching.add(job.id)
+                self._spawn(self._launch(job))
+            elif isinstance(decision, Preempt):
+                self._spawn(self._preempt(decision))
+
+    async def _launch(self, job: Job) -> None:
+        """Two-phase start: every node prepares (checks user, GPUs, creates its cgroup), then
+        every node starts. A job spanning nodes runs on all of them or on none."""
+        try:
+            placement = job.placement
+            assert placement is not None
+            now = self.clock()
+            detail = {"placement": [
+                {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus)}
+                for a in placement.allocations
+            ], "attempt": job.attempts}
+            await self._persist([job], [(now, job.id, None, "placed", detail)])
+            nnodes = len(placement.allocations)
+            prepares = [
+                self._command(a.node, "prepare_job", PrepareJob(
+                    job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes))
+                for rank, a in enumerate(placement.allocations)
+            ]
+            results = await asyncio.gather(*prepares, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                await self._abort_launch(job, str(failures[0]))
+                return
+            rank0 = placement.allocations[0].node
+            view = self.core.cluster.node(rank0)
+            addr = view.inventory.address if view else "127.0.0.1"
+            port = int(results[0].get("port", 29500))  # type: ignore[union-attr]
+            starts = [
+                self._command(a.node, "start_job",
+                              StartJob(job_id=job.id, master_addr=addr, master_port=port))
+                for a in placement.allocations
+            ]
+            results = await asyncio.gather(*starts, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                await self._abort_launch(job, str(failures[0]))
+        finally:
+            self._launching.discard(job.id)
+
+    async def _abort_launch(self, job: Job, reason: str) -> None:
+        log.warning("job=%s launch failed: %s", job.id, reason)
+        placement = job.placement
+        nodes = placement.nodes if placement else ()
+        await asyncio.gather(
+            *(self._stop_part(job.id, n, "launch aborted", record=False) for n in nodes),
+            return_exceptions=True,
+        )
+        transition = self.core.start_failed(job.id, reason, self.clock())
+        if transition:
+            await self._record(transition)
+        self.request_pass()
+
+    async def _preempt(self, decision: Preempt) -> None:
+        job = self.core.jobs[decision.job_id]
+        now = self.clock()
+        await self._persist([job], [(now, job.id, None, "preempted", {"reason": decision.reason})])
+        log.info("job=%s preempted reason=%s", job.id, decision.reason)
+        for node, state in job.node_states.items():
+            if state != "exited":
+                self._spawn(self._stop_part(job.id, node, decision.reason))
+
+    async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
+        session = self.sessions.get(node)
+        if session is None:
+            raise CommandFailed(node, type_, "node_unreachable", "the node is not connected")
+        return await session.request(type_, body)
+
+    async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
+        try:
+            await self._command(node, "stop_job", StopJob(
+                job_id=job_id, grace_s=self.config.stop_grace_s, reason=reason[:256]))
+        except CommandFailed as exc:
+            # The node will report the job when it reconnects; reconciliation stops it then.
+            log.warning("job=%s node=%s stop not delivered: %s", job_id, node, exc.message)
+
+    # -- persistence ---------------------------------------------------------------------
+    async def _persist(self, jobs: list[Job], events: list[tuple]) -> None:
+        try:
+            await self.journal.call(self.store.update_jobs, jobs, events)
+        except StoreError as exc:
+            log.error("store write failed: %s", exc)
+            raise
+
+    async def _record(self, transition: Transition, node: str | None = None) -> None:
+        job = self.core.jobs[transition.job_id]
+        detail: dict[str, Any] = {"reason": transition.reason}
+        if transition.state.terminal:
+            detail.update(exit_code=job.exit_code, signal=job.signal)
+        await self._persist([job], [(self.clock(), job.id, node, transition.state.value, detail)])
+        log.info("job=%s state=%s%s", job.id, transition.state.value,
+                 f" reason={transition.reason!r}" if transition.reason else "")
+        if transition.state is not JobState.RUNNING:
+            self.request_pass()
+
+    # -- node channel --------------------------------------------------------------------
+    async def node_hello(self, session: NodeSession, hello: Hello) -> None:
+        inventory = hello.inventory
+        name = inventory.name
+        old = self.sessions.get(name)
+        if old is not None and old is not session:
+            old.close()
+            await old.ws.close()
+        self.sessions[name] = session
+        handle = self._grace.pop(name, None)
+        if handle:
+            handle.cancel()
+        self.unreachable.discard(name)
+        self.core.node_up(inventory)
+        if name in self.drained:
+            self.core.cluster.set_schedulable(name, False)
+        await self.journal.call(self.store.save_node, inventory, name in self.drained,
+                                self.clock())
+        for job in list(self.core.running().values()):
+            if job.placement and name in job.placement.nodes:
+                problem = self.core.claim_restored(job.id)
+                if problem:
+                    log.error("job=%s node=%s: %s", job.id, name, problem)
+        log.info("node=%s connected gpus=%d cpus=%d jobs_reported=%d", name,
+                 len(inventory.gpus), len(inventory.cpus), len(hello.jobs))
+        await self._reconcile(name, hello.jobs)
+        self.request_pass()
+
+    async def _reconcile(self, node: str, reports: tuple[JobReport, ...]) -> None:
+        """Make the master's view of ``node`` agree with what really runs there."""
+        now = self.clock()
+        for report in reports:
+            job = self.core.jobs.get(report.job_id)
+            mine = (
+                job is not None
+                and not job.state.terminal
+                and job.state is not JobState.QUEUED
+                and node in job.node_states
+            )
+            if not mine:
+                if report.state == "exited":
+                    self._spawn(self._forget(node, report.job_id))
+                else:
+                    log.warning("node=%s job=%s is not the master's; stopping it", node,
+                                report.job_id)
+                    self._spawn(self._stop_part(report.job_id, node, "unknown to the master"))
+                continue
+            assert job is not None
+            if report.state == "running":
+                if job.node_states[node] == "preparing":
+                    await self._on_started(job.id, node)
+                if job.reason in ("cancelled",) or job.reason.startswith("preempted"):
+                    self._spawn(self._stop_part(job.id, node, job.reason))
+            elif report.state == "exited":
+                await self._on_exited(node, JobExited(report.job_id, report.exit_code,
+                                                      report.signal))
+            elif report.state == "prepared" and job.id not in self._launching:
+                # A launch the master did not finish (it restarted between the phases).
+                await self._abort_launch(job, "the master restarted during the launch")
+        reported = {r.job_id for r in reports}
+        for transition in self.core.lost_parts(node, reported, now):
+            await self._record(transition, node)
+        # Jobs whose launch the master lost track of and that this node never started.
+        for job in list(self.core.running().values()):
+            if (
+                job.state is JobState.STARTING
+                and job.id not in self._launching
+                and job.node_states.get(node) == "preparing"
+                and job.id not in reported
+            ):
+                await self._abort_launch(job, "the master restarted before the job started")
+
+    async def _forget(self, node: str, job_id: str) -> None:
+        try:
+            await self._command(node, "forget_job", ForgetJob(job_id=job_id))
+        except CommandFailed as exc:
+            log.debug("node=%s forget %s not delivered: %s", node, job_id, exc.message)
+
+    async def _on_started(self, job_id: str, node: str) -> None:
+        transition = self.core.node_started(job_id, node, self.clock())
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            return
+        if transition is not None:
+            await self._record(transition, node)
+        else:
+            await self._persist([job], [(self.clock(), job_id, node, "part_started", {})])
+
+    async def _on_exited(self, node: str, event: JobExited) -> None:
+        transition, stop_on = self.core.node_exited(
+            event.job_id, node, event.exit_code, event.signal, self.clock()
+        )
+        job = self.core.jobs.get(event.job_id)
+        if job is not None and transition is None:
+            await self._persist([job], [(self.clock(), job.id, node, "part_exited",
+                                         {"exit_code": event.exit_code, "signal": event.signal})])
+        if transition is not None:
+            await self._record(transition, node)
+        for other in stop_on:
+            self._spawn(self._stop_part(event.job_id, other, f"rank on {node} failed"))
+        # The exit is on disk now: the node may drop its record.
+        self._spawn(self._forget(node, event.job_id))
+
+    async def node_event(self, node: str, type_: str, body: Any) -> None:
+        if type_ == "job_started":
+            assert isinstance(body, JobStarted)
+            await self._on_started(body.job_id, node)
+        elif type_ == "job_exited":
+            assert isinstance(body, JobExited)
+            await self._on_exited(node, body)
+        elif type_ == "gpu_util":
+            assert isinstance(body, GpuUtil)
+            self.gpu_util.setdefault(node, {})[body.index] = body
+            log.debug("node=%s gpu=%d band=%s util=%.0f", node, body.index, body.band,
+                      body.utilization_pct)
+        elif type_ == "gpu_health":
+            assert isinstance(body, GpuHealth)
+            await self._on_gpu_health(node, body)
+
+    async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
+        view = self.core.cluster.node(node)
+        if view is None:
+            return
+        gpus = tuple(
+            replace(g, healthy=event.healthy) if g.index == event.index else g
+            for g in view.inventory.gpus
+        )
+        inventory: NodeInventory = replace(view.inventory, gpus=gpus)
+        self.core.node_up(inventory)
+        if node in self.drained or node in self.unreachable:
+            self.core.cluster.set_schedulable(node, False)
+        level = logging.INFO if event.healthy else logging.WARNING
+        log.log(level, "node=%s gpu=%d healthy=%s reason=%s", node, event.index, event.healthy,
+                event.reason)
+        await self.journal.call(self.store.update_jobs, [], [(
+            self.clock(), None, node, "gpu_health",
+            {"gpu": event.index, "healthy": event.healthy, "reason": event.reason})])
+        self.request_pass()
+
+    def node_disconnected(self, session: NodeSession) -> None:
+        name = session.name
+        if self.sessions.get(name) is not session:
+            return
+        del self.sessions[name]
+        self.core.node_down(name)  # no session, so nothing can be started there
+        log.warning("node=%s disconnected; unreachable after %.0f s", name,
+                    self.config.node_grace_s)
+        loop = asyncio.get_running_loop()
+        self._grace[name] = loop.call_later(self.config.node_grace_s, self._mark_unreachable,
+                                            name)
+
+    def _mark_unreachable(self, name: str) -> None:
+        self._grace.pop(name, None)
+        if name in self.sessions:
+            return
+        self.unreachable.add(name)
+        jobs = self.core.cluster.jobs_on(name)
+        log.warning("node=%s unreachable; keeping its jobs=%d until it returns", name, len(jobs))
+
+    # -- operator actions ----------------------------------------------------------------
+    async def set_drained(self, name: str, drained: bool) -> None:
+        self.core.set_drained(name, drained)
+        if drained:
+            self.drained.add(name)
+        else:
+            self.drained.discard(name)
+            if name not in self.sessions:
+                self.core.node_down(name)
+        view = self.core.cluster.node(name)
+        assert view is not None
+        await self.journal.call(self.store.save_node, view.inventory, drained, self.clock())
+        await self._persist([], [(self.clock(), None, name,
+                                  "drained" if drained else "undrained", {})])
+        log.info("node=%s %s", name, "drained" if drained else "undrained")
+        self.request_pass()
+
+    def node_status(self, name: str) -> str:
+        if name in self.sessions:
+            return "drained" if name in self.drained else "ready"
+        return "unreachable" if name in self.unreachable else "disconnected"

@@ -1,0 +1,88 @@
+"""One node's WebSocket session: commands out with acknowledgements, events in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from shared.protocol import ProtocolError, encode_frame, error_body
+from shared.schema import encode
+
+log = logging.getLogger("trellis.master.session")
+
+
+class CommandFailed(RuntimeError):
+    """A node refused a command, did not answer in time, or went away."""
+
+    def __init__(self, node: str, command: str, code: str, message: str) -> None:
+        super().__init__(f"node {node}: {command} failed ({code}): {message}")
+        self.code = code
+        self.message = message
+
+
+class NodeSession:
+    def __init__(self, name: str, ws: web.WebSocketResponse, timeout_s: float) -> None:
+        self.name = name
+        self.ws = ws
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.closed = False
+
+    async def request(self, type_: str, body: Any) -> dict[str, Any]:
+        """Send a command and wait for the node's ack (or raise CommandFailed)."""
+        if self.closed:
+            raise CommandFailed(self.name, type_, "node_unreachable", "the node is not connected")
+        id_ = next(self._ids) * 2  # even ids: master-initiated, so they never clash with node ids
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[id_] = fut
+        try:
+            await self.ws.send_bytes(encode_frame(type_, id_, encode(body)))
+            return await asyncio.wait_for(fut, self.timeout_s)
+        except TimeoutError:
+            raise CommandFailed(
+                self.name, type_, "timeout", f"no answer within {self.timeout_s:g} s"
+            ) from None
+        except ConnectionError as exc:
+            raise CommandFailed(self.name, type_, "node_unreachable", str(exc)) from None
+        finally:
+            self._waiting.pop(id_, None)
+
+    def resolve(self, id_: int, ok: bool, body: dict[str, Any]) -> None:
+        fut = self._waiting.get(id_)
+        if fut is None or fut.done():
+            log.debug("node=%s stray reply id=%s", self.name, id_)
+            return
+        if ok:
+            fut.set_result(body)
+        else:
+            code = str(body.get("code", "error"))
+            fut.set_exception(
+                CommandFailed(self.name, "command", code, str(body.get("message", "")))
+            )
+
+    async def reply(self, id_: int, body: dict[str, Any] | None = None) -> None:
+        await self._send("ack", id_, body or {})
+
+    async def reply_error(self, id_: int, exc: ProtocolError) -> None:
+        await self._send("error", id_, error_body(exc.code, exc.message))
+
+    async def _send(self, type_: str, id_: int, body: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(ConnectionError):
+            await self.ws.send_bytes(encode_frame(type_, id_, body))
+
+    def close(self) -> None:
+        self.closed = True
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(
+                    CommandFailed(self.name, "command", "node_unreachable", "connection closed")
+                )
+        self._waiting.clear()

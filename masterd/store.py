@@ -1,0 +1,231 @@
+"""The master's journal: a SQLite file in WAL mode.
+
+A submission is committed (fsync'd) before it is acknowledged; every decision and state change
+is appended to the event log and the job row updated, so a restarted master resumes with the
+same queue and the same running jobs. All access goes through one thread that owns the
+connection: writes are serialised in the order they were issued, and concurrent submissions
+are group-committed (one fsync for a whole burst) by :class:`masterd.journal.Journal`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.model import Job, JobSpec, JobState, NodeAllocation, NodeInventory, Placement
+from shared.protocol import pack, unpack
+from shared.schema import decode, encode
+
+log = logging.getLogger("trellis.store")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    spec BLOB NOT NULL,
+    state TEXT NOT NULL,
+    submit_time REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    job_id TEXT,
+    node TEXT,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    inventory BLOB NOT NULL,
+    drained INTEGER NOT NULL DEFAULT 0,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class StoreError(RuntimeError):
+    """The journal could not record something (disk full, read-only, corrupt)."""
+
+
+@dataclass(frozen=True)
+class EventRow:
+    seq: int
+    time: float
+    job_id: str | None
+    node: str | None
+    kind: str
+    detail: dict[str, Any]
+
+
+def _job_data(job: Job) -> bytes:
+    return pack(
+        {
+            "placement": encode(job.placement) if job.placement else None,
+            "start_time": job.start_time,
+            "end_time": job.end_time,
+            "exit_code": job.exit_code,
+            "signal": job.signal,
+            "reason": job.reason,
+            "attempts": job.attempts,
+            "node_states": job.node_states,
+            "requeue_priority": job.requeue_priority,
+        }
+    )
+
+
+def _job_from_row(row: sqlite3.Row) -> Job:
+    spec = decode(JobSpec, unpack(row["spec"]))
+    data = unpack(row["data"])
+    placement = None
+    if data.get("placement"):
+        placement = Placement(
+            tuple(decode(NodeAllocation, a) for a in data["placement"]["allocations"])
+        )
+    return Job(
+        id=row["id"],
+        spec=spec,
+        submit_time=row["submit_time"],
+        state=JobState(row["state"]),
+        placement=placement,
+        start_time=data.get("start_time"),
+        end_time=data.get("end_time"),
+        exit_code=data.get("exit_code"),
+        signal=data.get("signal"),
+        reason=data.get("reason", ""),
+        attempts=data.get("attempts", 0),
+        node_states=dict(data.get("node_states") or {}),
+        requeue_priority=data.get("requeue_priority", 0),
+    )
+
+
+class Store:
+    """Synchronous access to the journal; call only from the store thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk before we acknowledge, even across a power cut.
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(*args)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+            return result
+        except sqlite3.OperationalError as exc:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if "full" in str(exc).lower():
+                raise StoreError("the master's disk is full; nothing was recorded") from exc
+            raise StoreError(f"the store could not record the change: {exc}") from exc
+
+    # -- jobs ----------------------------------------------------------------------------
+    def next_seq(self) -> int:
+        row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
+        return int(row[0]) + 1
+
+    def insert_jobs(self, jobs: Iterable[tuple[int, Job]]) -> None:
+        """Insert new jobs atomically; any duplicate id aborts the whole batch."""
+
+        def run(items: list[tuple[int, Job]]) -> None:
+            now = time.time()
+            for seq, job in items:
+                self.db.execute(
+                    "INSERT INTO jobs (id, seq, spec, state, submit_time, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (job.id, seq, pack(encode(job.spec)), job.state.value, job.submit_time,
+                     _job_data(job)),
+                )
+                self.db.execute(
+                    "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
+                    (now, job.id, None, "submitted", json.dumps({"tenant": job.spec.tenant})),
+                )
+
+        self._tx(run, list(jobs))
+
+    def job_exists(self, job_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
+
+    def update_jobs(self, jobs: Iterable[Job], events: Iterable[tuple] = ()) -> None:
+        """Persist the current state of jobs plus event rows (time, job, node, kind, detail)."""
+
+        def run(items: list[Job], evs: list[tuple]) -> None:
+            for job in items:
+                self.db.execute(
+                    "UPDATE jobs SET state=?, data=? WHERE id=?",
+                    (job.state.value, _job_data(job), job.id),
+                )
+            for t, job_id, node, kind, detail in evs:
+                self.db.execute(
+                    "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
+                    (t, job_id, node, kind, json.dumps(detail, default=str)),
+                )
+
+        self._tx(run, list(jobs), list(events))
+
+    def load_jobs(self) -> list[Job]:
+        rows = self.db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+        return [_job_from_row(r) for r in rows]
+
+    def events(
+        self, job_id: str | None = None, after: int = 0, limit: int = 1000
+    ) -> list[EventRow]:
+        if job_id is None:
+            rows = self.db.execute(
+                "SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            ).fetchall()
+        else:
+            rows = self.db.execute(
+                "SELECT * FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (job_id, after, limit),
+            ).fetchall()
+        return [
+            EventRow(r["seq"], r["time"], r["job_id"], r["node"], r["kind"],
+                     json.loads(r["detail"]))
+            for r in rows
+        ]
+
+    # -- nodes ---------------------------------------------------------------------------
+    def save_node(self, inventory: NodeInventory, drained: bool, last_seen: float) -> None:
+        def run() -> None:
+            self.db.execute(
+                "INSERT INTO nodes (name, inventory, drained, last_seen) VALUES (?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET inventory=excluded.inventory, "
+                "drained=excluded.drained, last_seen=excluded.last_seen",
+                (inventory.name, pack(encode(inventory)), int(drained), last_seen),
+            )
+
+        self._tx(run)
+
+    def load_nodes(self) -> list[tuple[NodeInventory, bool, float]]:
+        rows = self.db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
+        return [
+            (decode(NodeInventory, unpack(r["inventory"])), bool(r["drained"]), r["last_seen"])
+            for r in rows
+        ]

@@ -1,0 +1,229 @@
+"""The node agent: one WebSocket to the master, commands in, events out.
+
+The node always dials the master (no inbound port on GPU servers) and redials with capped
+exponential backoff plus jitter. Each (re)connection starts with ``hello`` carrying the
+inventory and every job part this node knows about, which is how the master reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from noded.gpu.base import GpuBackend, GpuHealthEvent
+from noded.jobs import JobPart, JobRefused, JobRunner
+from shared.messages import (
+    NODE_COMMANDS,
+    ForgetJob,
+    GpuHealth,
+    GpuUtil,
+    Hello,
+    JobExited,
+    JobStarted,
+    PrepareJob,
+    StartJob,
+    StopJob,
+    utilisation_band,
+)
+from shared.model import NodeInventory
+from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame, error_body
+from shared.schema import SchemaError, decode, encode
+
+log = logging.getLogger("trellis.node.agent")
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        master_url: str,
+        inventory: Callable[[], NodeInventory],
+        runner: JobRunner,
+        gpus: GpuBackend,
+        sample_interval_s: float = 1.0,
+        reconnect_max_s: float = 30.0,
+    ) -> None:
+        self.url = master_url.rstrip("/") + "/v1/node"
+        self.inventory = inventory
+        self.runner = runner
+        self.gpus = gpus
+        self.sample_interval_s = sample_interval_s
+        self.reconnect_max_s = reconnect_max_s
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ids = itertools.count(1)
+        self._bands: dict[int, str] = {}
+        self._unhealthy: dict[int, str] = {}
+        self.connected = asyncio.Event()
+        runner.on_exited = self._job_exited
+
+    # -- connection ----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        monitor = asyncio.get_running_loop().create_task(self._monitor_gpus(stop))
+        delay = 0.2
+        try:
+            async with aiohttp.ClientSession() as http:
+                while not stop.is_set():
+                    try:
+                        await self._session(http, stop)
+                        delay = 0.2
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        log.warning("master unreachable at %s: %s", self.url, exc)
+                    except ProtocolError as exc:
+                        log.error("master refused us: %s", exc.message)
+                    self.connected.clear()
+                    self.ws = None
+                    if stop.is_set():
+                        break
+                    # Full jitter keeps a fleet of nodes from redialling in lockstep.
+                    wait = random.uniform(0, delay)
+                    delay = min(self.reconnect_max_s, delay * 2)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
+        finally:
+            monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+
+    async def _session(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0) as ws:
+            self.ws = ws
+            hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()))
+            await self._send("hello", encode(hello))
+            log.info("connected to %s; reported %d job part(s)", self.url, len(hello.jobs))
+            self.connected.set()
+            stopper = asyncio.get_running_loop().create_task(stop.wait())
+            try:
+                while True:
+                    receive = asyncio.ensure_future(ws.receive())
+                    done, _ = await asyncio.wait({receive, stopper},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if stopper in done:
+                        receive.cancel()
+                        return
+                    msg = receive.result()
+                    if msg.type != aiohttp.WSMsgType.BINARY:
+                        log.warning("connection to master closed (%s)", msg.type.name)
+                        return
+                    await self._dispatch(msg.data)
+            finally:
+                stopper.cancel()
+
+    async def _send(self, type_: str, body: dict[str, Any], id_: int | None = None) -> None:
+        ws = self.ws
+        if ws is None or ws.closed:
+            return  # hello on the next connection carries what matters
+        if id_ is None:
+            id_ = next(self._ids) * 2 + 1  # odd ids: node-initiated
+        try:
+            await ws.send_bytes(encode_frame(type_, id_, body))
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("send %s failed: %s", type_, exc)
+
+    # -- commands ------------------------------------------------------------------------
+    async def _dispatch(self, data: bytes) -> None:
+        try:
+            frame = decode_frame(data)
+        except ProtocolError as exc:
+            log.warning("bad frame from master: %s", exc.message)
+            return
+        if frame.type in ("ack", "error"):
+            if frame.type == "error":
+                log.warning("master rejected message %d: %s", frame.id, frame.body)
+            return
+        schema = NODE_COMMANDS.get(frame.type)
+        try:
+            if schema is None:
+                raise ProtocolError("unknown_type", f"unknown command {frame.type!r}")
+            try:
+                cmd = decode(schema, frame.body)
+            except SchemaError as exc:
+                raise ProtocolError("invalid_message", f"{frame.type}: {exc}") from None
+            result = await self._execute(cmd)
+        except (ProtocolError, JobRefused) as exc:
+            code = exc.code
+            message = exc.message
+            log.warning("command %s refused: %s", frame.type, message)
+            await self._send("error", error_body(code, message), frame.id)
+            return
+        except Exception as exc:  # never let one command take the daemon down
+            log.exception("command %s failed", frame.type)
+            await self._send("error", error_body("internal", str(exc)), frame.id)
+            return
+        await self._send("ack", result, frame.id)
+
+    async def _execute(self, cmd: Any) -> dict[str, Any]:
+        if isinstance(cmd, PrepareJob):
+            return self.runner.prepare(cmd)
+        if isinstance(cmd, StartJob):
+            result = self.runner.start(cmd)
+            asyncio.get_running_loop().call_soon(
+                lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"])))
+            return result
+        if isinstance(cmd, StopJob):
+            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason)
+            return {}
+        if isinstance(cmd, ForgetJob):
+            self.runner.forget(cmd.job_id)
+            return {}
+        raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
+
+    # -- events --------------------------------------------------------------------------
+    async def _job_started(self, job_id: str, pid: int) -> None:
+        await self._send("job_started", encode(JobStarted(job_id=job_id, pid=pid)))
+
+    async def _job_exited(self, part: JobPart) -> None:
+        # Kept on disk until the master says forget_job, so an exit is never lost.
+        await self._send("job_exited", encode(JobExited(
+            job_id=part.job_id, exit_code=part.exit_code, signal=part.signal)))
+
+    async def _monitor_gpus(self, stop: asyncio.Event) -> None:
+        """Sample GPUs; push utilisation band changes and health changes as events."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            try:
+                samples = await loop.run_in_executor(None, self.gpus.sample)
+                health = await loop.run_in_executor(None, self.gpus.poll_health, 0)
+            except Exception:
+                log.exception("GPU sampling failed")
+                samples, health = [], []
+            for event in health:
+                await self._health(event)
+            holders = self._gpu_holders()
+            for sample in samples:
+                if not sample.healthy and sample.index not in self._unhealthy:
+                    await self._health(GpuHealthEvent(sample.index, "", False,
+                                                      sample.error or "unhealthy"))
+                band = utilisation_band(sample.utilization_pct)
+                if self._bands.get(sample.index) != band:
+                    self._bands[sample.index] = band
+                    await self._send("gpu_util", encode(GpuUtil(
+                        index=sample.index, utilization_pct=min(100.0, sample.utilization_pct),
+                        band=band, job_id=holders.get(sample.index))))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.sample_interval_s)
+
+    async def _health(self, event: GpuHealthEvent) -> None:
+        if event.healthy:
+            self._unhealthy.pop(event.index, None)
+        else:
+            self._unhealthy[event.index] = event.reason
+        log.log(logging.INFO if event.healthy else logging.WARNING,
+                "gpu=%d healthy=%s reason=%s", event.index, event.healthy, event.reason)
+        await self._send("gpu_health", encode(GpuHealth(
+            index=event.index, healthy=event.healthy, reason=event.reason[:512])))
+
+    def _gpu_holders(self) -> dict[int, str]:
+        return {
+            g: p.job_id
+            for p in self.runner.parts.values() if p.state == "running"
+            for g in p.prepare.allocation.gpus
+        }
+
+    def unhealthy_gpus(self) -> dict[int, str]:
+        return dict(self._unhealthy)

@@ -1,0 +1,395 @@
+"""Job parts on this node: prepare, start through the shim, stop, watch exits, re-adopt.
+
+Everything a job part needs to survive a noded restart lives in ``STATE/jobs/JOB/``:
+``prepare.json`` (what the master asked for), ``launch.json`` (what the shim runs),
+``shim.json`` (shim pid and start time), ``child.json`` (the job's pid = process group),
+``exit.json`` (written by the shim when the job ends), ``output.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from noded.cgroups import CgroupManager, GroupLimits
+from noded.gpu.base import GpuBackend
+from noded.shim import write_atomic
+from shared.messages import JobReport, PrepareJob, StartJob
+from shared.model import JobSpec, check_name
+from shared.schema import decode, encode
+
+log = logging.getLogger("trellis.node.jobs")
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class JobRefused(Exception):
+    """A command about a job this node will not carry out; ``code`` goes on the wire."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class JobPart:
+    job_id: str
+    prepare: PrepareJob
+    dir: Path
+    state: str = "prepared"  # prepared | running | exited
+    shim_pid: int | None = None
+    shim_ctime: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    error: str | None = None
+    stopping: bool = False
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def report(self) -> JobReport:
+        return JobReport(job_id=self.job_id, state=self.state, pid=self.shim_pid,
+                         exit_code=self.exit_code, signal=self.signal)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class JobRunner:
+    def __init__(
+        self,
+        node: str,
+        state_dir: Path,
+        cgroups: CgroupManager,
+        gpus: GpuBackend,
+        allow_root_jobs: bool = False,
+        allowed_users: tuple[str, ...] = (),
+        numa_of: dict[int, int] | None = None,
+        on_exited: Callable[[JobPart], Awaitable[None]] | None = None,
+    ) -> None:
+        self.node = node
+        self.dir = state_dir / "jobs"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cgroups = cgroups
+        self.gpus = gpus
+        self.allow_root_jobs = allow_root_jobs
+        self.allowed_users = allowed_users
+        self.numa_of = numa_of or {}
+        self.on_exited = on_exited
+        self.parts: dict[str, JobPart] = {}
+
+    # -- commands ------------------------------------------------------------------------
+    def _identity(self, user: str) -> pwd.struct_passwd:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise JobRefused("unknown_user", f"Unix user {user!r} does not exist on "
+                             f"node {self.node}") from None
+        if entry.pw_uid == 0 and not self.allow_root_jobs:
+            raise JobRefused("user_refused", f"node {self.node} does not run jobs as root")
+        if self.allowed_users and user not in self.allowed_users:
+            raise JobRefused("user_refused", f"user {user!r} is not allowed on {self.node}")
+        if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+            raise JobRefused(
+                "user_refused",
+                f"node {self.node} runs unprivileged and can only start jobs as "
+                f"{pwd.getpwuid(os.geteuid()).pw_name}, not {user!r}",
+            )
+        return entry
+
+    def prepare(self, cmd: PrepareJob) -> dict[str, Any]:
+        job_id = check_name(cmd.job_id, "job id")
+        existing = self.parts.get(job_id)
+        if existing is not None:
+            if existing.state == "prepared":
+                return {"port": (existing.prepare.node_rank == 0 and self._port(existing)) or 0}
+            raise JobRefused("job_exists", f"job {job_id} is already {existing.state} here")
+        if cmd.allocation.node != self.node:
+            raise JobRefused("wrong_node", f"allocation is for {cmd.allocation.node}, "
+                             f"this is {self.node}")
+        self._identity(cmd.spec.user)
+        busy_gpus = {g for p in self.parts.values() if p.state != "exited"
+                     for g in p.prepare.allocation.gpus}
+        clash = busy_gpus & set(cmd.allocation.gpus)
+        if clash:
+            raise JobRefused("gpus_busy", f"GPUs {sorted(clash)} are in use on {self.node}")
+        jobdir = self.dir / job_id
+        if jobdir.exists():  # left from an earlier attempt the master already settled
+            shutil.rmtree(jobdir)
+        jobdir.mkdir()
+        mems = sorted({self.numa_of.get(c, 0) for c in cmd.allocation.cpus}) or [0]
+        limits = GroupLimits(
+            cpus=tuple(cmd.allocation.cpus),
+            mems=tuple(mems),
+            memory_bytes=cmd.allocation.memory_mib * 1024 * 1024 or None,
+        )
+        try:
+            self.cgroups.create(job_id, limits)
+        except (OSError, ValueError) as exc:
+            shutil.rmtree(jobdir, ignore_errors=True)
+            raise JobRefused("cgroup_failed", f"cannot create the job's cgroup: {exc}") from exc
+        part = JobPart(job_id, cmd, jobdir)
+        port = free_port() if cmd.node_rank == 0 else 0
+        write_atomic(jobdir / "prepare.json", {"prepare": encode(cmd), "port": port})
+        self.parts[job_id] = part
+        log.info("job=%s prepared gpus=%s cpus=%s", job_id, list(cmd.allocation.gpus),
+                 list(cmd.allocation.cpus))
+        return {"port": port}
+
+    def _port(self, part: JobPart) -> int:
+        try:
+            return int(json.loads((part.dir / "prepare.json").read_text()).get("port", 0))
+        except (OSError, ValueError):
+            return 0
+
+    def start(self, cmd: StartJob) -> dict[str, Any]:
+        part = self.parts.get(cmd.job_id)
+        if part is None:
+            raise JobRefused("not_prepared", f"job {cmd.job_id} was not prepared on {self.node}")
+        if part.state != "prepared":
+            return {"pid": part.shim_pid}  # a repeated start is harmless
+        spec, alloc = part.prepare.spec, part.prepare.allocation
+        entry = self._identity(spec.user)
+        env = self._environment(part, spec, entry, cmd)
+        launch = {
+            "command": list(spec.command),
+            "env": env,
+            "uid": entry.pw_uid,
+            "gid": entry.pw_gid,
+            "groups": os.getgrouplist(entry.pw_name, entry.pw_gid) if os.geteuid() == 0 else [],
+            "workdir": spec.workdir or entry.pw_dir or "/",
+            "cgroup_procs": [str(p) for p in self.cgroups.attach_files(part.job_id)],
+            "cpus": list(alloc.cpus),
+        }
+        write_atomic(part.dir / "launch.json", launch)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "noded.shim", str(part.dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+            cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
+        )
+        part.popen = popen
+        part.shim_pid = popen.pid
+        part.shim_ctime = _ctime(popen.pid)
+        part.state = "running"
+        if self.cgroups.kind == "affinity":
+            self.cgroups.add_pid(part.job_id, popen.pid)
+        write_atomic(part.dir / "shim.json", {"pid": popen.pid, "ctime": part.shim_ctime})
+        self.gpus.job_started(part.job_id, tuple(alloc.gpus), (popen.pid,))
+        part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
+        log.info("job=%s started shim_pid=%d user=%s", part.job_id, popen.pid, spec.user)
+        return {"pid": popen.pid}
+
+    def _environment(self, part: JobPart, spec: JobSpec, entry: pwd.struct_passwd,
+                     cmd: StartJob) -> dict[str, str]:
+        alloc, prep = part.prepare.allocation, part.prepare
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": entry.pw_dir,
+            "USER": entry.pw_name,
+            "LOGNAME": entry.pw_name,
+            "LANG": "C.UTF-8",
+        }
+        env.update(spec.env)
+        env.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in alloc.gpus),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            # torch.distributed's env:// rendezvous, one process per node; a script that
+            # wants one process per GPU runs torchrun with NNODES/NODE_RANK/NPROC_PER_NODE.
+            "MASTER_ADDR": cmd.master_addr,
+            "MASTER_PORT": str(cmd.master_port),
+            "WORLD_SIZE": str(prep.nnodes),
+            "RANK": str(prep.node_rank),
+            "LOCAL_RANK": "0",
+            "NNODES": str(prep.nnodes),
+            "NODE_RANK": str(prep.node_rank),
+            "NPROC_PER_NODE": str(max(1, len(alloc.gpus))),
+            "OMP_NUM_THREADS": str(max(1, len(alloc.cpus))),
+            "TRELLIS_JOB_ID": part.job_id,
+            "TRELLIS_NODE": self.node,
+            "TRELLIS_CPUS": ",".join(str(c) for c in alloc.cpus),
+            "TRELLIS_PROGRESS_FILE": str(part.dir / "progress"),
+        })
+        return env
+
+    def stop(self, job_id: str, grace_s: float, reason: str) -> None:
+        part = self.parts.get(job_id)
+        if part is None or part.state == "exited":
+            return
+        if part.state == "prepared":
+            self._cleanup(part)
+            del self.parts[job_id]
+            shutil.rmtree(part.dir, ignore_errors=True)
+            log.info("job=%s dropped before start: %s", job_id, reason)
+            return
+        if part.stopping:
+            return
+        part.stopping = True
+        log.info("job=%s stopping grace=%.1fs reason=%s", job_id, grace_s, reason)
+        self._signal(part, signal.SIGTERM)
+        asyncio.get_running_loop().call_later(grace_s, self._kill, part)
+
+    def _kill(self, part: JobPart) -> None:
+        if part.state == "running":
+            log.warning("job=%s did not stop within its grace period; killing", part.job_id)
+            self._signal(part, signal.SIGKILL)
+
+    def _signal(self, part: JobPart, sig: int) -> None:
+        pgid = _child_pid(part.dir)
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+        if sig == signal.SIGKILL:
+            # Processes that left the job's process group are still in its cgroup; spare the
+            # shim, which must live to record the exit.
+            for pid in self.cgroups.pids(part.job_id):
+                if pid != part.shim_pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+
+    def forget(self, job_id: str) -> None:
+        part = self.parts.get(job_id)
+        if part is not None and part.state != "exited":
+            return  # only exited parts may be forgotten
+        self.parts.pop(job_id, None)
+        shutil.rmtree(self.dir / job_id, ignore_errors=True)
+
+    def reports(self) -> list[JobReport]:
+        return [p.report() for p in self.parts.values()]
+
+    # -- exits ---------------------------------------------------------------------------
+    async def _watch(self, part: JobPart) -> None:
+        assert part.shim_pid is not None
+        await _wait_pid(part.shim_pid, part.popen)
+        self._collect(part)
+        if self.on_exited is not None:
+            await self.on_exited(part)
+
+    def _collect(self, part: JobPart) -> None:
+        try:
+            result = json.loads((part.dir / "exit.json").read_text())
+        except (OSError, ValueError):
+            result = {"exit_code": None, "signal": signal.SIGKILL,
+                      "error": "the job's shim died without recording an exit status"}
+        part.state = "exited"
+        part.exit_code = result.get("exit_code")
+        part.signal = result.get("signal")
+        part.error = result.get("error")
+        self._cleanup(part)
+        log.info("job=%s exited code=%s signal=%s%s", part.job_id, part.exit_code, part.signal,
+                 f" error={part.error!r}" if part.error else "")
+
+    def _cleanup(self, part: JobPart) -> None:
+        self.gpus.job_ended(part.job_id)
+        try:
+            leftover = self.cgroups.pids(part.job_id)
+            if leftover:
+                self.cgroups.signal_all(part.job_id, signal.SIGKILL)
+            self.cgroups.remove(part.job_id)
+        except (OSError, ValueError) as exc:
+            log.warning("job=%s cgroup cleanup failed: %s", part.job_id, exc)
+
+    # -- restart -------------------------------------------------------------------------
+    def adopt(self) -> None:
+        """Re-adopt job parts a previous noded left running (or exited while it was down)."""
+        for jobdir in sorted(self.dir.iterdir()):
+            try:
+                check_name(jobdir.name, "job id")
+                saved = json.loads((jobdir / "prepare.json").read_text())
+                prepare = decode(PrepareJob, saved["prepare"])
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("ignoring unreadable job state %s: %s", jobdir, exc)
+                continue
+            part = JobPart(jobdir.name, prepare, jobdir)
+            self.parts[part.job_id] = part
+            shim = _read_json(jobdir / "shim.json")
+            if shim is None:
+                continue  # prepared, never started
+            part.shim_pid, part.shim_ctime = shim["pid"], shim.get("ctime")
+            if (jobdir / "exit.json").exists() or not _alive(part.shim_pid, part.shim_ctime):
+                self._collect(part)
+                continue
+            part.state = "running"
+            alloc = prepare.allocation
+            self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
+            part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
+            log.info("job=%s re-adopted shim_pid=%d", part.job_id, part.shim_pid)
+
+    async def shutdown(self) -> None:
+        """noded is stopping: leave jobs running (their shims keep them), stop watching."""
+        for part in self.parts.values():
+            if part.watcher is not None:
+                part.watcher.cancel()
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _child_pid(jobdir: Path) -> int | None:
+    data = _read_json(jobdir / "child.json")
+    return int(data["pid"]) if data else None
+
+
+def _ctime(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, ctime: float | None) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        if ctime is not None and abs(proc.create_time() - ctime) > 0.01:
+            return False  # the pid was reused by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+async def _wait_pid(pid: int, popen: subprocess.Popen[bytes] | None) -> None:
+    """Wait for a process to end, child or not: pidfd readability is the exit notification."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        fd = -1
+    if fd >= 0:
+        done = loop.create_future()
+        loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    if popen is not None:
+        popen.wait()  # reap our own child
+    else:
+        while _alive(pid, None):  # pidfd unavailable: a non-child we cannot reap
+            await asyncio.sleep(0.2)

@@ -1,0 +1,142 @@
+"""msgpack framing for every Trellis conversation.
+
+Two shapes travel on the wire:
+
+* node channel (WebSocket, both directions): ``{"v": 1, "type": str, "id": int, "body": map}``;
+  a reply carries the request's ``id`` and type ``"ack"`` or ``"error"``.
+* RPC (HTTP POST of one msgpack map): request ``{"v": 1, "id": any, "method": str,
+  "params": map}``, response ``{"v": 1, "id": same, "result": any}`` or
+  ``{"v": 1, "id": same, "error": {"code": str, "message": str}}``.
+
+Every frame is size-limited before it is parsed and msgpack's own limits cap nesting and
+string sizes, so a hostile frame costs at most ``MAX_FRAME`` bytes of work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 1 << 20  # 1 MiB: a node inventory of 1,024 GPUs fits many times over
+
+
+class ProtocolError(Exception):
+    """A request that cannot be served; ``code`` is machine-readable, the message is a sentence
+    for a human and names what was wrong."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes, *, max_size: int = MAX_FRAME) -> Any:
+    if len(data) > max_size:
+        raise ProtocolError(
+            "frame_too_large", f"frame of {len(data)} bytes exceeds the {max_size}-byte limit"
+        )
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=max_size,
+            max_str_len=max_size,
+            max_bin_len=max_size,
+            max_array_len=100_000,
+            max_map_len=100_000,
+            max_ext_len=0,
+        )
+    except ProtocolError:
+        raise
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError("bad_frame", f"frame is not valid msgpack: {exc}") from None
+    except Exception as exc:  # msgpack raises assorted types on hostile input
+        raise ProtocolError("bad_frame", f"frame is not valid msgpack: {exc}") from None
+
+
+def _check_version(obj: dict[str, Any]) -> None:
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad_version",
+            f"protocol version {version!r} is not supported (this side speaks "
+            f"{PROTOCOL_VERSION})",
+        )
+
+
+# -- node channel -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: str
+    id: int
+    body: dict[str, Any]
+
+
+def encode_frame(type_: str, id_: int, body: dict[str, Any]) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "type": type_, "id": id_, "body": body})
+
+
+def decode_frame(data: bytes) -> Frame:
+    obj = unpack(data)
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_frame", "frame must be a msgpack map")
+    _check_version(obj)
+    type_, id_, body = obj.get("type"), obj.get("id"), obj.get("body", {})
+    if not isinstance(type_, str) or not type_:
+        raise ProtocolError("bad_frame", "frame field 'type' must be a non-empty string")
+    if isinstance(id_, bool) or not isinstance(id_, int) or not 0 <= id_ < 2**63:
+        raise ProtocolError("bad_frame", "frame field 'id' must be a non-negative integer")
+    if not isinstance(body, dict):
+        raise ProtocolError("bad_frame", "frame field 'body' must be a map")
+    return Frame(type_, id_, body)
+
+
+def error_body(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
+# -- RPC --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RpcRequest:
+    id: Any
+    method: str
+    params: dict[str, Any]
+
+
+def decode_rpc_request(data: bytes) -> RpcRequest:
+    obj = unpack(data)
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_request", "request must be a msgpack map")
+    _check_version(obj)
+    method, params, id_ = obj.get("method"), obj.get("params", {}), obj.get("id")
+    if not isinstance(method, str) or not method:
+        raise ProtocolError("bad_request", "request field 'method' must be a non-empty string")
+    if not isinstance(params, dict):
+        raise ProtocolError("bad_request", "request field 'params' must be a map")
+    if not (id_ is None or isinstance(id_, int | str)) or isinstance(id_, bool):
+        raise ProtocolError("bad_request", "request field 'id' must be an integer or a string")
+    return RpcRequest(id_, method, params)
+
+
+def encode_rpc_request(method: str, params: dict[str, Any], id_: Any = None) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": id_, "method": method, "params": params})
+
+
+def encode_rpc_result(id_: Any, result: Any) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": id_, "result": result})
+
+
+def encode_rpc_error(id_: Any, code: str, message: str) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": id_, "error": error_body(code, message)})
