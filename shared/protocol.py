@@ -47,7 +47,6 @@ def unpack(data: bytes, *, max_size: int = MAX_FRAME) -> Any:
             data,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=max_size,
             max_str_len=max_size,
             max_bin_len=max_size,
             max_array_len=100_000,

@@ -1,0 +1,28 @@
+"""Builders for inventories and jobs used across unit tests."""
+
+from __future__ import annotations
+
+from shared.model import CpuCore, GpuInfo, Job, JobKind, JobSpec, NodeInventory
+
+
+def inventory(name: str, gpus: int = 8, cpus: int = 16, numa: int = 2, per_switch: int = 2,
+              model: str = "A100", memory_mib: int = 256_000) -> NodeInventory:
+    gpn = max(1, gpus // numa)
+    cpn = max(1, cpus // numa)
+    return NodeInventory(
+        name=name, hostname=name, address="127.0.0.1",
+        gpus=tuple(GpuInfo(index=i, uuid=f"GPU-{name}-{i}", model=model, memory_mib=40960,
+                           numa_node=min(i // gpn, numa - 1), pcie_switch=i // per_switch)
+                   for i in range(gpus)),
+        cpus=tuple(CpuCore(id=c, socket=min(c // cpn, numa - 1),
+                           numa_node=min(c // cpn, numa - 1), core=c)
+                   for c in range(cpus)),
+        memory_mib=memory_mib,
+    )
+
+
+def job(job_id: str, gpus: int = 1, cpus: int = 1, t: float = 0.0, **kw: object) -> Job:
+    kind = JobKind.CPU if gpus == 0 else JobKind.TRAINING
+    spec = JobSpec(name=job_id, command=("true",), user="nobody", kind=kind, gpus=gpus,
+                   cpus=cpus, **kw)  # type: ignore[arg-type]
+    return Job(id=job_id, spec=spec, submit_time=t)
