@@ -1,0 +1,139 @@
+"""Submit-RPC throughput and latency against a bare aiohttp msgpack echo, same run, loopback.
+
+    python bench/rpc.py [--seconds 5] [--concurrency 32]
+
+Starts a real trellis-masterd (journal on disk, synchronous=FULL) with one real node daemon
+that is drained, so submissions are journalled and queued but nothing is launched; and, as the
+baseline, a bare aiohttp server (uvloop) that decodes the same msgpack body and echoes it. Both
+are separate processes; the load generator (this process) drives each with the same closed-loop
+clients. Last line: JSON with submit_rps, echo_rps, ratio, p50_ms, p99_ms (of submit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from demo.cluster import LocalCluster, default_job_user, free_port  # noqa: E402
+from shared.protocol import encode_rpc_request, unpack  # noqa: E402
+
+ECHO_SERVER = textwrap.dedent("""
+    import asyncio, sys, msgpack, uvloop
+    from aiohttp import web
+    async def rpc(request):
+        body = msgpack.unpackb(await request.read(), raw=False)
+        return web.Response(body=msgpack.packb({"v": 1, "id": body.get("id"), "result": body}),
+                            content_type="application/msgpack")
+    app = web.Application()
+    app.router.add_post("/v1/rpc", rpc)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+""")
+
+
+async def drive(url: str, bodies: list[bytes], seconds: float, concurrency: int,
+                check: bool) -> tuple[int, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < stop_at:
+                body = bodies[next(counter) % len(bodies)]
+                t0 = time.perf_counter()
+                async with session.post(url, data=body,
+                                        headers={"Content-Type": "application/msgpack"}) as r:
+                    data = await r.read()
+                latencies.append(time.perf_counter() - t0)
+                if check and (r.status != 200 or "result" not in unpack(data)):
+                    errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies), latencies, errors
+
+
+def submit_bodies(n: int, user: str) -> list[bytes]:
+    return [
+        encode_rpc_request("submit", {"job": {
+            "name": f"bench-{i}", "command": ["python3", "train.py", "--epochs", "3"],
+            "user": user, "gpus": 1 + i % 4, "cpus": 2, "tenant": "bench", "qos": "normal",
+        }}, i)
+        for i in range(n)
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--concurrency", type=int, default=32)
+    args = p.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="trellis-bench-"))
+    cluster = LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
+                           cgroup_mode="affinity")
+    echo_port = free_port()
+    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)])
+    try:
+        cluster.start()
+        cluster.client().call("drain", {"node": cluster.node_name(1)})
+        bodies = submit_bodies(2000, default_job_user())
+        echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
+        for _ in range(100):  # wait for the echo server
+            try:
+                asyncio.run(drive(echo_url, bodies[:1], 0.05, 1, False))
+                break
+            except aiohttp.ClientError:
+                time.sleep(0.05)
+        # Warm both, then measure each in turn.
+        asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
+        echo_n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds, args.concurrency,
+                                         False))
+        sub_n, lat, errors = asyncio.run(drive(cluster.url + "/v1/rpc", bodies, args.seconds,
+                                               args.concurrency, True))
+        queued = len(cluster.client().call("jobs", {"state": "queued"})["jobs"])
+    finally:
+        echo.terminate()
+        echo.wait()
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)
+    submit_rps = sub_n / args.seconds
+    echo_rps = echo_n / args.seconds
+    result = {
+        "submit_rps": round(submit_rps, 1),
+        "echo_rps": round(echo_rps, 1),
+        "ratio": round(submit_rps / echo_rps, 3),
+        "p50_ms": round(percentile(lat, 0.50) * 1000, 2),
+        "p99_ms": round(percentile(lat, 0.99) * 1000, 2),
+        "errors": errors,
+        "jobs_journalled": queued,
+        "concurrency": args.concurrency,
+    }
+    print(f"submit: {sub_n} requests, echo: {echo_n} requests, {queued} jobs journalled",
+          file=sys.stderr)
+    print(json.dumps(result))
+    return 0 if errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

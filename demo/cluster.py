@@ -1,0 +1,223 @@
+"""A whole Trellis cluster on this machine: one master and N node daemons as real processes.
+
+Used by the demo and by the end-to-end tests. Every daemon is a separate OS process started
+from its console entry point, talking over loopback exactly as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from control.client import MasterClient, Unreachable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_job_user() -> str:
+    """Jobs never run as root: as root, the demo runs them as 'nobody'."""
+    if os.geteuid() == 0:
+        return "nobody"
+    import getpass
+
+    return getpass.getuser()
+
+
+@dataclass
+class Daemon:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    root: Path
+    nodes: int = 2
+    gpus_per_node: int = 4
+    prefix: str = "trellis-demo"
+    policy: str = "fifo"
+    cgroup_mode: str = "auto"
+    node_grace_s: float = 5.0
+    extra_master: dict[str, Any] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    master: Daemon | None = None
+    node_daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout: float = 10.0) -> MasterClient:
+        return MasterClient(self.url, timeout=timeout)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env
+                                    else "")
+        return env
+
+    def _write(self, name: str, text: str) -> Path:
+        path = self.root / name
+        path.write_text(text)
+        return path
+
+    def start_master(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        extra = "".join(f"{k} = {_toml(v)}\n" for k, v in self.extra_master.items())
+        cfg = self._write("master.toml", (
+            "[master]\n"
+            f'listen_host = "127.0.0.1"\nlisten_port = {self.port}\n'
+            f'state_dir = "{self.root / "master"}"\npolicy = "{self.policy}"\n'
+            f"node_grace_s = {self.node_grace_s}\ncommand_timeout_s = 10\n"
+            f"stop_grace_s = 3\n{extra}"
+        ))
+        self.master = Daemon("master", [sys.executable, "-m", "masterd.main", "-c", str(cfg)],
+                             self.root / "master.log")
+        self.master.start(self._env())
+        self.wait_master()
+
+    def wait_master(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client(timeout=2).call("ping")
+                return
+            except Unreachable:
+                if self.master and not self.master.running:
+                    raise RuntimeError("the master exited:\n" + self.log("master")) from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def node_name(self, i: int) -> str:
+        return f"{self.prefix}-n{i}"
+
+    def start_node(self, i: int) -> None:
+        name = self.node_name(i)
+        cfg = self._write(f"{name}.toml", (
+            "[node]\n"
+            f'name = "{name}"\nmaster_url = "{self.url}"\n'
+            f'state_dir = "{self.root / name}"\ncgroup_parent = "{name}"\n'
+            f'cgroup_mode = "{self.cgroup_mode}"\nsample_interval_s = 0.5\n'
+            f"reconnect_max_s = 1.0\n"
+            "[gpu]\n"
+            f'backend = "emulated"\ncount = {self.gpus_per_node}\nmodel = "A100-SXM4-40GB"\n'
+        ))
+        daemon = Daemon(name, [sys.executable, "-m", "noded.main", "-c", str(cfg)],
+                        self.root / f"{name}.log")
+        daemon.start(self._env())
+        self.node_daemons[name] = daemon
+
+    def start(self) -> None:
+        self.start_master()
+        for i in range(1, self.nodes + 1):
+            self.start_node(i)
+        self.wait_nodes(self.nodes)
+
+    def wait_nodes(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = self.client().call("nodes")["nodes"]
+            if sum(1 for n in nodes if n["status"] == "ready") >= count:
+                return
+            for name, daemon in self.node_daemons.items():
+                if not daemon.running:
+                    raise RuntimeError(f"node {name} exited:\n" + self.log(name))
+            time.sleep(0.1)
+        raise TimeoutError(f"fewer than {count} nodes became ready; see {self.root}")
+
+    def restart_master(self, sig: int = signal.SIGKILL) -> None:
+        assert self.master is not None
+        self.master.stop(sig)
+        self.master.start(self._env())
+        self.wait_master()
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        for daemon in self.node_daemons.values():
+            daemon.stop()
+        if self.master:
+            self.master.stop()
+
+    def kill_jobs(self) -> None:
+        """Kill every job process a node left behind (jobs outlive noded by design)."""
+        for name in self.node_daemons:
+            jobs = self.root / name / "jobs"
+            if not jobs.is_dir():
+                continue
+            for jobdir in jobs.iterdir():
+                for fname in ("child.json", "shim.json"):
+                    try:
+                        import json
+
+                        pid = json.loads((jobdir / fname).read_text())["pid"]
+                        os.killpg(pid, signal.SIGKILL) if fname == "child.json" else os.kill(
+                            pid, signal.SIGKILL)
+                    except (OSError, ValueError, KeyError):
+                        pass
+
+
+    def remove_cgroups(self) -> None:
+        """Remove the node daemons' parent cgroups (after their jobs are gone)."""
+        from noded.cgroups import detect_cgroups
+
+        if os.geteuid() != 0:
+            return
+        for name in self.node_daemons:
+            # Best effort: a test must not fail in its cleanup.
+            with contextlib.suppress(Exception):
+                detect_cgroups(name, state_dir=self.root / name / "cgroups").remove_parent()
+
+    def close(self) -> None:
+        """Stop everything this cluster started, whatever state it is in."""
+        self.stop()
+        self.kill_jobs()
+        time.sleep(0.2)
+        self.remove_cgroups()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
