@@ -175,7 +175,8 @@ class JobRunner:
             "uid": entry.pw_uid,
             "gid": entry.pw_gid,
             "groups": os.getgrouplist(entry.pw_name, entry.pw_gid) if os.geteuid() == 0 else [],
-            "workdir": spec.workdir or entry.pw_dir or "/",
+            # A service account's home often does not exist (nobody: /nonexistent).
+            "workdir": spec.workdir or (entry.pw_dir if os.path.isdir(entry.pw_dir) else "/"),
             "cgroup_procs": [str(p) for p in self.cgroups.attach_files(part.job_id)],
             "cpus": list(alloc.cpus),
         }

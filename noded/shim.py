@@ -65,6 +65,7 @@ def run(jobdir: Path) -> int:
     os.set_inheritable(write_fd, False)
     pid = os.fork()
     if pid == 0:  # the job
+        step = "cannot set up the job"
         try:
             os.close(read_fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -78,11 +79,13 @@ def run(jobdir: Path) -> int:
                 os.setgroups(spec.get("groups", []))
                 os.setgid(gid)
                 os.setuid(uid)
+            step = f"cannot enter the working directory {spec.get('workdir') or '/'}"
             os.chdir(spec.get("workdir") or "/")
             command = spec["command"]
+            step = f"cannot execute {command[0]}"
             os.execvpe(command[0], command, spec["env"])
         except OSError as exc:
-            os.write(write_fd, f"{exc.strerror or exc}: {spec['command'][0]}".encode()[:512])
+            os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
         os._exit(127)
     os.close(write_fd)
     os.close(out)
@@ -104,7 +107,7 @@ def run(jobdir: Path) -> int:
     else:
         result.update(exit_code=os.WEXITSTATUS(status), signal=None)
     if error:
-        result["error"] = f"cannot start the job: {error.decode(errors='replace')}"
+        result["error"] = error.decode(errors="replace")
     write_atomic(jobdir / "exit.json", result)
     return 0
 
