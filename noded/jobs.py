@@ -87,6 +87,7 @@ class JobRunner:
     ) -> None:
         self.node = node
         self.dir = state_dir / "jobs"
+        self.logs = state_dir / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cgroups = cgroups
         self.gpus = gpus
@@ -271,6 +272,11 @@ class JobRunner:
         if part is not None and part.state != "exited":
             return  # only exited parts may be forgotten
         self.parts.pop(job_id, None)
+        # The job's output outlives its state: users read it after the job has ended.
+        output = self.dir / job_id / "output.log"
+        if output.exists():
+            self.logs.mkdir(exist_ok=True)
+            os.replace(output, self.logs / f"{job_id}.log")
         shutil.rmtree(self.dir / job_id, ignore_errors=True)
 
     def reports(self) -> list[JobReport]:
