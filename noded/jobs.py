@@ -228,8 +228,9 @@ class JobRunner:
             "TRELLIS_JOB_ID": part.job_id,
             "TRELLIS_NODE": self.node,
             "TRELLIS_CPUS": ",".join(str(c) for c in alloc.cpus),
-            "TRELLIS_PROGRESS_FILE": str(part.dir / "progress"),
         })
+        # The GPU backend may hand the job a channel of its own (the emulation's progress file).
+        env.update(self.gpus.job_env(part.job_id, entry.pw_uid))
         return env
 
     def stop(self, job_id: str, grace_s: float, reason: str) -> None:
