@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  wall time:                {time.monotonic() - started:.1f} s")
         return 0 if len(done) == len(ids) else 1
     finally:
-        cluster.stop()
-        cluster.kill_jobs()
+        cluster.close()
         if args.keep:
             print(f"state and logs kept in {root}")
         else:
