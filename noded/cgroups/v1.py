@@ -10,6 +10,9 @@ Layout: ``<mount of C>/<parent>/<job>`` for C in cpuset (required), cpu, memory 
   ``cpuset.effective_cpus`` when the configured list is empty.
 * Writing ``cpuset.cpus`` of a populated group re-pins every thread of every member at once
   (the kernel rewrites each task's allowed mask), which is what a live ``update`` relies on.
+  A thread that narrowed its own affinity inside the group (an OpenMP runtime pinning its
+  workers) is forced onto the new set when its choice no longer fits; when it fits again,
+  kernels >= 6.2 give it back its own choice rather than the whole set.
 * ``cpuset.memory_migrate`` is set so that moving a job to other NUMA nodes moves its pages too.
 """
 

@@ -40,14 +40,17 @@ def spawn_sleeper(**kwargs: object) -> subprocess.Popen[bytes]:
 
 
 def spawn_threaded(
-    threads: int, own_cpu: int | None = None, with_child: bool = False
+    threads: int,
+    own_cpu: int | None = None,
+    with_child: bool = False,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.Popen[str]:
     """A process with ``threads`` extra threads (the first optionally pinned by itself to
     ``own_cpu``) and, with ``with_child``, a ``sleep`` child; returns once all are running."""
     args = [sys.executable, "-c", THREADED, str(threads), "-" if own_cpu is None else str(own_cpu)]
     if with_child:
         args.append("child")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "ready", f"threaded worker failed to start: {line!r}"

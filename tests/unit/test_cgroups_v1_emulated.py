@@ -79,11 +79,16 @@ def test_limits_written_and_read_back(tmp_path: Path) -> None:
 
 def test_update_without_change_writes_nothing(tmp_path: Path) -> None:
     fs, m = make(tmp_path)
-    m.create("job-a", GroupLimits(cpus=(1,)))
+    lim = GroupLimits(cpus=(1,), memory_bytes=(64 << 20) + 3, cpu_quota_cores=0.5)
+    m.create("job-a", lim)
     writes = fs.writes
+    m.update("job-a", lim)
+    m.create("job-a", lim)
     m.update("job-a", GroupLimits(cpus=(1,)))
-    m.create("job-a", GroupLimits(cpus=(1,)))
-    assert fs.writes == writes
+    writes_unlimited = fs.writes
+    m.update("job-a", GroupLimits(cpus=(1,)))  # "-1" reads back as a huge number: still a no-op
+    assert fs.writes == writes_unlimited
+    assert writes_unlimited == writes + 2  # memory and quota back to unlimited
 
 
 def test_narrow_parent_is_widened_for_a_job(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from noded.cgroups import (
     AffinityManager,
     CgroupError,
+    CgroupManager,
     GroupLimits,
     V1CgroupManager,
     V2CgroupManager,
@@ -36,6 +37,14 @@ def managers(tmp_path: Path) -> list:
 
 def entries(tree: Path) -> set[Path]:
     return set(tree.rglob("*"))
+
+
+def test_every_backend_implements_the_protocol(tmp_path: Path) -> None:
+    kinds = []
+    for m in managers(tmp_path):
+        assert isinstance(m, CgroupManager)
+        kinds.append(m.kind)
+    assert kinds == ["v1", "v2", "affinity"]
 
 
 @pytest.mark.parametrize("bad", BAD_NAMES)
