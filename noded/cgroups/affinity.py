@@ -52,6 +52,16 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+def _process_table() -> dict[int, tuple[int, float, str]]:
+    """pid -> (ppid, start time, status) for every process we can see."""
+    table: dict[int, tuple[int, float, str]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+        info = proc.info
+        if info["ppid"] is not None and info["create_time"] is not None:
+            table[proc.pid] = (info["ppid"], info["create_time"], info["status"])
+    return table
+
+
 def pin_process(pid: int, cpus: tuple[int, ...]) -> int:
     """Set the affinity of every thread of ``pid``; returns how many threads were pinned.
 
@@ -158,20 +168,27 @@ class AffinityManager:
         return job
 
     def _refresh(self, job_id: str, job: _Job) -> list[int]:
-        """Drop members that exited (or whose pid was recycled), adopt their descendants."""
+        """Drop members that exited (or whose pid was recycled), adopt their descendants.
+
+        One scan of the process table per call, not one per member: a job with many worker
+        processes would otherwise cost members x processes reads.
+        """
+        table = _process_table()
+        kids: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            kids.setdefault(ppid, []).append(pid)
         current: dict[int, float] = {}
-        for pid, started in job.members.items():
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() != started or proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                current[pid] = started
-                for child in proc.children(recursive=True):
-                    with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
-                        if child.status() != psutil.STATUS_ZOMBIE:
-                            current.setdefault(child.pid, child.create_time())
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        todo = [
+            pid
+            for pid, started in job.members.items()
+            if pid in table and table[pid][1] == started and table[pid][2] != psutil.STATUS_ZOMBIE
+        ]
+        while todo:
+            pid = todo.pop()
+            if pid in current:
                 continue
+            current[pid] = table[pid][1]
+            todo.extend(k for k in kids.get(pid, ()) if table[k][2] != psutil.STATUS_ZOMBIE)
         if current != job.members:
             job.members = current
             self._save()
