@@ -118,8 +118,9 @@ class GpuBackend(Protocol):
         """Health transitions since the last call, waiting up to ``timeout_ms`` for one."""
         ...
 
-    def job_env(self, job_id: str) -> dict[str, str]:
-        """Environment to add to a job's processes (the emulation's progress channel)."""
+    def job_env(self, job_id: str, owner_uid: int | None = None) -> dict[str, str]:
+        """Environment to add to a job's processes before they start (the emulation's
+        progress channel); ``owner_uid`` is the user the job runs as."""
         ...
 
     def job_started(self, job_id: str, gpus: tuple[int, ...], pids: tuple[int, ...]) -> None: ...

@@ -411,8 +411,10 @@ class NvmlGpuBackend:
                 if reason == GPU_IS_LOST:
                     raise _DeviceLost from None
                 if self._is(exc, "NVML_ERROR_RESET_REQUIRED"):
+                    # Sticky, and the sticky reason heads the error list already.
                     self._health.mark_unhealthy(i, f"{what}: GPU requires reset")
-                elif not reason.endswith(("not supported", "insufficient permissions")):
+                    return default
+                if not reason.endswith(("not supported", "insufficient permissions")):
                     failed = True  # we cannot vouch for a GPU that errs on a basic query
                 errors.append(reason)
                 return default

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -295,3 +297,49 @@ def test_non_lost_xid_keeps_reporting_values_but_unhealthy(
     assert backend.sample()[0].healthy
     events = backend.poll_health()
     assert [(e.index, e.healthy) for e in events] == [(0, False), (0, True)]
+
+
+JOB_SCRIPT = """
+import os, sys, time
+path = os.environ["TRELLIS_PROGRESS_FILE"]
+stall = os.path.join(os.path.dirname(path), "stall")
+i = 0
+while True:
+    if os.path.exists(stall):
+        time.sleep(0.05)
+        continue
+    i += 1
+    with open(path + ".tmp", "w") as f:
+        f.write(str(i))
+    os.replace(path + ".tmp", path)
+    time.sleep(0.005)
+"""
+
+
+def test_real_job_drives_utilisation_through_its_environment() -> None:
+    """End to end with a real process and the real clock: the job finds the channel in its
+    environment, full speed shows as a measured rate, a stall drops it to 0."""
+    cfg = EmulatedGpuConfig(count=1, busy_util=37.0, rate_window_s=0.5, min_rate_interval_s=0.1)
+    b = EmulatedGpuBackend(cfg)
+    env = b.job_env("job-e2e")
+    proc = subprocess.Popen([sys.executable, "-c", JOB_SCRIPT], env={**os.environ, **env})
+    try:
+        b.job_started("job-e2e", (0,), (proc.pid,))
+
+        def wait_for(pred: Callable[[float], bool]) -> float:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                util = b.sample()[0].utilization_pct
+                if pred(util):
+                    return util
+                time.sleep(0.05)
+            raise AssertionError(f"utilisation stuck at {util}")
+
+        wait_for(lambda u: u >= 50 and u != 37.0)  # a measured rate, not the busy default
+        Path(env[PROGRESS_ENV]).with_name("stall").touch()
+        wait_for(lambda u: u == 0.0)
+        assert b.sample()[0].processes[0][0] == proc.pid  # stalled, not dead
+    finally:
+        proc.kill()
+        proc.wait()
+        b.close()

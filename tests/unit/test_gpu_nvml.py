@@ -270,7 +270,8 @@ def test_reset_required_takes_the_gpu_out(fake: FakeNvml, backend: NvmlGpuBacken
     fake.fail(0, "nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_RESET_REQUIRED)
     assert not backend.sample()[0].healthy
     fake.heal(0, "nvmlDeviceGetUtilizationRates")
-    assert not backend.sample()[0].healthy  # sticky
+    s = backend.sample()[0]
+    assert (s.healthy, s.error) == (False, "utilization: GPU requires reset")  # sticky
     events = backend.poll_health()
     assert [(e.index, e.healthy, e.reason) for e in events] == [
         (0, False, "utilization: GPU requires reset")
