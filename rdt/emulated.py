@@ -480,8 +480,9 @@ class EmulatedFs(ResctrlFs):
         for g in targets:
             if g != group and tid in (tids := _read_tasks(g)):
                 _put(g / "tasks", _tasks_text([t for t in tids if t != tid]))
-        changed = self.writer.write(path, value, what=what, compare=False)
+        # Read before the writer's write: a plain file would be left holding only this id.
         mine = [t for t in _read_tasks(group) if t != tid]
+        changed = self.writer.write(path, value, what=what, compare=False)
         _put(path, _tasks_text([*mine, tid]))
         self._status("ok")
         return changed

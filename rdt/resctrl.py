@@ -328,12 +328,18 @@ class Resctrl:
         self, name: str | None, event: str, mon_group: str | None = None
     ) -> dict[int, int | None]:
         """One event for every L3 domain: cache id -> value, None where the kernel has none."""
+        self._check_event(event)
+        return self._read_counters_at(self._group_path(name, mon_group), event)
+
+    def _check_event(self, event: str) -> None:
         mon = self.capabilities.l3_mon
         if event not in EVENTS:
             raise InvalidValue(f"unknown monitoring event {event!r} (known: {', '.join(EVENTS)})")
         if mon is None or event not in mon.features:
             raise FeatureUnavailable(f"this machine does not monitor {event}")
-        mon_data = self._require_group(self._group_path(name, mon_group)) / "mon_data"
+
+    def _read_counters_at(self, group: Path, event: str) -> dict[int, int | None]:
+        mon_data = self._require_group(group) / "mon_data"
         values: dict[int, int | None] = {}
         for entry in self.fs.listdir(mon_data):
             m = MON_DOMAIN_RE.fullmatch(entry)
@@ -366,11 +372,14 @@ class Resctrl:
         A control group's mon_data already includes its monitor groups, so those are not added
         again. A domain is None if any part of it was unreadable.
         """
+        self._check_event(event)
         total: dict[int, int | None] = {}
-        for group in [None, *self.all_groups()]:
+        # Names come from the kernel's own listing (other tools' groups included) and are only
+        # read, so they are not held to the Trellis naming rule.
+        for path in [self.root, *(self.root / g for g in self.all_groups())]:
             try:
-                part = self.read_counters(group, event)
-            except GroupNotFound:
+                part = self._read_counters_at(path, event)
+            except (GroupNotFound, FileNotFoundError):
                 continue  # removed while we were summing
             for domain, value in part.items():
                 prev = total.get(domain, 0)
