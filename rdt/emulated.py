@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +199,7 @@ def _check_profile(p: Profile) -> None:
 def _put(path: Path, text: str) -> None:
     """Kernel-side file update: atomic so a concurrent reader never sees half a value."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(text if text.endswith("\n") or not text else text + "\n")
     os.replace(tmp, path)
 

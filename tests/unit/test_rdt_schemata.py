@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rdt import FeatureUnavailable, InvalidValue, KernelRejected, Resctrl, SchemataParseError
 from rdt.emulated import EmulatedFs, build_tree
@@ -222,3 +224,25 @@ def test_missing_features_are_clear_errors(tmp_path: Path) -> None:
         rc.set_mb("trellis-a", 50)
     with pytest.raises(InvalidValue, match="'MB' is not in this group's schemata"):
         rc.set_schemata("trellis-a", {"MB": {0: 50}})
+
+
+@given(
+    st.dictionaries(st.integers(0, 255), st.integers(1, 0xFFFFF), min_size=1, max_size=8),
+    st.sampled_from(["L3", "L3DATA", "L2", "MB", "SMBA"]),
+)
+def test_format_then_parse_round_trips(values: dict[int, int], resource: str) -> None:
+    text = format_line(resource, values) + "\n"
+    assert dict(parse_schemata(text).lines[resource]) == values
+
+
+@given(st.integers(1, 32), st.integers(1, 40), st.integers(0, 4), st.integers(0, 31))
+def test_ways_to_mask_always_satisfies_the_kernel(
+    cbm_len: int, ways: int, min_bits: int, start: int
+) -> None:
+    min_bits = min(min_bits, cbm_len)
+    try:
+        mask = ways_to_mask(ways, cbm_len=cbm_len, min_cbm_bits=min_bits, start=start)
+    except InvalidValue:
+        assert start + max(min(max(ways, min_bits), cbm_len), 1) > cbm_len
+        return
+    assert cbm_problem(mask, cbm_mask=(1 << cbm_len) - 1, min_cbm_bits=min_bits) is None
