@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rdt import InvalidValue, KernelRejected, ProcessNotFound, Resctrl
+from rdt import InvalidValue, ProcessNotFound, Resctrl
 from rdt.emulated import EmulatedFs, build_tree, open_resctrl
-from shared.kernelfs import KernelWriter
+from shared.kernelfs import KernelWriteError, KernelWriter
 
 THREADED = """
 import sys, threading
@@ -104,9 +104,11 @@ def test_monitor_group_assignment(rc: Resctrl, threaded: subprocess.Popen[str]) 
     # The kernel refuses a task in a monitor group of a control group it is not in.
     rc.create_group("trellis-b")
     rc.create_mon_group("trellis-n", "trellis-b")
-    with pytest.raises(KernelRejected, match="Can't move task to different control group"):
-        rc._write(rc.root / "trellis-b" / "mon_groups" / "trellis-n" / "tasks",
-                  f"{threaded.pid}\n", what="test")
+    with pytest.raises(KernelWriteError):
+        rc.fs.write(rc.root / "trellis-b" / "mon_groups" / "trellis-n" / "tasks",
+                    f"{threaded.pid}\n", what="test", compare=False)
+    assert rc.last_cmd_status() == "Can't move task to different control group"
+    assert rc.tasks("trellis-b", "trellis-n") == []
 
 
 def test_missing_process_and_bad_pids(rc: Resctrl) -> None:
