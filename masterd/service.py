@@ -35,6 +35,31 @@ from shared.model import Job, JobSpec, JobState, NodeInventory, check_name
 log = logging.getLogger("trellis.master")
 
 
+class UserCache:
+    """Remembers which Unix users exist for a short while: a getpwnam per submission reads the
+    user database (or asks LDAP) and costs more than the journal write."""
+
+    def __init__(self, clock: Callable[[], float], ttl_s: float = 30.0) -> None:
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self._seen: dict[str, tuple[bool, float]] = {}
+
+    def exists(self, user: str) -> bool:
+        now = self.clock()
+        hit = self._seen.get(user)
+        if hit is not None and now - hit[1] < self.ttl_s:
+            return hit[0]
+        try:
+            pwd.getpwnam(user)
+            found = True
+        except KeyError:
+            found = False
+        if len(self._seen) > 10_000:
+            self._seen.clear()
+        self._seen[user] = (found, now)
+        return found
+
+
 class Master:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -52,6 +77,7 @@ class Master:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
+        self._users = UserCache(clock)
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -99,10 +125,8 @@ class Master:
             raise JobError("user_refused", "jobs may not run as root")
         if self.config.allowed_users and user not in self.config.allowed_users:
             raise JobError("user_refused", f"user {user!r} is not on the allowed list")
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            raise JobError("unknown_user", f"Unix user {user!r} does not exist") from None
+        if not self._users.exists(user):
+            raise JobError("unknown_user", f"Unix user {user!r} does not exist")
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         self.check_user(spec.user)

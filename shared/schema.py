@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -68,136 +69,207 @@ def bounded(
     return dataclasses.field(default=default, metadata=meta)
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
 def decode(cls: type[T], data: Any, path: str = "") -> T:
     """Build ``cls`` (a dataclass) from msgpack-decoded ``data`` or raise :class:`SchemaError`."""
-    return _decode(cls, data, path, None, 0)
+    return _decoder(cls, None)(data, path, 0)
 
 
-def _decode(tp: Any, data: Any, path: str, bounds: Bounds | None, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise SchemaError(path, f"nested deeper than {MAX_DEPTH} levels")
+Decoder = Callable[[Any, str, int], Any]
+
+
+@cache
+def _decoder(tp: Any, bounds: Bounds | None) -> Decoder:
+    """Compile a decoder for ``tp`` once; every later decode of that type reuses it.
+
+    Walking type hints per message costs more than the HTTP itself on a busy master, so the
+    walk happens once per (type, bounds) and the result is a tree of closures.
+    """
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if data is None and type(None) in args:
+        return _union_decoder(tp, bounds)
+    if tp is Any:
+        return lambda data, path, depth: data
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _dataclass_decoder(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        by_value = {m.value: m for m in tp}
+        allowed = ", ".join(map(str, by_value))
+
+        def enum_(data: Any, path: str, depth: int) -> Any:
+            try:
+                return by_value[data]
+            except (KeyError, TypeError):
+                raise SchemaError(path, f"must be one of {allowed}, got {data!r}") from None
+
+        return enum_
+    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+        return _sequence_decoder(tp, origin, bounds)
+    if origin in (dict, Mapping) or tp is dict:
+        return _mapping_decoder(tp)
+    if tp is bool:
+        def bool_(data: Any, path: str, depth: int) -> Any:
+            if data is not True and data is not False:
+                raise SchemaError(path, f"must be true or false, got {_kind(data)}")
+            return data
+
+        return bool_
+    if tp is int:
+        def int_(data: Any, path: str, depth: int) -> Any:
+            if type(data) is not int:
+                raise SchemaError(path, f"must be an integer, got {_kind(data)}")
+            _check_range(data, path, bounds)
+            return data
+
+        return int_
+    if tp is float:
+        def float_(data: Any, path: str, depth: int) -> Any:
+            if type(data) not in (int, float):
+                raise SchemaError(path, f"must be a number, got {_kind(data)}")
+            value = float(data)
+            if not math.isfinite(value):
+                raise SchemaError(path, "must be a finite number")
+            _check_range(value, path, bounds)
+            return value
+
+        return float_
+    if tp is str:
+        limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_STRING
+        regex = bounds.regex if bounds else None
+
+        def str_(data: Any, path: str, depth: int) -> Any:
+            if type(data) is not str:
+                raise SchemaError(path, f"must be a string, got {_kind(data)}")
+            if len(data) > limit:
+                raise SchemaError(path, f"is {len(data)} characters long, at most {limit} "
+                                  "allowed")
+            if "\x00" in data:
+                raise SchemaError(path, "must not contain NUL characters")
+            if regex is not None and not regex.fullmatch(data):
+                raise SchemaError(path, f"{data!r} does not match {bounds.pattern}")  # type: ignore[union-attr]
+            return data
+
+        return str_
+    if tp is bytes:
+        def bytes_(data: Any, path: str, depth: int) -> Any:
+            if type(data) is not bytes:
+                raise SchemaError(path, f"must be bytes, got {_kind(data)}")
+            return data
+
+        return bytes_
+    raise TypeError(f"schema type {tp!r} is not supported")
+
+
+def _union_decoder(tp: Any, bounds: Bounds | None) -> Decoder:
+    args = get_args(tp)
+    nullable = type(None) in args
+    options = [_decoder(a, bounds) for a in args if a is not type(None)]
+
+    def union(data: Any, path: str, depth: int) -> Any:
+        if data is None and nullable:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for option in options:
             try:
-                return _decode(arg, data, path, bounds, depth)
+                return option(data, path, depth)
             except SchemaError as exc:
                 errors.append(exc.reason)
         raise SchemaError(path, errors[0] if len(errors) == 1 else "; ".join(errors))
-    if tp is Any:
-        return data
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return _decode_dataclass(tp, data, path, depth)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        allowed = [m.value for m in tp]
-        if data not in allowed:
-            raise SchemaError(path, f"must be one of {', '.join(map(str, allowed))}, got {data!r}")
-        return tp(data)
-    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
-        if not isinstance(data, list | tuple):
+
+    return union
+
+
+def _sequence_decoder(tp: Any, origin: Any, bounds: Bounds | None) -> Decoder:
+    limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_LIST
+    args = get_args(tp)
+    as_tuple = origin is tuple or tp is tuple
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        items = [_decoder(a, None) for a in args]
+
+        def fixed(data: Any, path: str, depth: int) -> Any:
+            if type(data) not in (list, tuple):
+                raise SchemaError(path, f"must be a list, got {_kind(data)}")
+            if len(items) != len(data):
+                raise SchemaError(path, f"must have exactly {len(items)} items")
+            _depth(path, depth)
+            return tuple(f(v, f"{path}[{i}]", depth + 1)
+                         for i, (f, v) in enumerate(zip(items, data, strict=True)))
+
+        return fixed
+    item = _decoder(args[0] if args else Any, bounds)
+
+    def sequence(data: Any, path: str, depth: int) -> Any:
+        if type(data) not in (list, tuple):
             raise SchemaError(path, f"must be a list, got {_kind(data)}")
-        limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_LIST
         if len(data) > limit:
             raise SchemaError(path, f"has {len(data)} items, at most {limit} allowed")
-        args = get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(data):
-                raise SchemaError(path, f"must have exactly {len(args)} items")
-            return tuple(
-                _decode(a, v, f"{path}[{i}]", None, depth + 1)
-                for i, (a, v) in enumerate(zip(args, data, strict=True))
-            )
-        item = args[0] if args else Any
-        items = [_decode(item, v, f"{path}[{i}]", bounds, depth + 1) for i, v in enumerate(data)]
-        return tuple(items) if origin is tuple or tp is tuple else items
-    if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(data, dict):
+        _depth(path, depth)
+        out = [item(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(data)]
+        return tuple(out) if as_tuple else out
+
+    return sequence
+
+
+def _mapping_decoder(tp: Any) -> Decoder:
+    kt, vt = get_args(tp) or (Any, Any)
+    key, value = _decoder(kt, None), _decoder(vt, None)
+
+    def mapping(data: Any, path: str, depth: int) -> Any:
+        if type(data) is not dict:
             raise SchemaError(path, f"must be a map, got {_kind(data)}")
         if len(data) > MAX_LIST:
             raise SchemaError(path, f"has {len(data)} entries, at most {MAX_LIST} allowed")
-        kt, vt = get_args(tp) or (Any, Any)
-        return {
-            _decode(kt, k, f"{path}<key>", None, depth + 1): _decode(
-                vt, v, f"{path}.{k}", None, depth + 1
-            )
-            for k, v in data.items()
-        }
-    if tp is bool:
-        if not isinstance(data, bool):
-            raise SchemaError(path, f"must be true or false, got {_kind(data)}")
-        return data
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise SchemaError(path, f"must be an integer, got {_kind(data)}")
-        _check_range(data, path, bounds)
-        return data
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise SchemaError(path, f"must be a number, got {_kind(data)}")
-        value = float(data)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise SchemaError(path, "must be a finite number")
-        _check_range(value, path, bounds)
-        return value
-    if tp is str:
-        if not isinstance(data, str):
-            raise SchemaError(path, f"must be a string, got {_kind(data)}")
-        limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_STRING
-        if len(data) > limit:
-            raise SchemaError(path, f"is {len(data)} characters long, at most {limit} allowed")
-        if "\x00" in data:
-            raise SchemaError(path, "must not contain NUL characters")
-        regex = bounds.regex if bounds else None
-        if regex is not None and not regex.fullmatch(data):
-            raise SchemaError(path, f"{data!r} does not match {bounds.pattern}")  # type: ignore[union-attr]
-        return data
-    if tp is bytes:
-        if not isinstance(data, bytes):
-            raise SchemaError(path, f"must be bytes, got {_kind(data)}")
-        return data
-    raise TypeError(f"schema type {tp!r} at {path or '<root>'} is not supported")
+        _depth(path, depth)
+        return {key(k, f"{path}<key>", depth + 1): value(v, f"{path}.{k}", depth + 1)
+                for k, v in data.items()}
+
+    return mapping
 
 
-def _decode_dataclass(cls: type, data: Any, path: str, depth: int) -> Any:
-    if not isinstance(data, dict):
-        raise SchemaError(path, f"must be a map, got {_kind(data)}")
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        shown = ", ".join(repr(k) for k in unknown[:3])
-        raise SchemaError(path, f"unknown field(s) {shown}")
-    kwargs = {}
-    for name, field in fields.items():
-        sub = f"{path}.{name}" if path else name
-        if name not in data:
-            if (
-                field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING
-            ):
-                raise SchemaError(sub, "is required")
-            continue
-        bounds = field.metadata.get("bounds")
-        kwargs[name] = _decode(hints[name], data[name], sub, bounds, depth + 1)
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:
-        # __post_init__ checks that span several fields report through the same error type.
-        if isinstance(exc, SchemaError):
+def _dataclass_decoder(cls: type) -> Decoder:
+    hints = get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    known = {f.name for f in fields}
+    plan = [
+        (
+            f.name,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            # Resolved lazily: a dataclass may refer to itself or to one defined later.
+            (hints[f.name], f.metadata.get("bounds")),
+        )
+        for f in fields
+    ]
+
+    def dataclass_(data: Any, path: str, depth: int) -> Any:
+        if type(data) is not dict:
+            raise SchemaError(path, f"must be a map, got {_kind(data)}")
+        _depth(path, depth)
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            shown = ", ".join(repr(k) for k in unknown[:3])
+            raise SchemaError(path, f"unknown field(s) {shown}")
+        kwargs = {}
+        for name, required, (tp, bounds) in plan:
+            if name not in data:
+                if required:
+                    raise SchemaError(f"{path}.{name}" if path else name, "is required")
+                continue
+            sub = f"{path}.{name}" if path else name
+            kwargs[name] = _decoder(tp, bounds)(data[name], sub, depth + 1)
+        try:
+            return cls(**kwargs)
+        except SchemaError as exc:
             raise SchemaError(f"{path}.{exc.field}" if path and exc.field else exc.field or path,
                               exc.reason) from None
-        raise SchemaError(path, str(exc)) from None
+        except (ValueError, TypeError) as exc:
+            # __post_init__ checks that span several fields report through the same error type.
+            raise SchemaError(path, str(exc)) from None
+
+    return dataclass_
+
+
+def _depth(path: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise SchemaError(path, f"nested deeper than {MAX_DEPTH} levels")
 
 
 def _check_range(value: float, path: str, bounds: Bounds | None) -> None:

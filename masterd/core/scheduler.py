@@ -8,9 +8,11 @@ node commands in masterd, virtual completions in the simulator).
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
@@ -35,6 +37,30 @@ class Transition:
     reason: str = ""
 
 
+class QueueView(Sequence[Job]):
+    def __init__(self, ordered: list[tuple[tuple[int, float, int], str]],
+                 jobs: dict[str, Job]) -> None:
+        self._ordered = ordered
+        self._jobs = jobs
+
+    def __len__(self) -> int:
+        return len(self._ordered)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Job]: ...
+    def __getitem__(self, index: int | slice) -> Job | list[Job]:
+        if isinstance(index, slice):
+            return [self._jobs[job_id] for _, job_id in self._ordered[index]]
+        return self._jobs[self._ordered[index][1]]
+
+    def __iter__(self) -> Iterator[Job]:
+        jobs = self._jobs
+        for _, job_id in self._ordered:
+            yield jobs[job_id]
+
+
 class SchedulingCore:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -43,7 +69,10 @@ class SchedulingCore:
         self._queued: dict[str, Job] = {}
         self._active: dict[str, Job] = {}  # starting or running
         self._seq = itertools.count()
+        # Queue order kept sorted as jobs come and go: sorting every pass would cost
+        # O(n log n) per event on a queue of thousands.
         self._order: dict[str, tuple[int, float, int]] = {}
+        self._ordered: list[tuple[tuple[int, float, int], str]] = []
         self._stopping: set[str] = set()  # preempted or cancelled, waiting for exits
 
     # -- nodes ---------------------------------------------------------------------------
@@ -100,10 +129,21 @@ class SchedulingCore:
     def _enqueue(self, job: Job) -> None:
         job.state = JobState.QUEUED
         self._queued[job.id] = job
-        self._order[job.id] = (-job.requeue_priority, job.submit_time, next(self._seq))
+        key = (-job.requeue_priority, job.submit_time, next(self._seq))
+        self._order[job.id] = key
+        bisect.insort(self._ordered, (key, job.id))
 
-    def queue(self) -> list[Job]:
-        return sorted(self._queued.values(), key=lambda j: self._order[j.id])
+    def _dequeue(self, job_id: str) -> Job:
+        job = self._queued.pop(job_id)
+        key = self._order.pop(job_id)
+        i = bisect.bisect_left(self._ordered, (key, job_id))
+        del self._ordered[i]
+        return job
+
+    def queue(self) -> Sequence[Job]:
+        """Queued jobs in order, as a view: a policy that looks only at the head (FIFO) does
+        not pay for the whole queue on every event."""
+        return QueueView(self._ordered, self._queued)
 
     def running(self) -> dict[str, Job]:
         return dict(self._active)
@@ -127,8 +167,7 @@ class SchedulingCore:
                 except AllocationError:
                     # A stale or conflicting decision: leave the job queued for the next pass.
                     continue
-                del self._queued[job.id]
-                self._order.pop(job.id, None)
+                self._dequeue(job.id)
                 job.state = JobState.STARTING
                 job.placement = decision.placement
                 job.attempts += 1
@@ -237,8 +276,7 @@ class SchedulingCore:
         if job.state.terminal:
             raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
         if job.state is JobState.QUEUED:
-            del self._queued[job_id]
-            self._order.pop(job_id, None)
+            self._dequeue(job_id)
             job.state = JobState.CANCELLED
             job.end_time = now
             job.reason = "cancelled"
