@@ -9,6 +9,9 @@ from typing import Any
 
 from shared.protocol import ProtocolError, encode_rpc_request, unpack
 
+# Replies list whole job tables; requests stay bounded by the master's frame limit.
+MAX_REPLY = 256 << 20
+
 
 class RpcError(Exception):
     """The master answered with an error."""
@@ -46,7 +49,7 @@ class MasterClient:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(f"cannot reach the master at {self.url}: {reason}") from None
         try:
-            reply = unpack(data)
+            reply = unpack(data, max_size=MAX_REPLY)
         except ProtocolError as exc:
             raise RpcError("bad_reply", exc.message) from None
         if not isinstance(reply, dict):
