@@ -7,7 +7,7 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from masterd.store import Store
+from masterd.store import NewJobRows, Store, new_job_rows
 from shared.model import Job
 
 T = TypeVar("T")
@@ -24,7 +24,7 @@ class Journal:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
-        self._pending: list[tuple[int, Job, asyncio.Future[None]]] = []
+        self._pending: list[tuple[NewJobRows, asyncio.Future[None]]] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
 
@@ -35,7 +35,8 @@ class Journal:
     async def submit(self, seq: int, job: Job) -> None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._pending.append((seq, job, fut))
+        # Encode here, on the loop thread, so the store thread runs only sqlite's C code.
+        self._pending.append((new_job_rows(seq, job), fut))
         if not self._flushing:
             self._flushing = True
             self._flusher = loop.create_task(self._flush())
@@ -46,12 +47,12 @@ class Journal:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await self.call(self.store.insert_jobs, [(s, j) for s, j, _ in batch])
+                    await self.call(self.store.insert_rows, [rows for rows, _ in batch])
                 except Exception:
                     # One bad row must not sink its neighbours: retry one by one to find it.
-                    for seq, job, fut in batch:
+                    for rows, fut in batch:
                         try:
-                            await self.call(self.store.insert_jobs, [(seq, job)])
+                            await self.call(self.store.insert_rows, [rows])
                         except Exception as exc:
                             if not fut.done():
                                 fut.set_exception(exc)
@@ -59,7 +60,7 @@ class Journal:
                             if not fut.done():
                                 fut.set_result(None)
                     continue
-                for _, _, fut in batch:
+                for _, fut in batch:
                     if not fut.done():
                         fut.set_result(None)
         finally:
