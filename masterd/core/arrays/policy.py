@@ -228,6 +228,7 @@ class _Pass:
         self._pools: dict[ArrayId, tuple[int, FreePool]] = {}
         self._empty_fit: dict[str, bool] = {}
         self._blocking: dict[ArrayId, bool] = {}  # reset whenever a job starts
+        self._reclaim_pools: dict[ArrayId, tuple[int, FreePool]] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def job_arrays(self) -> list[ArrayId]:
@@ -255,6 +256,26 @@ class _Pass:
             return cached[1]
         pool = FreePool(self.home_view(array))
         self._pools[array] = (self.scratch.version, pool)
+        return pool
+
+    def relevant_borrowers(self, array: ArrayId) -> list[Holding]:
+        """Borrowers holding units of ``array``'s own nodes, most recently started first."""
+        pool = self.home_pool(array)
+        return [
+            h for h in borrowers_of(self.held, self.home_allowed(array))
+            if self._touches(h, pool)
+        ]
+
+    def reclaim_pool(self, array: ArrayId) -> FreePool:
+        """The array's free units plus everything its borrowers hold there."""
+        cached = self._reclaim_pools.get(array)
+        if cached is not None and cached[0] == self.scratch.version:
+            return cached[1]
+        pool = FreePool(self.home_view(array))
+        for h in self.relevant_borrowers(array):
+            if h.job.id not in self.preempted:
+                _release(pool, h, +1)
+        self._reclaim_pools[array] = (self.scratch.version, pool)
         return pool
 
     def quota_state(self, job: Job) -> str:
@@ -343,11 +364,11 @@ class _Pass:
                     if decision.job_id in view.running and decision.job_id not in self.preempted:
                         preempts.append(decision)
                     continue
-                job = ids.pop(decision.job_id, None)
+                job = ids.get(decision.job_id)
                 if job is None:
                     log.warning(
                         "inner_decision_dropped policy=%s array=%s job=%s reason=%s",
-                        inner.name, array.name, decision.job_id, "not queued in this array",
+                        inner.name, array.name, decision.job_id, "not queued in this array or started twice",
                     )
                     continue
                 why = within(view, decision.placement) or trial.covers(decision.placement)
@@ -367,6 +388,7 @@ class _Pass:
                 entry[1] += c
                 trial.take(decision.placement)
                 starts.append((job, decision))
+                del ids[job.id]
             if over_quota is not None:
                 # Together with jobs started before it the job passes its tenant's quota:
                 # withhold it and let the inner policy choose again without it.
@@ -393,8 +415,11 @@ class _Pass:
             state = self.quota_state(job)
             if state == "wait":
                 continue
-            if state == "ok" and pack(job.spec, self.home_pool(home.job_array)) is not None:
-                continue  # its array can host it: the inner policy chose to hold it back
+            if state == "ok":
+                if pack(job.spec, self.home_pool(home.job_array)) is not None:
+                    continue  # its array can host it: the inner policy chose to hold it back
+                if pack(job.spec, self.reclaim_pool(home.job_array)) is not None:
+                    continue  # its array's loans can be reclaimed for it (preempt_pass)
             groups = [
                 g for g in self.amap.lenders(job.spec, home)
                 if not any(self.blocking(a) for a in g)
@@ -436,11 +461,7 @@ class _Pass:
             owners = [j for j in self.waiting[array] if self.quota_state(j) == "ok"]
             if not owners:
                 continue
-            pool = self.home_pool(array)
-            candidates = [
-                h for h in borrowers_of(self.held, self.home_allowed(array))
-                if self._touches(h, pool)
-            ]
+            candidates = self.relevant_borrowers(array)
             if not candidates:
                 continue
             # Jobs already on their way out are used first: their units come back anyway.
