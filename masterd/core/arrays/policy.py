@@ -368,7 +368,8 @@ class _Pass:
                 if job is None:
                     log.warning(
                         "inner_decision_dropped policy=%s array=%s job=%s reason=%s",
-                        inner.name, array.name, decision.job_id, "not queued in this array or started twice",
+                        inner.name, array.name, decision.job_id,
+                        "not queued in this array or started twice",
                     )
                     continue
                 why = within(view, decision.placement) or trial.covers(decision.placement)
