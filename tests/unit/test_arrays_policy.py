@@ -342,3 +342,43 @@ def test_inner_decisions_outside_the_array_or_reusing_units_are_dropped(
     assert decisions == [Start("x", Placement((NodeAllocation("n2", (0,), (0,)),)))]
     assert "inner_decision_dropped" in caplog.text
     assert "outside the array" in caplog.text and "not free" in caplog.text
+
+
+class _Spy:
+    name = "spy"
+    seen: list[ClusterSnapshot] = []
+
+    def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
+               ) -> list[Decision]:
+        _Spy.seen.append(snapshot)
+        return []
+
+
+def test_inner_policies_see_running_jobs_cut_to_their_array() -> None:
+    base = policy(models={"*": {"large": 8, "cpu_job_cores": 2}})
+    pol = ArrayPolicy(base.config, inner_factories={"large": _Spy})
+    core = two_nodes(ArrayPolicy(base.config))
+    core.submit(job(gpus=4, cpus=2, job_id="large-job"))
+    for i in range(4):  # 2 CPU-job cores per node: two jobs at home, two borrow
+        core.submit(job(cpus=2, submit=float(i), job_id=f"c{i}"))
+    run_pass(core, 1.0)
+    assert len(core.running()) == 5
+    core.submit(job(gpus=4, cpus=1, submit=5.0))
+    _Spy.seen = []
+    pol.decide(core.snapshot(), core.queue(), 5.0)
+    (view,) = _Spy.seen
+    assert set(view.nodes) == {"n1"}
+    gpu_cores = pol.array_map(core.snapshot()).nodes["n1"].gpu_job_cpus
+    for j in view.running.values():
+        assert j.placement is not None
+        for alloc in j.placement.allocations:
+            assert alloc.node == "n1" and set(alloc.cpus) <= gpu_cores
+    # The large job and the CPU jobs borrowing n1's GPU-job cores occupy the large array;
+    # CPU jobs on CPU-job cores (or on n2) do not.
+    borrowers_on_n1 = {
+        i for i, j in core.running().items()
+        if j.placement.nodes == ("n1",) and borrowed(pol, core, i)
+    }
+    assert borrowers_on_n1
+    assert set(view.running) == {"large-job"} | borrowers_on_n1
+    assert view.running["large-job"] is core.jobs["large-job"]  # uncut jobs are not copied

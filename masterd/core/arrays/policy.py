@@ -6,21 +6,29 @@ submit time) and ``now``:
 1. **Home passes.** Each queued job belongs to one job array (``large:M``, ``small:M`` or
    ``cpu``; see :meth:`ArrayMap.home`). For every array in turn the array's inner policy
    decides over a restricted snapshot holding only the array's units (minus what earlier
-   arrays took in this pass) and only the array's jobs. Jobs over their tenant's quota are
-   withheld; if an inner policy starts two jobs that together pass a quota, the later one is
-   withheld and the inner policy asked again. Decisions outside the array, or reusing a unit,
-   are dropped and logged, so no unit is ever given twice whatever the inner policy does.
-2. **Borrowing.** A job whose array cannot host it now (its placement does not fit the array's
-   free units) may borrow: it is packed onto its own free units plus the idle units of its
-   lender arrays (small <-> large of the same model, any model for jobs naming none, the
-   GPU-job cores for CPU jobs). An array lends only while none of its owners waits for it
-   (a waiting owner that could fit the array at all), so a loan is never preempted in the
-   pass right after it was made. Arrays whose jobs borrowed get their home pass again (a
-   FIFO head that borrowed no longer blocks the jobs behind it).
+   arrays took in this pass), the running jobs cut down to what they hold there, and only the
+   array's queued jobs. Jobs over their tenant's quota are withheld; if an inner policy starts
+   two jobs that together pass a quota, the later one is withheld and the inner policy asked
+   again. Decisions outside the array, or reusing a unit, are dropped and logged, so no unit
+   is ever given twice whatever the inner policy does.
+2. **Borrowing.** A job whose array cannot host it now may borrow, unless reclaiming the
+   array's own loans would host it (step 3 then reclaims them: an owner waits for its own
+   array rather than becoming a borrower elsewhere, and a large job keeps whole nodes). It is
+   packed onto its own free units plus the idle units of its lender arrays (small <-> large of
+   the same model, any model for jobs naming none, the GPU-job cores for CPU jobs). An array
+   lends only while none of its owners waits for it (a waiting owner that could fit the array
+   at all), so a loan is never preempted in the pass right after it was made. Arrays whose
+   jobs borrowed get their home pass again (a FIFO head that borrowed no longer blocks the
+   jobs behind it).
 3. **Preemption.** For each array, its waiting owner jobs (in queue order, within quota) that
    do not fit the free units are checked against the borrowers holding the array's units:
    borrowers are released in a what-if pool, most recently started first, until the owner fits;
    the set is then pruned of borrowers not needed (oldest first) and each is preempted.
+   Borrowers already being preempted are counted on first, so repeated passes while they exit
+   ask for nothing new. The owner starts in a later pass, once the core has seen them exit.
+
+Jobs over quota are not owners: they neither trigger preemption nor stop their array lending.
+Borrowed placements are made with ``placement.pack`` (the inner policy only orders its array).
 
 Whether a running job borrows is read from its placement against the array map, so nothing of
 this survives in the policy between passes except caches keyed on the node inventories.
@@ -222,9 +230,6 @@ class _Pass:
             self.homes[job.id] = home
             self.position[job.id] = pos
             self.waiting.setdefault(home.job_array, []).append(job)
-        self.running_by_array: dict[ArrayId, dict[str, Job]] = {}
-        for job_id, h in self.held.items():
-            self.running_by_array.setdefault(h.home.job_array, {})[job_id] = h.job
         self._pools: dict[ArrayId, tuple[int, FreePool]] = {}
         self._empty_fit: dict[str, bool] = {}
         self._blocking: dict[ArrayId, bool] = {}  # reset whenever a job starts
@@ -246,7 +251,7 @@ class _Pass:
             self.amap,
             self.home_allowed(array),
             scratch or self.scratch,
-            MappingProxyType(self.running_by_array.get(array, {})),
+            self.snapshot.running,
             gpu_view=array.holds_gpus,
         )
 
@@ -325,6 +330,7 @@ class _Pass:
         entry[1] += c
 
     def start(self, job: Job, start: Start) -> None:
+        self.notes.pop(job.id, None)  # whatever kept it waiting earlier in the pass
         self.scratch.take(start.placement)
         self.decisions.append(start)
         self.add_usage(job, start.placement)
@@ -433,7 +439,7 @@ class _Pass:
             view = self.policy._views.view(
                 self.snapshot, self.amap, own | lent, self.scratch,
                 MappingProxyType({}), gpu_view=home.job_array.holds_gpus,
-            )
+            )  # pack reads no running jobs
             placement = pack(job.spec, FreePool(view))
             if placement is None:
                 self.notes.setdefault(
@@ -452,8 +458,6 @@ class _Pass:
                     job.id, home.job_array.name,
                     ",".join(sorted(a.name for a in borrowed)), what,
                 )
-            else:
-                self.notes.pop(job.id, None)
             borrowed_for.add(home.job_array)
         return borrowed_for
 

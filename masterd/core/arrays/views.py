@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from masterd.core.arrays.layout import CPU_ARRAY, ArrayId, ArrayMap, NodeArrays
 from masterd.core.cluster import ClusterSnapshot, NodeView
-from shared.model import Job, NodeInventory, Placement
+from shared.model import Job, NodeAllocation, NodeInventory, Placement
 
 
 class Scratch:
@@ -163,7 +163,46 @@ class ViewBuilder:
                 free_memory_mib=free_mem,
                 schedulable=view.schedulable,
             )
-        return ClusterSnapshot(nodes=MappingProxyType(nodes), running=running)
+        return ClusterSnapshot(
+            nodes=MappingProxyType(nodes), running=trim_running(nodes, running)
+        )
+
+
+def trim_running(nodes: Mapping[str, NodeView], running: Mapping[str, Job]) -> Mapping[str, Job]:
+    """Running jobs cut down to what they hold inside the view.
+
+    A view's policy then never meets a node or unit it cannot look up, and capacity-based
+    policies count only what occupies the array. Jobs holding nothing in the view are left out.
+    The copies are the policy's to read; the core's records are untouched.
+    """
+    out: dict[str, Job] = {}
+    for job_id, job in running.items():
+        if job.placement is None:
+            continue
+        kept: list[NodeAllocation] = []
+        for alloc in job.placement.allocations:
+            view = nodes.get(alloc.node)
+            if view is None:
+                continue
+            gpus = {g.index for g in view.inventory.gpus}
+            cpus = {c.id for c in view.inventory.cpus}
+            cut = NodeAllocation(
+                alloc.node,
+                tuple(g for g in alloc.gpus if g in gpus),
+                tuple(c for c in alloc.cpus if c in cpus),
+                alloc.memory_mib,
+            )
+            if cut.gpus or cut.cpus:
+                kept.append(cut)
+        if not kept:
+            continue
+        if len(kept) == len(job.placement.allocations) and all(
+            a == b for a, b in zip(kept, job.placement.allocations, strict=True)
+        ):
+            out[job_id] = job
+        else:
+            out[job_id] = replace(job, placement=Placement(tuple(kept)))
+    return MappingProxyType(out)
 
 
 def within(view: ClusterSnapshot, placement: Placement) -> str | None:

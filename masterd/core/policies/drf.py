@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from masterd.core.cluster import ClusterSnapshot
@@ -47,9 +48,9 @@ class DrfPolicy:
             if job.placement is not None:
                 self._add(usage.setdefault(job.spec.tenant, [0.0, 0.0, 0.0]),
                           job.placement, snapshot)
-        pending: dict[str, list[Job]] = {}
+        pending: dict[str, deque[Job]] = {}
         for job in queue:
-            pending.setdefault(job.spec.tenant, []).append(job)
+            pending.setdefault(job.spec.tenant, deque()).append(job)
         for tenant in pending:
             usage.setdefault(tenant, [0.0, 0.0, 0.0])
 
@@ -66,7 +67,7 @@ class DrfPolicy:
             for tenant in sorted(pending, key=share):
                 jobs = pending[tenant]
                 while jobs:
-                    job = jobs.pop(0)
+                    job = jobs.popleft()
                     placement = pack(job.spec, pool)
                     if placement is not None:
                         pool.take(placement)
