@@ -382,3 +382,42 @@ def test_inner_policies_see_running_jobs_cut_to_their_array() -> None:
     assert borrowers_on_n1
     assert set(view.running) == {"large-job"} | borrowers_on_n1
     assert view.running["large-job"] is core.jobs["large-job"]  # uncut jobs are not copied
+
+
+def test_resized_arrays_turn_jobs_on_moved_nodes_into_borrowers() -> None:
+    from masterd.core.arrays import DemandRecord, resize
+
+    pol = policy(models={"*": {"large": 0, "cpu_job_cores": 2}})
+    core = two_nodes(pol)
+    for i in range(4):
+        core.submit(job(gpus=2, cpus=1, submit=float(i), job_id=f"s{i}"))
+    run_pass(core, 1.0)
+    assert {s.name: s.size for s in pol.summary(core.snapshot(), core.queue())}[
+        "large:A100"] == 0
+    # A week dominated by large jobs: half the GPUs move to the large array.
+    history = [DemandRecord(86_400.0, "large", "A100", 3e6, 1e5),
+               DemandRecord(86_400.0, "small", "A100", 1e6, 1e5)]
+    new = resize(pol.config, history, now=2 * 86_400.0)
+    assert new.for_model("A100").large.value == 0.75
+    pol.reconfigure(new)
+    by_name = {s.name: s for s in pol.summary(core.snapshot(), core.queue())}
+    assert by_name["large:A100"].size == 8
+    moved = {i for i, j in core.running().items() if j.placement.nodes == ("n1",)}
+    assert moved and by_name["large:A100"].borrowed_out == 2 * len(moved)
+    core.submit(job(gpus=8, cpus=1, submit=3.0, job_id="big"))
+    assert set(preempts(run_pass(core, 3.0))) == moved
+
+
+def test_drained_nodes_are_neither_used_nor_lent() -> None:
+    pol = policy()
+    core = two_nodes(pol)
+    core.set_drained("n1", True)
+    for i in range(9):
+        core.submit(job(gpus=1, cpus=1, job_id=f"s{i}"))
+    assert len(starts(run_pass(core, 1.0))) == 8
+    assert all(j.placement.nodes == ("n2",) for j in core.running().values())
+    assert {s.name: s.size for s in pol.summary(core.snapshot(), core.queue())}[
+        "large:A100"] == 8  # the map keeps a drained node where it was
+    core.set_drained("n1", False)
+    applied = starts(run_pass(core, 2.0))
+    assert set(applied) == {"s8"} and applied["s8"].placement.nodes == ("n1",)

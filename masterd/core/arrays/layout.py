@@ -8,7 +8,8 @@ Rules, per GPU model M (a node's model is that of its first GPU):
 * **GPUs** go to arrays by whole node: ``large:M`` takes whole nodes, ``small:M`` the rest, so a
   large job finds whole nodes and small jobs never fragment them. Nodes are considered biggest
   first (most GPUs, then name) and added to the large array while that brings its GPU count
-  closer to the configured target without passing the upper bound; if the lower bound is still
+  strictly closer to the configured target without passing the upper bound (a tie leaves the
+  node in the small array); if the lower bound is still
   not met, further nodes are added while the upper bound allows. Bounds therefore hold up to
   whole-node granularity, and the upper bound always holds.
 * **Cores** of every GPU node are split: ``cpu_job_cores`` of them form that node's share of the
@@ -231,8 +232,9 @@ def _choose_large_nodes(
     total = 0
     for inv in ordered:
         g = len(inv.gpus)
-        # Take the node if that moves the total no further from the target than leaving it.
-        if total < target and total + g <= hi and (total + g - target) <= (target - total):
+        # Take the node if that brings the total strictly closer to the target; on a tie the
+        # node stays small, so a share never empties the small array by rounding.
+        if total < target and total + g <= hi and (total + g - target) < (target - total):
             chosen.add(inv.name)
             total += g
     for inv in ordered:
