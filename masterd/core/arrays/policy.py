@@ -232,6 +232,7 @@ class _Pass:
             self.waiting.setdefault(home.job_array, []).append(job)
         self._pools: dict[ArrayId, tuple[int, FreePool]] = {}
         self._empty_fit: dict[str, bool] = {}
+        self._empty_pools: dict[ArrayId, FreePool] = {}
         self._blocking: dict[ArrayId, bool] = {}  # reset whenever a job starts
         self._reclaim_pools: dict[ArrayId, tuple[int, FreePool]] = {}
 
@@ -245,13 +246,16 @@ class _Pass:
             return frozenset({CPU_ARRAY})
         return frozenset({array, ArrayId(GPU_CPU, array.gpu_model)})
 
-    def home_view(self, array: ArrayId, scratch: Scratch | None = None) -> ClusterSnapshot:
+    def home_view(
+        self, array: ArrayId, scratch: Scratch | None = None, for_inner: bool = False
+    ) -> ClusterSnapshot:
+        """The array as its inner policy sees it (``for_inner``) or as ``pack`` needs it."""
         return self.policy._views.view(
             self.snapshot,
             self.amap,
             self.home_allowed(array),
             scratch or self.scratch,
-            self.snapshot.running,
+            self.snapshot.running if for_inner else MappingProxyType({}),
             gpu_view=array.holds_gpus,
         )
 
@@ -306,7 +310,10 @@ class _Pass:
         cached = self._empty_fit.get(job.id)
         if cached is None:
             array = self.homes[job.id].job_array
-            cached = pack(job.spec, FreePool(self.home_view(array, self.empty))) is not None
+            pool = self._empty_pools.get(array)
+            if pool is None:
+                pool = self._empty_pools[array] = FreePool(self.home_view(array, self.empty))
+            cached = pack(job.spec, pool) is not None
             self._empty_fit[job.id] = cached
         return cached
 
@@ -359,7 +366,7 @@ class _Pass:
             if not queue:
                 return
             ids = {j.id: j for j in queue}
-            view = self.home_view(array)
+            view = self.home_view(array, for_inner=True)
             trial = self.scratch.copy()
             usage = {k: list(v) for k, v in self.usage.items()}
             starts: list[tuple[Job, Start]] = []
