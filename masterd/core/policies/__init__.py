@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from masterd.core.arrays.policy import ArrayPolicy
+from masterd.core.policies.drf import DrfPolicy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policy import Policy
 
 # name -> factory taking the policy's options table from the configuration.
 REGISTRY: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
+    "drf": DrfPolicy,
+    "soda-arrays": ArrayPolicy,
 }
 
 
