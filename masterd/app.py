@@ -27,20 +27,26 @@ from shared.schema import SchemaError, decode
 log = logging.getLogger("trellis.master.http")
 
 MSGPACK = "application/msgpack"
+STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
+             "frame_too_large": 413, "store_unavailable": 503}
 MASTER_KEY = web.AppKey("master", Master)
 RPC_KEY = web.AppKey("rpc", Rpc)
 
 
 async def handle_rpc(request: web.Request) -> web.Response:
     rpc = request.app[RPC_KEY]
-    body = await request.read()
     req_id = None
     try:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ProtocolError(
+                "frame_too_large", f"request body exceeds the {MAX_FRAME}-byte limit") from None
         req = decode_rpc_request(body)
         req_id = req.id
         result = await rpc.call(req.method, req.params)
     except ProtocolError as exc:
-        status = 404 if exc.code in ("unknown_job", "unknown_node", "unknown_method") else 400
+        status = STATUS_OF.get(exc.code, 400)
         return web.Response(body=encode_rpc_error(req_id, exc.code, exc.message),
                             status=status, content_type=MSGPACK)
     except StoreError as exc:
@@ -92,7 +98,9 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
             try:
                 frame = decode_frame(msg.data)
             except ProtocolError as exc:
+                # No id can be trusted from a frame we cannot parse: answer on id 0.
                 log.warning("node=%s bad frame: %s", session.name if session else "?", exc)
+                await ws.send_bytes(encode_frame("error", 0, error_body(exc.code, exc.message)))
                 continue
             if frame.type in ("ack", "error"):
                 if session is not None:

@@ -177,3 +177,15 @@ def test_jobs_are_pinned_with_real_cgroups_and_run_unprivileged(make_cluster,
     core = jobs[job]["placement"][0]["cpus"][0]
     assert allowed.split(":")[1].strip() == str(core)
     assert f"cpuset:/{cluster.node_name(1)}/{job}" in text
+
+
+def test_affinity_pinning_without_cgroups(make_cluster, shared_dir: Path) -> None:
+    """The path a node takes when not root: CPU affinity instead of a cpuset cgroup."""
+    cluster = make_cluster(nodes=1, gpus_per_node=2, cgroup_mode="affinity")
+    out_file = shared_dir / "aff"
+    job = submit(cluster, "--name", "aff", "--gpus", "1", "--cpus", "1", "--", "sh", "-c",
+                 f"grep Cpus_allowed_list /proc/self/status > {out_file}")
+    jobs = wait_states(cluster, [job], {"finished", "failed"})
+    assert jobs[job]["state"] == "finished", cluster.log(cluster.node_name(1))
+    core = jobs[job]["placement"][0]["cpus"][0]
+    assert out_file.read_text().split(":")[1].strip() == str(core)
