@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from shared.config import parse_cpu_list
+from shared.cpulist import parse_cpu_list
 from shared.model import CpuCore, NicInfo
 
 SYSFS_CPU = Path("/sys/devices/system/cpu")

@@ -97,34 +97,3 @@ def load_config(cls: type[T], path: str | Path | None, section: str, **overrides
         return decode(cls, data, section)
     except SchemaError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """Parse a kernel-style CPU list ("0-3,8,10-11")."""
-    cpus: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            start, end = int(lo), int(hi or lo)
-        except ValueError:
-            raise ValueError(f"CPU list {text!r}: {part!r} is not a number or range") from None
-        if end < start:
-            raise ValueError(f"CPU list {text!r}: range {part!r} runs backwards")
-        cpus.update(range(start, end + 1))
-    return sorted(cpus)
-
-
-def format_cpu_list(cpus: list[int] | tuple[int, ...]) -> str:
-    """The inverse of :func:`parse_cpu_list`, with ranges collapsed."""
-    out: list[str] = []
-    ordered = sorted(set(cpus))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(out)

@@ -16,10 +16,11 @@ from noded.cgroups.errors import (
     GroupNotFoundError,
     LimitsError,
 )
-from noded.cgroups.limits import GroupLimits, format_cpu_list, parse_cpu_list
+from noded.cgroups.limits import GroupLimits
 from noded.cgroups.mounts import CgroupMounts, find_mounts
 from noded.cgroups.v1 import V1CgroupManager
 from noded.cgroups.v2 import V2CgroupManager
+from shared.cpulist import format_cpu_list, parse_cpu_list
 
 __all__ = [
     "AffinityManager",

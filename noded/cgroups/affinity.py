@@ -30,7 +30,8 @@ from noded.cgroups.base import (
     signal_members,
 )
 from noded.cgroups.errors import CgroupError, GroupBusyError, GroupNotFoundError, LimitsError
-from noded.cgroups.limits import GroupLimits, format_cpu_list
+from noded.cgroups.limits import GroupLimits
+from shared.cpulist import format_cpu_list
 from shared.model import is_valid_name
 
 log = logging.getLogger("trellis.cgroups.affinity")

@@ -40,8 +40,9 @@ from noded.cgroups.errors import (
     GroupNotFoundError,
     LimitsError,
 )
-from noded.cgroups.limits import GroupLimits, format_cpu_list, parse_cpu_list
+from noded.cgroups.limits import GroupLimits
 from noded.cgroups.mounts import V1_CONTROLLERS
+from shared.cpulist import format_cpu_list, parse_cpu_list
 from shared.kernelfs import KernelWriter
 from shared.model import is_valid_name
 

@@ -46,7 +46,8 @@ from noded.cgroups.errors import (
     GroupNotFoundError,
     LimitsError,
 )
-from noded.cgroups.limits import GroupLimits, format_cpu_list, parse_cpu_list
+from noded.cgroups.limits import GroupLimits
+from shared.cpulist import format_cpu_list, parse_cpu_list
 from shared.kernelfs import KernelWriteError, KernelWriter
 from shared.model import is_valid_name
 

@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from noded.cgroups.limits import format_cpu_list, parse_cpu_list
+from shared.cpulist import format_cpu_list, parse_cpu_list
 from shared.kernelfs import KernelWriteError, KernelWriter
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -8,10 +8,9 @@ from shared.config import (
     ConfigError,
     MasterConfig,
     NodeConfig,
-    format_cpu_list,
     load_config,
-    parse_cpu_list,
 )
+from shared.cpulist import format_cpu_list, parse_cpu_list
 
 
 def test_defaults_and_overrides(tmp_path: Path) -> None:
@@ -51,9 +50,9 @@ def test_missing_file() -> None:
 
 
 def test_cpu_lists() -> None:
-    assert parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
     assert format_cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
-    with pytest.raises(ValueError, match="backwards"):
+    with pytest.raises(ValueError, match="empty or negative"):
         parse_cpu_list("3-1")
-    with pytest.raises(ValueError, match="not a number"):
+    with pytest.raises(ValueError, match="is not N or N-M"):
         parse_cpu_list("a")
