@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable
@@ -125,8 +126,7 @@ def test_noisy_measurements_keep_step_bounds_and_find_exact_best_fit(warm: bool)
         exact += tuner.best == best
         steps.append(tuner.steps)
         # Extra windows go to the same count: windows beyond steps are never re-pins.
-        repins = sum(1 for a, b in zip(tuner.history, tuner.history[1:], strict=False)
-                     if a[0] != b[0])
+        repins = sum(1 for a, b in itertools.pairwise(tuner.history) if a[0] != b[0])
         assert repins == tuner.steps
     assert max(steps) <= (4 if warm else 6)
     assert exact / len(jobs) >= 0.95
