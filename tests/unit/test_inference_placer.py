@@ -375,10 +375,13 @@ def test_replicas_on_a_vanished_node_are_forgotten(placer: InferencePlacer) -> N
     driver = Driver(placer, [gpu_node("g1"), gpu_node("g2")], headroom={"g1": 60.0})
     driver.drive("resnet", [(0.0, 5.0)])
     assert [r.node for r in placer.replicas("resnet")] == ["g1"]
+    version = placer.place("resnet").version
     driver.state.remove_node("g1")
     driver.drive("resnet", [(5.0, 5.0)])
+    # g2 has no bandwidth headroom for a CPU replica, so the replacement is a GPU there.
     (replica,) = placer.replicas("resnet")
-    assert replica.node == "g2" or replica.kind is ReplicaKind.GPU
+    assert (replica.node, replica.kind) == ("g2", ReplicaKind.GPU)
+    assert placer.place("resnet").version == version + 2  # one forgotten, one launched
 
 
 # -- bad input --------------------------------------------------------------------------------
