@@ -148,6 +148,10 @@ class JobSpec:
     deadline: float | None = bounded(None, min=0)
     # Nodes a multi-node job may span at most; None lets the policy choose.
     max_nodes: int | None = bounded(None, min=1, max=4096)
+    # Traits SODA's CPU allocator uses to pick a job's starting core count (§V-B1).
+    pipelined_input: bool | None = None
+    large_weights: bool | None = None
+    heavy_preprocessing: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
