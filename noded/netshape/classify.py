@@ -133,6 +133,26 @@ def _check_classids(classids: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def render_header(table: str) -> str:
+    """nft commands creating the classifier's table and output chain ('add' is idempotent)."""
+    # Mangle priority: before any later filter could drop the packet, and the conventional
+    # place for rewriting packet metadata.
+    return (
+        f"add table {_FAMILY} {table}\n"
+        f"add chain {_FAMILY} {table} {_CHAIN} "
+        "{ type filter hook output priority mangle; policy accept; }\n"
+    )
+
+
+def render_rule(table: str, ifname: str | None, match: str, classid: int, comment: str) -> str:
+    """One nft rule giving matching packets the HTB class id as their priority."""
+    oif = f'oifname "{ifname}" ' if ifname else ""
+    return (
+        f"add rule {_FAMILY} {table} {_CHAIN} {oif}{match} "
+        f'meta priority set {fmt_handle(classid)} comment "{comment}"\n'
+    )
+
+
 class _RuleTable:
     """The nft table a classifier owns: one output chain, rules found again by comment."""
 
@@ -146,25 +166,13 @@ class _RuleTable:
         self.ifname = ifname
 
     def header(self) -> str:
-        # 'add' is idempotent for tables and chains; mangle priority runs before routing
-        # decisions care and before any later filter could drop the packet.
-        return (
-            f"add table {_FAMILY} {self.table}\n"
-            f"add chain {_FAMILY} {self.table} {_CHAIN} "
-            "{ type filter hook output priority mangle; policy accept; }\n"
-        )
+        return render_header(self.table)
 
     def rule(self, match: str, classid: int, comment: str) -> str:
-        oif = f'oifname "{self.ifname}" ' if self.ifname else ""
-        return (
-            f"add rule {_FAMILY} {self.table} {_CHAIN} {oif}{match} "
-            f'meta priority set {fmt_handle(classid)} comment "{comment}"\n'
-        )
+        return render_rule(self.table, self.ifname, match, classid, comment)
 
     def delete(self, handles: Sequence[int]) -> str:
-        return "".join(
-            f"delete rule {_FAMILY} {self.table} {_CHAIN} handle {h}\n" for h in handles
-        )
+        return "".join(f"delete rule {_FAMILY} {self.table} {_CHAIN} handle {h}\n" for h in handles)
 
     def handles(self, comment: str) -> list[int]:
         if not self.runner.table_exists(_FAMILY, self.table):
@@ -262,13 +270,13 @@ class CgroupV2Classifier:
         mount = str(self.cgroup2.path)
         root = self.cgroup2.root.rstrip("/")
         if os.path.isabs(given) and (given == mount or given.startswith(mount + "/")):
-            hierarchy = root + (given[len(mount):] or "/")  # a filesystem path
+            hierarchy = root + (given[len(mount) :] or "/")  # a filesystem path
         else:
             hierarchy = "/" + given.strip("/")  # a hierarchy path, as in /proc/<pid>/cgroup
         parts = check_cgroup_path(hierarchy)
         if root and not hierarchy.startswith(root + "/"):
             raise NetShapeError(f"cgroup {given!r} is outside the mounted v2 subtree {root!r}")
-        fs_path = Path(mount, *[p for p in hierarchy[len(root):].split("/") if p])
+        fs_path = Path(mount, *[p for p in hierarchy[len(root) :].split("/") if p])
         if not fs_path.is_dir():
             raise NetShapeError(f"cgroup {given!r} does not exist (looked for {fs_path})")
         return "/" + "/".join(parts)
@@ -301,7 +309,7 @@ class NetClsClassifier:
         if self.rules.drop(what="stale rules from an earlier run"):
             log.warning("netshape dropped stale nft table=%s netns=%s", table, netns or "-")
         for stale in sorted(self.mount.glob(f"{prefix}*")):
-            if stale.is_dir() and is_valid_name(stale.name[len(prefix):]):
+            if stale.is_dir() and is_valid_name(stale.name[len(prefix) :]):
                 self._release(stale, what="stale job cgroup from an earlier run")
 
     def jobs(self) -> dict[str, JobNetKind]:
@@ -358,9 +366,7 @@ class NetClsClassifier:
             pids = [p for p in (group / "cgroup.procs").read_text().split() if p]
             for pid in pids:
                 with contextlib.suppress(KernelWriteError):  # it exited meanwhile
-                    self.writer.write(
-                        self.mount / "cgroup.procs", pid, what=what, compare=False
-                    )
+                    self.writer.write(self.mount / "cgroup.procs", pid, what=what, compare=False)
             try:
                 self.writer.rmdir(group, what=what)
                 return

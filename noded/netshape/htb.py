@@ -119,9 +119,7 @@ def plan_classes(
     budget = min(_MAX_QUANTUM, max(_MIN_QUANTUM, link_bit // 8 // 50))
     parent = handle(major, _PARENT_MINOR)
     plan = [
-        HtbClass(
-            "root", parent, handle(major, 0), link_bit, link_bit, budget, _burst(link_bit)
-        )
+        HtbClass("root", parent, handle(major, 0), link_bit, link_bit, budget, _burst(link_bit))
     ]
     for name, minor in CLASS_MINORS.items():
         plan.append(
@@ -211,33 +209,62 @@ class TrafficShaper:
             if not self._is_ours(current):
                 self._original = current
                 self._tc(
-                    ipr, "replace", "htb", index=idx, handle=handle(self.major, 0),
-                    parent=TC_H_ROOT, default=self.classid("other"),
+                    ipr,
+                    "replace",
+                    "htb",
+                    index=idx,
+                    handle=handle(self.major, 0),
+                    parent=TC_H_ROOT,
+                    default=self.classid("other"),
                 )
                 replaced = True
                 log.info(
                     "netshape installed ifname=%s netns=%s link_mbit=%d gpu_share=%g "
                     "cpu_share=%g replaced=%s:%s",
-                    self.ifname, self.netns or "-", self.link_mbit, self.gpu_share,
-                    self.cpu_share, current.kind, fmt_handle(current.handle),
+                    self.ifname,
+                    self.netns or "-",
+                    self.link_mbit,
+                    self.gpu_share,
+                    self.cpu_share,
+                    current.kind,
+                    fmt_handle(current.handle),
                 )
             elif self._original is None:
                 # Left by an earlier run that did not get to clean up: what was there before is
                 # unknown, so the kernel default is what remove() will leave.
                 log.warning(
                     "netshape found its own root qdisc already on ifname=%s; original unknown, "
-                    "remove() will leave the kernel default", self.ifname,
+                    "remove() will leave the kernel default",
+                    self.ifname,
                 )
-            for cls in self.plan:
-                self._tc(
-                    ipr, "replace-class", "htb", index=idx, handle=cls.classid,
-                    parent=cls.parent, rate=f"{cls.rate_bit}bit", ceil=f"{cls.ceil_bit}bit",
-                    quantum=cls.quantum, burst=cls.burst, cburst=_burst(cls.ceil_bit),
-                )
-                log.debug(
-                    "netshape class ifname=%s class=%s classid=%s rate_bit=%d ceil_bit=%d",
-                    self.ifname, cls.name, fmt_handle(cls.classid), cls.rate_bit, cls.ceil_bit,
-                )
+            try:
+                for cls in self.plan:
+                    self._tc(
+                        ipr,
+                        "replace-class",
+                        "htb",
+                        index=idx,
+                        handle=cls.classid,
+                        parent=cls.parent,
+                        rate=f"{cls.rate_bit}bit",
+                        ceil=f"{cls.ceil_bit}bit",
+                        quantum=cls.quantum,
+                        burst=cls.burst,
+                        cburst=_burst(cls.ceil_bit),
+                    )
+                    log.debug(
+                        "netshape class ifname=%s class=%s classid=%s rate_bit=%d ceil_bit=%d",
+                        self.ifname,
+                        cls.name,
+                        fmt_handle(cls.classid),
+                        cls.rate_bit,
+                        cls.ceil_bit,
+                    )
+            except NetShapeError:
+                # A root htb without its classes would pass every packet unshaped through
+                # the direct queue: put the interface back the way it was instead.
+                self._rollback(ipr, idx)
+                raise
             return replaced
 
     def remove(self) -> bool:
@@ -252,21 +279,41 @@ class TrafficShaper:
             current = self._root(ipr, idx)
             if not self._is_ours(current):
                 return False
-            self._tc(ipr, "del", index=idx, handle=handle(self.major, 0), parent=TC_H_ROOT)
-            original, self._original = self._original, None
-            if original is not None and not original.kernel_default:
-                self._restore(ipr, idx, original)
+            self._teardown(ipr, idx)
             now = self._root(ipr, idx)
-            if original is not None and now.kind != original.kind:
-                log.warning(
-                    "netshape restore mismatch ifname=%s expected=%s found=%s",
-                    self.ifname, original.kind, now.kind,
-                )
             log.info(
-                "netshape removed ifname=%s netns=%s root=%s:%s", self.ifname,
-                self.netns or "-", now.kind, fmt_handle(now.handle),
+                "netshape removed ifname=%s netns=%s root=%s:%s",
+                self.ifname,
+                self.netns or "-",
+                now.kind,
+                fmt_handle(now.handle),
             )
             return True
+
+    def _rollback(self, ipr: IPRoute, idx: int) -> None:
+        try:
+            self._teardown(ipr, idx)
+        except NetShapeError as exc:
+            log.error("netshape rollback failed ifname=%s: %s", self.ifname, exc)
+            return
+        log.warning("netshape install rolled back ifname=%s", self.ifname)
+
+    def _teardown(self, ipr: IPRoute, idx: int) -> None:
+        """Delete our root qdisc and put the recorded original back."""
+        self._tc(ipr, "del", index=idx, handle=handle(self.major, 0), parent=TC_H_ROOT)
+        original, self._original = self._original, None
+        if original is None:
+            return  # the kernel default is back; nothing better is known
+        if not original.kernel_default:
+            self._restore(ipr, idx, original)
+        now = self._root(ipr, idx)
+        if now.kind != original.kind:
+            log.warning(
+                "netshape restore mismatch ifname=%s expected=%s found=%s",
+                self.ifname,
+                original.kind,
+                now.kind,
+            )
 
     def class_bytes(self) -> dict[str, int]:
         """Bytes sent so far by each leaf class ({} when the partition is not installed)."""
@@ -346,11 +393,16 @@ class TrafficShaper:
         except NetlinkError as exc:
             log.warning(
                 "netshape could not restore root qdisc ifname=%s kind=%s handle=%s: %s; "
-                "the kernel default is in place", self.ifname, original.kind,
-                fmt_handle(original.handle), os.strerror(exc.code),
+                "the kernel default is in place",
+                self.ifname,
+                original.kind,
+                fmt_handle(original.handle),
+                os.strerror(exc.code),
             )
             return
         log.info(
             "netshape restored root qdisc ifname=%s kind=%s handle=%s (children not restored)",
-            self.ifname, original.kind, fmt_handle(original.handle),
+            self.ifname,
+            original.kind,
+            fmt_handle(original.handle),
         )

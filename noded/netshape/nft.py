@@ -77,8 +77,15 @@ class NftRunner:
             argv = ["nsenter", f"--net={_NETNS_DIR}/{netns}", *argv]
         if cgroup2 is not None and cgroup2.path != _DEFAULT_CGROUP2:
             argv = [
-                "unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'mount -t cgroup2 cgroup2 {_DEFAULT_CGROUP2} && exec "$@"', "sh", *argv,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'mount -t cgroup2 cgroup2 {_DEFAULT_CGROUP2} && exec "$@"',
+                "sh",
+                *argv,
             ]
         self.argv = argv
         self.netns = netns
@@ -108,8 +115,12 @@ class NftRunner:
     def _call(self, args: list[str], stdin: str | None, what: str) -> str:
         try:
             done = subprocess.run(
-                [*self.argv, *args], input=stdin, capture_output=True, text=True,
-                timeout=self.timeout, check=False,
+                [*self.argv, *args],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise NetShapeError(f"nft timed out after {self.timeout}s ({what})") from exc

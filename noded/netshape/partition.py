@@ -83,7 +83,9 @@ class BandwidthPartitioner:
         self._active = True
         log.info(
             "netshape partition on ifname=%s trigger=%s jobs=%d",
-            self.shaper.ifname, trigger, len(self._jobs),
+            self.shaper.ifname,
+            trigger,
+            len(self._jobs),
         )
         failed = []
         for job in self._jobs.values():
