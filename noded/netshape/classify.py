@@ -14,8 +14,8 @@ hosts whose v2 hierarchy is at /sys/fs/cgroup/unified)::
 matches packets whose socket was created by a process inside that cgroup (or below it). The job
 is given either as its cgroup or as pids, whose cgroups are read from /proc/<pid>/cgroup; the
 classifier never moves processes. A socket belongs to the cgroup its creator was in when it
-created it, so the job must be in its own cgroup before it opens connections (noded's launcher
-places it there before exec). Processes in the root cgroup are refused: matching the root would
+created it, so the job must be in its own cgroup before it opens connections (the job launcher
+must place it there before exec). Processes in the root cgroup are refused: matching the root would
 classify every packet on the host.
 
 cgroup v1 (:class:`NetClsClassifier`, for hosts with a net_cls hierarchy)::
