@@ -170,6 +170,32 @@ class ClusterState:
             )
         return placement
 
+    def resize_cpus(self, job_id: str, node: str, cpus: tuple[int, ...]) -> None:
+        """A running job's cores on one node changed (SODA's tuner re-pinned it): cores it
+        gave back are free at once; cores it took must have been free."""
+        placement = self._allocations.get(job_id)
+        if placement is None:
+            raise AllocationError(f"job {job_id} holds no resources")
+        view = self._views.get(node)
+        if view is None:
+            raise AllocationError(f"job {job_id}: node {node} is not in the cluster")
+        allocations = list(placement.allocations)
+        for i, alloc in enumerate(allocations):
+            if alloc.node == node:
+                break
+        else:
+            raise AllocationError(f"job {job_id} has nothing on node {node}")
+        old, new = set(alloc.cpus), set(cpus)
+        if len(new) != len(cpus) or not new:
+            raise AllocationError(f"job {job_id}: core list {list(cpus)} is empty or repeats")
+        taken = new - old
+        if not taken <= view.free_cpus:
+            raise AllocationError(
+                f"job {job_id}: cores {sorted(taken - view.free_cpus)} on {node} are not free")
+        allocations[i] = replace(alloc, cpus=tuple(sorted(new)))
+        self._allocations[job_id] = Placement(tuple(allocations))
+        self._views[node] = replace(view, free_cpus=(view.free_cpus - taken) | (old - new))
+
     def allocation(self, job_id: str) -> Placement | None:
         return self._allocations.get(job_id)
 

@@ -301,5 +301,13 @@ class SchedulingCore:
                 transitions.append(transition)
         return transitions
 
+    def cores_changed(self, job_id: str, node: str, cpus: tuple[int, ...]) -> None:
+        """Record a live re-pin of a running job's cores (raises AllocationError if bogus)."""
+        job = self._active.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} is not running")
+        self.cluster.resize_cpus(job_id, node, cpus)
+        job.placement = self.cluster.allocation(job_id)
+
     def placement_of(self, job_id: str) -> Placement | None:
         return self.cluster.allocation(job_id)

@@ -104,3 +104,21 @@ def test_node_down_keeps_jobs_but_places_nothing(core: SchedulingCore) -> None:
     assert core.cluster.allocation("j1") is not None
     core.node_up(inventory(other, gpus=4, cpus=8))
     assert [d.job_id for d in core.schedule(3)] == ["j2"]
+
+
+def test_cores_change_while_running(core: SchedulingCore) -> None:
+    from masterd.core.cluster import AllocationError
+
+    core.submit(job("t", gpus=1, cpus=4, t=0))
+    [d] = core.schedule(1)
+    node = d.placement.nodes[0]  # type: ignore[union-attr]
+    held = d.placement.allocations[0].cpus  # type: ignore[union-attr]
+    core.node_started("t", node, 1)
+    core.cores_changed("t", node, held[:2])
+    view = core.cluster.node(node)
+    assert view is not None and set(held[2:]) <= view.free_cpus
+    assert core.jobs["t"].placement.allocations[0].cpus == held[:2]  # type: ignore[union-attr]
+    core.submit(job("u", gpus=1, cpus=6, t=2))
+    core.schedule(3)  # takes the freed cores
+    with pytest.raises(AllocationError, match="not free"):
+        core.cores_changed("t", node, tuple(range(8)))
