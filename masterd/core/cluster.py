@@ -180,11 +180,10 @@ class ClusterState:
         if view is None:
             raise AllocationError(f"job {job_id}: node {node} is not in the cluster")
         allocations = list(placement.allocations)
-        for i, alloc in enumerate(allocations):
-            if alloc.node == node:
-                break
-        else:
+        i = next((k for k, a in enumerate(allocations) if a.node == node), None)
+        if i is None:
             raise AllocationError(f"job {job_id} has nothing on node {node}")
+        alloc = allocations[i]
         old, new = set(alloc.cpus), set(cpus)
         if len(new) != len(cpus) or not new:
             raise AllocationError(f"job {job_id}: core list {list(cpus)} is empty or repeats")
