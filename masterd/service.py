@@ -333,7 +333,7 @@ class Master:
             if report.state == "running":
                 if job.node_states[node] == "preparing":
                     await self._on_started(job.id, node)
-                if job.reason in ("cancelled",) or job.reason.startswith("preempted"):
+                if job.stopping:
                     self._spawn(self._stop_part(job.id, node, job.reason))
             elif report.state == "exited":
                 await self._on_exited(node, JobExited(report.job_id, report.exit_code,

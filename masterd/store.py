@@ -78,6 +78,7 @@ def _job_data(job: Job) -> bytes:
             "attempts": job.attempts,
             "node_states": job.node_states,
             "requeue_priority": job.requeue_priority,
+            "stopping": job.stopping,
         }
     )
 
@@ -104,6 +105,7 @@ def _job_from_row(row: sqlite3.Row) -> Job:
         attempts=data.get("attempts", 0),
         node_states=dict(data.get("node_states") or {}),
         requeue_priority=data.get("requeue_priority", 0),
+        stopping=data.get("stopping", False),
     )
 
 

@@ -216,6 +216,8 @@ class Job:
     node_states: dict[str, str] = field(default_factory=dict)
     # Higher sorts first among jobs re-queued at the head of their array (preemption).
     requeue_priority: int = 0
+    # Being stopped (cancelled, preempted or a rank failed): its parts are told to exit.
+    stopping: bool = False
 
     @property
     def queued_seconds(self) -> float | None:

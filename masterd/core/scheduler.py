@@ -73,7 +73,6 @@ class SchedulingCore:
         # O(n log n) per event on a queue of thousands.
         self._order: dict[str, tuple[int, float, int]] = {}
         self._ordered: list[tuple[tuple[int, float, int], str]] = []
-        self._stopping: set[str] = set()  # preempted or cancelled, waiting for exits
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -177,9 +176,9 @@ class SchedulingCore:
                 applied.append(decision)
             elif isinstance(decision, Preempt):
                 job = self._active.get(decision.job_id)
-                if job is None or job.id in self._stopping:
+                if job is None or job.stopping:
                     continue
-                self._stopping.add(job.id)
+                job.stopping = True
                 job.reason = f"preempted: {decision.reason}"
                 applied.append(decision)
         return applied
@@ -194,7 +193,7 @@ class SchedulingCore:
         job.placement = None
         job.node_states = {}
         job.reason = f"start failed: {reason}"
-        self._stopping.discard(job_id)
+        job.stopping = False
         job.requeue_priority = max(job.requeue_priority, 1)
         self._enqueue(job)
         return Transition(job_id, JobState.QUEUED, job.reason)
@@ -230,8 +229,8 @@ class SchedulingCore:
         elif job.exit_code is None and job.signal is None:
             job.exit_code = exit_code
         to_stop: list[str] = []
-        if failed and job_id not in self._stopping:
-            self._stopping.add(job_id)
+        if failed and not job.stopping:
+            job.stopping = True
             to_stop = [n for n, s in job.node_states.items() if s != "exited"]
         if any(s != "exited" for s in job.node_states.values()):
             return None, to_stop
@@ -240,8 +239,8 @@ class SchedulingCore:
     def _finish(self, job: Job, now: float) -> Transition:
         del self._active[job.id]
         self.cluster.release(job.id)
-        stopping = job.id in self._stopping
-        self._stopping.discard(job.id)
+        stopping = job.stopping
+        job.stopping = False
         if job.state is JobState.CANCELLED or job.reason == "cancelled":
             job.state = JobState.CANCELLED
             job.end_time = now
@@ -282,7 +281,7 @@ class SchedulingCore:
             job.reason = "cancelled"
             return Transition(job_id, JobState.CANCELLED, "cancelled"), []
         job.reason = "cancelled"
-        self._stopping.add(job_id)
+        job.stopping = True
         return None, [n for n, s in job.node_states.items() if s != "exited"]
 
     def lost_parts(self, node: str, reported: Iterable[str], now: float) -> list[Transition]:
