@@ -72,6 +72,8 @@ class LocalCluster:
     cgroup_mode: str = "auto"
     node_grace_s: float = 5.0
     extra_master: dict[str, Any] = field(default_factory=dict)
+    # Extra [node] keys per node number (1-based), e.g. {2: {"allowed_users": ["bob"]}}.
+    extra_node: dict[int, dict[str, Any]] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     master: Daemon | None = None
     node_daemons: dict[str, Daemon] = field(default_factory=dict)
@@ -134,7 +136,8 @@ class LocalCluster:
             f'state_dir = "{self.root / name}"\ncgroup_parent = "{name}"\n'
             f'cgroup_mode = "{self.cgroup_mode}"\nsample_interval_s = 0.5\n'
             f"reconnect_max_s = 1.0\n"
-            "[gpu]\n"
+            + "".join(f"{k} = {_toml(v)}\n" for k, v in self.extra_node.get(i, {}).items())
+            + "[gpu]\n"
             f'backend = "emulated"\ncount = {self.gpus_per_node}\nmodel = "A100-SXM4-40GB"\n'
         ))
         daemon = Daemon(name, [sys.executable, "-m", "noded.main", "-c", str(cfg)],

@@ -64,7 +64,8 @@ class Master:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.clock = clock
-        self.core = SchedulingCore(make_policy(config.policy, **config.policy_options))
+        self.core = SchedulingCore(make_policy(config.policy, **config.policy_options),
+                                   max_start_failures=config.max_start_failures)
         self.store = Store(Path(config.state_dir) / "master.db")
         self.journal = Journal(self.store)
         self.sessions: dict[str, NodeSession] = {}

@@ -79,6 +79,7 @@ def _job_data(job: Job) -> bytes:
             "node_states": job.node_states,
             "requeue_priority": job.requeue_priority,
             "stopping": job.stopping,
+            "start_failures": job.start_failures,
         }
     )
 
@@ -106,6 +107,7 @@ def _job_from_row(row: sqlite3.Row) -> Job:
         node_states=dict(data.get("node_states") or {}),
         requeue_priority=data.get("requeue_priority", 0),
         stopping=data.get("stopping", False),
+        start_failures=data.get("start_failures", 0),
     )
 
 

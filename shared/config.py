@@ -28,6 +28,8 @@ class MasterConfig:
     node_grace_s: float = bounded(30.0, min=0.1, max=86400)
     command_timeout_s: float = bounded(15.0, min=0.1, max=3600)
     stop_grace_s: float = bounded(10.0, min=0, max=3600)
+    # A job nodes refuse to start this many times fails instead of being retried.
+    max_start_failures: int = bounded(3, min=1, max=1000)
     # Unix users jobs may run as; empty means any user that exists, except root.
     allowed_users: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000)
     allow_root_jobs: bool = False

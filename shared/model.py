@@ -218,6 +218,7 @@ class Job:
     requeue_priority: int = 0
     # Being stopped (cancelled, preempted or a rank failed): its parts are told to exit.
     stopping: bool = False
+    start_failures: int = 0
 
     @property
     def queued_seconds(self) -> float | None:

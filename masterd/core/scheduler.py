@@ -62,8 +62,9 @@ class QueueView(Sequence[Job]):
 
 
 class SchedulingCore:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, max_start_failures: int = 3) -> None:
         self.policy = policy
+        self.max_start_failures = max_start_failures
         self.cluster = ClusterState()
         self.jobs: dict[str, Job] = {}
         self._queued: dict[str, Job] = {}
@@ -185,7 +186,9 @@ class SchedulingCore:
 
     # -- events from nodes ---------------------------------------------------------------
     def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:
-        """A node refused to start its part: free everything and queue the job again."""
+        """A node refused to start its part: free everything and queue the job again, unless
+        it has failed to start ``max_start_failures`` times (then it fails for good, rather
+        than bouncing between the queue and the same refusing node forever)."""
         job = self._active.pop(job_id, None)
         if job is None:
             return None
@@ -194,6 +197,12 @@ class SchedulingCore:
         job.node_states = {}
         job.reason = f"start failed: {reason}"
         job.stopping = False
+        job.start_failures += 1
+        if job.start_failures >= self.max_start_failures:
+            job.state = JobState.FAILED
+            job.end_time = now
+            job.reason = f"gave up after {job.start_failures} failed starts; last: {reason}"
+            return Transition(job_id, JobState.FAILED, job.reason)
         job.requeue_priority = max(job.requeue_priority, 1)
         self._enqueue(job)
         return Transition(job_id, JobState.QUEUED, job.reason)

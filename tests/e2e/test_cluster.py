@@ -189,3 +189,19 @@ def test_affinity_pinning_without_cgroups(make_cluster, shared_dir: Path) -> Non
     assert jobs[job]["state"] == "finished", cluster.log(cluster.node_name(1))
     core = jobs[job]["placement"][0]["cpus"][0]
     assert out_file.read_text().split(":")[1].strip() == str(core)
+
+
+def test_multi_node_job_starts_everywhere_or_nowhere(make_cluster, shared_dir: Path) -> None:
+    """Node 2 refuses the user, so the two-node job must not start on node 1 either."""
+    cluster = make_cluster(nodes=2, gpus_per_node=4,
+                           extra_node={2: {"allowed_users": ["someone-else"]}})
+    marker = shared_dir / "ran"
+    job = submit(cluster, "--name", "split", "--gpus", "8", "--", "sh", "-c",
+                 f"touch {marker}-$RANK")
+    jobs = wait_states(cluster, [job], {"failed"}, timeout=60)
+    assert "gave up after 3 failed starts" in jobs[job]["reason"]
+    assert "not allowed" in jobs[job]["reason"]
+    assert not list(shared_dir.glob("ran-*")), "a rank ran although its peer refused"
+    # The refused job freed everything: a job that fits node 1 alone runs there.
+    ok = submit(cluster, "--name", "fits", "--gpus", "4", "--", "true")
+    assert wait_states(cluster, [ok], {"finished", "failed"})[ok]["state"] == "finished"

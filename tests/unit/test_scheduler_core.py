@@ -122,3 +122,13 @@ def test_cores_change_while_running(core: SchedulingCore) -> None:
     core.schedule(3)  # takes the freed cores
     with pytest.raises(AllocationError, match="not free"):
         core.cores_changed("t", node, tuple(range(8)))
+
+
+def test_repeated_start_failures_fail_the_job(core: SchedulingCore) -> None:
+    core.submit(job("j", gpus=1, t=0))
+    for attempt in range(1, 4):
+        [d] = core.schedule(attempt)
+        t = core.start_failed("j", "user refused", attempt)
+        assert t is not None
+    assert t.state is JobState.FAILED and "gave up after 3 failed starts" in t.reason
+    assert core.schedule(10) == [] and not core.queue()
