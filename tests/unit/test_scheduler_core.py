@@ -127,7 +127,7 @@ def test_cores_change_while_running(core: SchedulingCore) -> None:
 def test_repeated_start_failures_fail_the_job(core: SchedulingCore) -> None:
     core.submit(job("j", gpus=1, t=0))
     for attempt in range(1, 4):
-        [d] = core.schedule(attempt)
+        assert len(core.schedule(attempt)) == 1
         t = core.start_failed("j", "user refused", attempt)
         assert t is not None
     assert t.state is JobState.FAILED and "gave up after 3 failed starts" in t.reason
