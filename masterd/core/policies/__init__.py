@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from masterd.core.policies.fifo import FifoPolicy
+from masterd.core.policies.swaf import SwafPolicy
 from masterd.core.policy import Policy
 
 # name -> factory taking the policy's options table from the configuration.
 REGISTRY: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
+    "swaf": SwafPolicy,
 }
 
 

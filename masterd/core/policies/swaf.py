@@ -1,0 +1,372 @@
+"""GENIE's QoS-aware scheduling: Shortest Waiting Allowance First (seeds/genie.md §5.4).
+
+At every decide() (an event: a job arrived, finished, a node changed), Algorithm 1:
+
+1. every waiting GPU job takes the highest-CER placement ``<d_node, d_gpn>`` whose latency
+   meets its ECT (Eq. 12), else the highest-CER placement overall — except an Urgent job
+   (ECT 0, "as soon as possible"), which takes its fastest placement unless
+   ``urgent_placement="cer"`` asks for the literal line 13;
+2. its waiting allowance is ``w = e − (l + now)`` (Eq. 13);
+3. jobs launch in increasing ``w`` while resources allow; a job whose placement does not fit
+   now is skipped and later ones may start. Shapes are realised with the best locality
+   (``placement.realise``).
+
+CPU-only jobs (``gpus == 0``) have no GENIE model: after the GPU jobs, they are packed in queue
+(submission) order with ``placement.pack``, skipping any that do not fit. Jobs lacking model
+information are handled by ``genie.plan`` (database similarity fallback, else a default rate).
+Ties in ``w`` go to the earlier job in queue order: higher re-queue priority, then submission
+time, then job id.
+
+Why the pass is cheap with 10,000 waiting jobs: a job's plan (candidate placements by CER with
+their latencies) depends only on the job and the platform, so it is computed once. Its choice
+changes only when ``now`` crosses ``e − l`` of its current placement, and ``w + now = e − l``
+does not depend on ``now``; so jobs are kept ordered by ``e − l`` and a heap of those
+crossing times re-places only the jobs whose choice changed. Jobs are grouped by identical
+resource demand (GPU model, shape, cores and memory per node); within a pass resources only
+shrink, so once one job of a group cannot be placed, none of that group can, and the launch
+loop merges groups by their head job and drops a group at its first failure. The result is the
+same as running Algorithm 1 from scratch (the tests check it against a brute-force version).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from masterd.core.cluster import ClusterSnapshot
+from masterd.core.genie.freepool import FreeIndex, LazyFreePool
+from masterd.core.genie.modeldb import ModelDB
+from masterd.core.genie.options import genie_setup
+from masterd.core.genie.plan import Candidate, Estimator, GenieSettings, JobPlan, Platform
+from masterd.core.placement import pack, per_node_share, realise
+from masterd.core.policy import Decision, Start
+from shared.model import Job
+
+# (gpu model, d_node, d_gpn, cores per node, MiB per node): jobs with one demand fit alike.
+DemandKey = tuple[str, int, int, int, int]
+# (e − l, −requeue priority, submit time, job id): the SWAF order, unique per job.
+OrderItem = tuple[float, int, float, str]
+
+_BULK = 32  # more changes than this to one group: rebuild its list instead of bisecting
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Why a waiting job stands where it does (for operators and tests)."""
+
+    job_id: str
+    ect: float
+    placement: Candidate
+    latency: float
+    waiting_allowance: float
+    meets_ect: bool
+    model_fallback: str  # empty when the job's own profile was used
+
+
+class _Entry:
+    __slots__ = (
+        "demand", "item", "job", "plan", "requeue_priority", "seen", "spec", "state",
+        "submit_time", "trigger", "version",
+    )
+
+    def __init__(self, job: Job, plan: JobPlan) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.submit_time = job.submit_time
+        self.requeue_priority = job.requeue_priority
+        self.plan = plan
+        self.state = -1
+        self.item: OrderItem | None = None
+        self.demand: DemandKey | None = None
+        self.trigger = math.inf
+        self.version = 0
+        self.seen = 0
+
+
+def _trigger(ect: float, latency: float) -> float:
+    """When to re-check a choice: just before ``now`` can exceed ``ect − latency``.
+
+    The exact flip point depends on rounding in ``ect − now``; waking a hair early and
+    re-checking exactly keeps the cached choice equal to the from-scratch one.
+    """
+    flip = ect - latency
+    return flip - 1e-9 * (1.0 + abs(ect) + abs(latency))
+
+
+class SwafPolicy:
+    name = "swaf"
+
+    def __init__(
+        self,
+        modeldb: ModelDB | str | None = None,
+        theta: float = 0.4,
+        shape_mode: str = "cap",
+        default_rate: float = 100.0,
+        default_duration_s: float = 3600.0,
+        urgent_placement: str = "fastest",
+    ) -> None:
+        db, settings = genie_setup(
+            modeldb, theta, shape_mode, default_rate, default_duration_s, urgent_placement
+        )
+        self.settings: GenieSettings = settings
+        self.estimator = Estimator(db, settings)
+        self._platform: Platform | None = None
+        self._entries: dict[str, _Entry] = {}
+        self._groups: dict[DemandKey, list[OrderItem]] = {}
+        self._heap: list[tuple[float, int, str, int]] = []
+        self._seq = itertools.count()
+        self._pass = 0
+        self._last_now: float | None = None
+
+    # -- the pass ------------------------------------------------------------------------
+    def decide(
+        self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
+    ) -> list[Decision]:
+        platform = Platform.from_snapshot(snapshot)
+        if platform != self._platform:
+            self._forget_all()
+            self._platform = platform
+        elif self._last_now is not None and now < self._last_now:
+            self._rechoose_all(now)  # time went backwards (a replay): recompute every choice
+        self._last_now = now
+        cpu_jobs = self._sync(queue, platform, now)
+        self._advance(now)
+        return self._launch(snapshot, cpu_jobs)
+
+    def explain(self, job_id: str, now: float | None = None) -> Choice | None:
+        """The choice the last pass made for a waiting GPU job, with ``w`` at ``now``
+        (default: the last pass's time)."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.item is None:
+            return None
+        if now is None:
+            now = self._last_now if self._last_now is not None else 0.0
+        plan = entry.plan
+        r = plan.pick(entry.state)
+        c = plan.candidates[plan.records[r]]
+        latency = plan.record_latencies[r]
+        group = plan.groups[c.group]
+        fallback = ""
+        if group.resolution is None:
+            fallback = "no prediction model: default rate"
+        elif group.resolution.fallback:
+            fallback = group.resolution.reason
+        return Choice(
+            job_id=job_id,
+            ect=plan.ect,
+            placement=c,
+            latency=latency,
+            waiting_allowance=plan.ect - (latency + now),
+            meets_ect=latency <= plan.ect - now,
+            model_fallback=fallback,
+        )
+
+    def waiting_order(self) -> list[Choice]:
+        """Every waiting GPU job the last pass saw, in SWAF order, with its choice."""
+        items = sorted(item for group in self._groups.values() for item in group)
+        out = []
+        for item in items:
+            choice = self.explain(item[3])
+            if choice is not None:
+                out.append(choice)
+        return out
+
+    # -- keeping the ordered queue in step with the real one -----------------------------
+    def _sync(self, queue: Sequence[Job], platform: Platform, now: float) -> list[Job]:
+        self._pass += 1
+        stamp = self._pass
+        entries = self._entries
+        cpu_jobs: list[Job] = []
+        added: list[_Entry] = []
+        stale: list[_Entry] = []
+        seen = 0
+        for job in queue:
+            if job.spec.gpus == 0:
+                cpu_jobs.append(job)
+                continue
+            entry = entries.get(job.id)
+            if entry is not None and (
+                entry.spec is not job.spec
+                or entry.submit_time != job.submit_time
+                or entry.requeue_priority != job.requeue_priority
+            ):
+                stale.append(entry)  # same id, different job (re-submitted or re-queued)
+                entry = None
+            if entry is None:
+                entry = _Entry(job, self.estimator.plan(job, platform))
+                added.append(entry)
+            else:
+                entry.job = job
+            entry.seen = stamp
+            seen += 1
+        gone = stale
+        if seen - len(added) < len(entries) - len(stale):
+            # Some jobs left the queue (started, cancelled): find them (stale ones included).
+            gone = [e for e in entries.values() if e.seen != stamp]
+        self._drop(gone)
+        for entry in added:
+            entries[entry.job.id] = entry
+            self._choose(entry, now)
+        self._insert([e for e in added if e.item is not None])
+        return cpu_jobs
+
+    def _choose(self, entry: _Entry, now: float) -> None:
+        """Algorithm 1 lines 8–14 for one job, and when to look at it again."""
+        plan = entry.plan
+        entry.version += 1
+        entry.item = entry.demand = None
+        entry.trigger = math.inf
+        if not plan.records:
+            return  # no placement on this platform at all: it waits until the cluster changes
+        state = plan.state(now)
+        entry.state = state
+        pick = plan.pick(state)
+        c = plan.candidates[plan.records[pick]]
+        latency = plan.record_latencies[pick]
+        spec = entry.spec
+        entry.demand = (
+            c.gpu_model,
+            c.d_node,
+            c.d_gpn,
+            per_node_share(spec.cpus, c.d_node),
+            per_node_share(spec.memory_mib, c.d_node),
+        )
+        entry.item = (plan.ect - latency, -entry.requeue_priority, entry.submit_time,
+                      entry.job.id)
+        if state < len(plan.records):
+            entry.trigger = _trigger(plan.ect, latency)
+            heapq.heappush(self._heap, (entry.trigger, next(self._seq), entry.job.id,
+                                        entry.version))
+
+    def _advance(self, now: float) -> None:
+        """Re-place the jobs whose choice may have changed since the last pass."""
+        heap = self._heap
+        recheck: list[tuple[float, int, str, int]] = []
+        moved: list[_Entry] = []
+        while heap and heap[0][0] <= now:
+            top = heapq.heappop(heap)
+            entry = self._entries.get(top[2])
+            if entry is None or entry.version != top[3]:
+                continue
+            if entry.plan.state(now) == entry.state:
+                recheck.append(top)  # inside the rounding margin: look again next pass
+                continue
+            moved.append(entry)
+        for top in recheck:
+            heapq.heappush(heap, top)
+        if moved:
+            self._drop(moved, forget=False)
+            for entry in moved:
+                self._choose(entry, now)
+            self._insert([e for e in moved if e.item is not None])
+        if len(heap) > 2 * len(self._entries) + 64:
+            self._compact_heap()
+
+    def _rechoose_all(self, now: float) -> None:
+        self._groups.clear()
+        self._heap.clear()
+        for entry in self._entries.values():
+            self._choose(entry, now)
+        self._insert([e for e in self._entries.values() if e.item is not None])
+
+    def _forget_all(self) -> None:
+        self._entries.clear()
+        self._groups.clear()
+        self._heap.clear()
+
+    def _compact_heap(self) -> None:
+        self._heap = [
+            (e.trigger, next(self._seq), job_id, e.version)
+            for job_id, e in self._entries.items()
+            if e.trigger != math.inf
+        ]
+        heapq.heapify(self._heap)
+
+    # -- the ordered groups ----------------------------------------------------------------
+    def _insert(self, entries: list[_Entry]) -> None:
+        by_group: dict[DemandKey, list[OrderItem]] = defaultdict(list)
+        for e in entries:
+            by_group[e.demand].append(e.item)  # type: ignore[index, arg-type]
+        for key, items in by_group.items():
+            group = self._groups.setdefault(key, [])
+            if len(items) > _BULK:
+                group.extend(items)
+                group.sort()
+            else:
+                for item in items:
+                    bisect.insort(group, item)
+
+    def _drop(self, entries: list[_Entry], forget: bool = True) -> None:
+        by_group: dict[DemandKey, list[OrderItem]] = defaultdict(list)
+        for e in entries:
+            if e.item is not None:
+                by_group[e.demand].append(e.item)  # type: ignore[index]
+            if forget and self._entries.get(e.job.id) is e:
+                del self._entries[e.job.id]
+        for key, items in by_group.items():
+            group = self._groups[key]
+            if len(items) > _BULK:
+                remove = set(items)
+                group[:] = [item for item in group if item not in remove]
+            else:
+                for item in items:
+                    del group[bisect.bisect_left(group, item)]
+            if not group:
+                del self._groups[key]
+
+    # -- launching ---------------------------------------------------------------------------
+    def _launch(self, snapshot: ClusterSnapshot, cpu_jobs: list[Job]) -> list[Decision]:
+        pool = LazyFreePool(snapshot)
+        decisions: list[Decision] = []
+        if self._groups:
+            self._launch_gpu_jobs(pool, decisions)
+        dead: set[tuple[int, int]] = set()
+        for job in cpu_jobs:
+            demand = (job.spec.cpus, job.spec.memory_mib)
+            if demand in dead:
+                continue
+            placement = pack(job.spec, pool)
+            if placement is None:
+                dead.add(demand)  # resources only shrink within a pass
+                continue
+            pool.take(placement)
+            decisions.append(Start(job.id, placement))
+        return decisions
+
+    def _launch_gpu_jobs(self, pool: LazyFreePool, decisions: list[Decision]) -> None:
+        assert self._platform is not None
+        nodes: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+        for name, view in pool.views.items():
+            if view.gpu_model is not None and view.total_gpus:
+                nodes[view.gpu_model].append((name, len(view.free_gpus), len(view.free_cpus)))
+        index = {
+            p.gpu_model: FreeIndex.build(p.gpus_per_node, nodes.get(p.gpu_model, ()))
+            for p in self._platform.models
+        }
+        heads = [(items[0], key, 0) for key, items in self._groups.items()]
+        heapq.heapify(heads)
+        entries = self._entries
+        while heads:
+            item, key, position = heapq.heappop(heads)
+            gpu_model, d_node, d_gpn, cpus_per_node, mem_per_node = key
+            free = index[gpu_model]
+            if free.at_least(d_gpn) < d_node:
+                continue  # the whole group stays out for this pass
+            names = free.pick(pool, d_node, d_gpn, cpus_per_node, mem_per_node)
+            if names is None:
+                continue
+            job = entries[item[3]].job
+            placement = realise(job.spec, pool, d_node, d_gpn, names)
+            if placement is None:
+                continue
+            pool.take(placement)
+            free.taken(pool, placement)
+            decisions.append(Start(job.id, placement))
+            items = self._groups[key]
+            if position + 1 < len(items):
+                heapq.heappush(heads, (items[position + 1], key, position + 1))
