@@ -20,7 +20,6 @@ columns ``ROW_FIELDS``) for the master's SQLite store.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 import tomllib
@@ -30,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from masterd.core.genie.model import Coefficients, ModelError
-
-log = logging.getLogger("trellis.genie")
 
 KINDS = ("training", "inference")
 INFERENCE_SPEEDUP = 3.0

@@ -87,13 +87,16 @@ class Platform:
     def from_snapshot(cls, snapshot: ClusterSnapshot) -> Platform:
         counts: dict[str, list[int]] = {}
         for view in snapshot.nodes.values():
-            total = view.total_gpus
-            model = view.gpu_model
-            if total == 0 or model is None:
+            gpus = view.inventory.gpus  # read directly: this runs per node on every pass
+            if not gpus:
                 continue
-            entry = counts.setdefault(model, [0, 0])
-            entry[0] += 1
-            entry[1] = max(entry[1], total)
+            entry = counts.get(gpus[0].model)
+            if entry is None:
+                counts[gpus[0].model] = [1, len(gpus)]
+            else:
+                entry[0] += 1
+                if len(gpus) > entry[1]:
+                    entry[1] = len(gpus)
         return cls(tuple(GpuPlatform(m, n, g) for m, (n, g) in sorted(counts.items())))
 
     def for_spec(self, spec: JobSpec) -> tuple[GpuPlatform, ...]:
@@ -368,3 +371,26 @@ def build_table(
     return ShapeTable(
         tuple(candidates), tuple(hints), fastest, frozenset(c.group for c in candidates)
     )
+
+
+class PlanCache:
+    """Plans of the queued jobs, kept across passes until a job leaves or the platform changes."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self.estimator = estimator
+        self._platform: Platform | None = None
+        self._plans: dict[str, tuple[Job, JobSpec, float, JobPlan]] = {}
+
+    def plans(self, snapshot: ClusterSnapshot, queue: Sequence[Job]) -> dict[str, JobPlan]:
+        platform = Platform.from_snapshot(snapshot)
+        if platform != self._platform:
+            self._plans.clear()
+            self._platform = platform
+        fresh: dict[str, tuple[Job, JobSpec, float, JobPlan]] = {}
+        for job in queue:
+            known = self._plans.get(job.id)
+            if known is None or known[1] is not job.spec or known[2] != job.submit_time:
+                known = (job, job.spec, job.submit_time, self.estimator.plan(job, platform))
+            fresh[job.id] = known
+        self._plans = fresh
+        return {job_id: known[3] for job_id, known in fresh.items()}

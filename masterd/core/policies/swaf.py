@@ -70,7 +70,7 @@ class Choice:
 
 class _Entry:
     __slots__ = (
-        "demand", "item", "job", "plan", "requeue_priority", "seen", "spec", "state",
+        "demand", "item", "job", "plan", "requeue_priority", "spec", "state",
         "submit_time", "trigger", "version",
     )
 
@@ -85,7 +85,6 @@ class _Entry:
         self.demand: DemandKey | None = None
         self.trigger = math.inf
         self.version = 0
-        self.seen = 0
 
 
 def _trigger(ect: float, latency: float) -> float:
@@ -120,7 +119,6 @@ class SwafPolicy:
         self._groups: dict[DemandKey, list[OrderItem]] = {}
         self._heap: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
-        self._pass = 0
         self._last_now: float | None = None
 
     # -- the pass ------------------------------------------------------------------------
@@ -178,36 +176,49 @@ class SwafPolicy:
 
     # -- keeping the ordered queue in step with the real one -----------------------------
     def _sync(self, queue: Sequence[Job], platform: Platform, now: float) -> list[Job]:
-        self._pass += 1
-        stamp = self._pass
+        """Match the cache to the queue; returns the CPU-only jobs in queue order.
+
+        This loop is the one cost every pass pays per waiting job, so it does as little as it
+        can: one dict lookup and a few identity checks for a job already known.
+        """
         entries = self._entries
+        get = entries.get
         cpu_jobs: list[Job] = []
         added: list[_Entry] = []
         stale: list[_Entry] = []
-        seen = 0
         for job in queue:
+            entry = get(job.id)
+            # The same record, not re-queued since: nothing about it changed (Job.spec and
+            # submit_time are never reassigned on a queued job; a re-queue bumps the priority).
+            if (
+                entry is not None
+                and entry.job is job
+                and entry.requeue_priority == job.requeue_priority
+            ):
+                continue
             if job.spec.gpus == 0:
                 cpu_jobs.append(job)
+                if entry is not None:
+                    stale.append(entry)  # the id now names a CPU-only job
                 continue
-            entry = entries.get(job.id)
-            if entry is not None and (
-                entry.spec is not job.spec
-                or entry.submit_time != job.submit_time
-                or entry.requeue_priority != job.requeue_priority
-            ):
+            if entry is not None:
+                if (
+                    entry.spec is job.spec
+                    and entry.submit_time == job.submit_time
+                    and entry.requeue_priority == job.requeue_priority
+                ):
+                    entry.job = job  # the same job in a new record: keep its plan
+                    continue
                 stale.append(entry)  # same id, different job (re-submitted or re-queued)
-                entry = None
-            if entry is None:
-                entry = _Entry(job, self.estimator.plan(job, platform))
-                added.append(entry)
-            else:
-                entry.job = job
-            entry.seen = stamp
-            seen += 1
+            added.append(_Entry(job, self.estimator.plan(job, platform)))
+        # Queue ids are unique (the core's queue is keyed by id), so equal counts mean every
+        # cached job was matched and nothing left; otherwise find out which ones left.
+        gpu_jobs = len(queue) - len(cpu_jobs)
         gone = stale
-        if seen - len(added) < len(entries) - len(stale):
-            # Some jobs left the queue (started, cancelled): find them (stale ones included).
-            gone = [e for e in entries.values() if e.seen != stamp]
+        if gpu_jobs - len(added) != len(entries) - len(stale):
+            # Some jobs left the queue (started, cancelled): find them, stale ones included.
+            missing = set(entries).difference([job.id for job in queue])
+            gone = stale + [entries[job_id] for job_id in sorted(missing)]
         self._drop(gone)
         for entry in added:
             entries[entry.job.id] = entry
@@ -342,8 +353,11 @@ class SwafPolicy:
         assert self._platform is not None
         nodes: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
         for name, view in pool.views.items():
-            if view.gpu_model is not None and view.total_gpus:
-                nodes[view.gpu_model].append((name, len(view.free_gpus), len(view.free_cpus)))
+            gpus = view.inventory.gpus
+            if gpus and view.free_gpus:  # a node with no free GPU can take no GPU job
+                nodes[gpus[0].model].append((name, len(view.free_gpus), len(view.free_cpus)))
+        if not nodes:
+            return
         index = {
             p.gpu_model: FreeIndex.build(p.gpus_per_node, nodes.get(p.gpu_model, ()))
             for p in self._platform.models
