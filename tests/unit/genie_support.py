@@ -118,6 +118,7 @@ class RefCandidate:
     rate: float
     cer: float
     latency: float
+    score: float  # CER, or N-free CER when the job sees one GPU model (see plan.Candidate)
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,19 @@ def ref_candidates(
     opaque_work = work if work is not None else settings.default_rate * settings.default_duration_s
     out: list[RefCandidate] = []
     baselines: list[float] = []
-    for model, (n_nodes, g) in sorted(ref_platform(snapshot).items()):
-        if spec.gpu_model is not None and model != spec.gpu_model:
-            continue
+    eligible = {
+        model: ng for model, ng in ref_platform(snapshot).items()
+        if spec.gpu_model is None or model == spec.gpu_model
+    }
+
+    def ranked(model: str, dn: int, dg: int, rate: float, lat: float) -> RefCandidate:
+        n_nodes, g = eligible[model]
+        c = cost(dn, dg, n_nodes, g, settings.theta)
+        ratio = cer(rate, c)
+        score = ratio if len(eligible) > 1 else rate / (dn * dg / g + settings.theta * dn)
+        return RefCandidate(model, dn, dg, rate, ratio, lat, score)
+
+    for model, (n_nodes, g) in sorted(eligible.items()):
         max_nodes = min(n_nodes, spec.max_nodes or n_nodes)
         every = [(dn, dg) for dn in range(1, max_nodes + 1) for dg in range(1, g + 1)]
         res = None
@@ -170,8 +181,7 @@ def ref_candidates(
                     continue
                 lat = perf.latency(res.coefficients, spec.batch, spec.iterations, dn, dg,
                                    inference)
-                c = cost(dn, dg, n_nodes, g, settings.theta)
-                modelled.append(RefCandidate(model, dn, dg, rate, cer(rate, c), lat))
+                modelled.append(ranked(model, dn, dg, rate, lat))
         if modelled:
             out.extend(modelled)
             nominal = perf.nominal_single_gpu_latency(res.coefficients, spec.batch,
@@ -183,8 +193,7 @@ def ref_candidates(
                 if dn * dg != spec.gpus:
                     continue
                 rate = dn * dg * settings.default_rate
-                c = cost(dn, dg, n_nodes, g, settings.theta)
-                out.append(RefCandidate(model, dn, dg, rate, cer(rate, c), opaque_work / rate))
+                out.append(ranked(model, dn, dg, rate, opaque_work / rate))
             baselines.append(opaque_work / settings.default_rate)
     if baselines:
         single = min(baselines)
@@ -196,7 +205,7 @@ def ref_candidates(
 
 
 def ref_rank(c: RefCandidate) -> tuple[float, float, str, int, int]:
-    return (-c.cer, -c.rate, c.gpu_model, c.d_node, c.d_gpn)
+    return (-c.score, -c.rate, c.gpu_model, c.d_node, c.d_gpn)
 
 
 def ref_order(

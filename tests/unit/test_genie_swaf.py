@@ -7,6 +7,7 @@ import pytest
 from masterd.core.cluster import ClusterState
 from masterd.core.genie.modeldb import ModelDB, ModelDBError
 from masterd.core.genie.plan import Estimator, GenieSettings, Platform
+from masterd.core.genie.qos import cost
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policies.swaf import SwafPolicy
@@ -309,3 +310,36 @@ def test_cache_follows_requeues_and_ids_that_change_meaning() -> None:
     assert got == ref_decide(snapshot, [a2, b2], 5.0, DB, policy.settings)
     assert [d.placement.gpu_count for d in got] == [1, 0]
     assert policy.explain("a") is None
+
+
+def test_a_node_joining_a_large_cluster_does_not_replan_the_queue() -> None:
+    state = cluster(*(node(f"n{i:02d}", 8) for i in range(32)))
+    for i in range(32):
+        hold(state, f"n{i:02d}", 8)
+    queue = [job(f"j{i}", gpus=1 + i % 16, batch=64 + i, submit=float(i)) for i in range(40)]
+    queue.append(job("wide", gpus=64, batch=4096, submit=50.0))
+    policy = SwafPolicy(DB)
+    planned: list[str] = []
+    real_plan = policy.estimator.plan
+
+    def counting_plan(j, platform):
+        planned.append(j.id)
+        return real_plan(j, platform)
+
+    policy.estimator.plan = counting_plan  # type: ignore[method-assign]
+    policy.decide(state.snapshot({}), queue, 60.0)
+    assert len(planned) == len(queue)
+    planned.clear()
+    state.upsert_node(node("n32", 8))
+    decisions = policy.decide(state.snapshot({}), queue, 61.0)
+    # Only the job that may spread over more than 32 nodes sees a different platform.
+    assert planned == ["wide"]
+    assert decisions == ref_decide(state.snapshot({}), queue, 61.0, DB, policy.settings)
+    # Kept plans report cost and CER for the cluster as it is now (N = 33).
+    started = {d.job_id for d in decisions}
+    waiting = next(j for j in queue if j.id not in started and j.id != "wide")
+    choice = policy.explain(waiting.id)
+    assert choice is not None
+    p = choice.placement
+    assert p.cost == pytest.approx(cost(p.d_node, p.d_gpn, 33, 8, 0.4))
+    assert p.cer == pytest.approx(p.rate / p.cost)

@@ -99,7 +99,7 @@ def check_no_double_allocation(state: ClusterState, decisions: list) -> None:
                 used.add((alloc.node, "cpu", c))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     state=clusters(),
     queue=jobs("j", 12),
@@ -124,6 +124,8 @@ class Step:
     arrive: int  # how many new jobs arrive
     dt: float  # time step (negative now and then: a replay)
     drain: int | None  # toggle schedulability of this node
+    grow: int  # 0: nothing, 1: a node joins, 2: a node leaves (its jobs' resources stay held)
+    new_gpus: int
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,6 +139,8 @@ class Step:
             arrive=st.integers(0, 4),
             dt=st.one_of(st.floats(0, 400), st.floats(-100, 0), st.just(0.0)),
             drain=st.one_of(st.none(), st.integers(0, 8)),
+            grow=st.sampled_from([0, 0, 0, 1, 2]),
+            new_gpus=st.sampled_from([2, 4, 8]),
         ),
         min_size=1,
         max_size=12,
@@ -154,6 +158,11 @@ def test_cached_pass_equals_from_scratch_over_events(state, pending, steps, shap
         for i in step.finish:
             if running:
                 state.release(running.pop(i % len(running)))
+        if step.grow == 1:
+            name = f"late{len(state.node_names)}-{step.new_gpus}"
+            state.upsert_node(node(name, step.new_gpus, V100 if step.new_gpus == 2 else K80))
+        elif step.grow == 2 and len(state.node_names) > 1:
+            state.remove_node(state.node_names[-1])
         if step.drain is not None and state.node_names:
             name = state.node_names[step.drain % len(state.node_names)]
             view = state.node(name)
@@ -184,12 +193,12 @@ def test_cached_pass_equals_from_scratch_over_events(state, pending, steps, shap
         queue = [j for j in queue if j.id not in started]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(queue=jobs("o", 15, gpu_models=(None,)), now=st.floats(0, 6e4))
 def test_launch_order_is_the_swaf_order_when_everything_fits(queue, now) -> None:
     """On a cluster big enough for all, jobs start exactly in increasing e − l (i.e. w)."""
     state = ClusterState()
-    for i in range(40):
+    for i in range(32):  # 15 jobs of at most 16 GPUs (two whole nodes each) always fit
         state.upsert_node(node(f"big{i}", 8, K80, cpus=64, memory_mib=1 << 20))
     policy = SwafPolicy(DB)
     snapshot = state.snapshot({})
@@ -197,6 +206,8 @@ def test_launch_order_is_the_swaf_order_when_everything_fits(queue, now) -> None
     order = [c.job.id for c in ref_order(snapshot, queue, now, DB, policy.settings)]
     gpu_started = [d.job_id for d in decisions if d.job_id in set(order)]
     assert gpu_started == order
+    # The premise: everything that has a placement on this cluster at all fits.
+    assert {d.job_id for d in decisions} == set(order) | {j.id for j in queue if not j.spec.gpus}
     # ...and each allowance is Eq. 13 of the chosen placement.
     for c in ref_order(snapshot, queue, now, DB, policy.settings):
         choice = policy.explain(c.job.id, now)

@@ -127,6 +127,8 @@ class ModelDB:
     ) -> None:
         self._entries: dict[tuple[str, str, str], ModelEntry] = {}
         self.default_gpu_model = default_gpu_model
+        # Bumped on every change, so users that cache lookups know to redo them.
+        self.version = 0
         for entry in entries:
             self.put(entry)
 
@@ -134,6 +136,7 @@ class ModelDB:
     def put(self, entry: ModelEntry) -> None:
         """Add or replace the entry for its (model type, GPU model, kind)."""
         self._entries[entry.key] = entry
+        self.version += 1
 
     def get(self, model_type: str, gpu_model: str, kind: str = "training") -> ModelEntry | None:
         return self._entries.get((normalise(model_type), normalise(gpu_model), kind))

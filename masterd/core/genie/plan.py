@@ -25,7 +25,7 @@ import bisect
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie import model as perf
@@ -116,6 +116,10 @@ class Candidate:
     cost: float
     cer: float
     group: int  # which of the job's per-GPU-model groups computes its latency
+    # What candidates are ranked by: the CER itself when a job may use several GPU models;
+    # with one model, CER = N·PR / (D/G + θ·d_node) and ranking by PR / (D/G + θ·d_node)
+    # gives the same order without N's rounding, so it does not change as nodes join.
+    score: float
 
     @property
     def gpus(self) -> int:
@@ -123,8 +127,19 @@ class Candidate:
 
 
 def rank_key(c: Candidate) -> tuple[float, float, str, int, int]:
-    """Best first: highest CER; ties to the higher rate, then a fixed shape order."""
-    return (-c.cer, -c.rate, c.gpu_model, c.d_node, c.d_gpn)
+    """Best first: highest CER (by ``score``); ties to the higher rate, then shape order."""
+    return (-c.score, -c.rate, c.gpu_model, c.d_node, c.d_gpn)
+
+
+def cer_score(
+    rate: float, d_node: int, d_gpn: int, p: GpuPlatform, theta: float, several_models: bool
+) -> tuple[float, float, float]:
+    """(cost, CER, ranking score) of one shape: Eq. 10, Eq. 11 and ``Candidate.score``."""
+    c = cost(d_node, d_gpn, p.nodes, p.gpus_per_node, theta)
+    ratio = cer(rate, c)
+    if several_models:
+        return c, ratio, ratio
+    return c, ratio, rate / ((d_node * d_gpn) / p.gpus_per_node + theta * d_node)
 
 
 @dataclass(frozen=True)
@@ -225,16 +240,60 @@ def _shapes(spec: JobSpec, p: GpuPlatform, mode: str) -> Iterable[tuple[int, int
             yield d_node, d_gpn
 
 
+def platform_view(spec: JobSpec, platform: Platform) -> tuple[object, ...]:
+    """What of the platform a job's plan depends on; equal views give equal plans.
+
+    Cost (Eq. 10) is ``(D/G + θ·d_node) / N``: within one GPU model, N scales every
+    candidate's CER alike and cannot change their order, so N matters only through the
+    largest usable ``d_node`` (at most ``spec.gpus`` and ``max_nodes``) — unless the job may
+    use several GPU models, whose CERs N then weighs against each other. So a node joining a
+    large cluster does not make the queue's jobs re-plan.
+    """
+    models = platform.for_spec(spec)
+    if spec.gpus == 0:
+        return ()
+    cap = min(spec.gpus, spec.max_nodes or spec.gpus)
+    several = len(models) > 1
+    return tuple(
+        (p.gpu_model, min(p.nodes, cap), p.gpus_per_node, p.nodes if several else 0)
+        for p in models
+    )
+
+
 class Estimator:
-    """Builds job plans from the model database; memoises shape tables per platform."""
+    """Builds job plans from the model database; memoises lookups and shape tables.
+
+    A plan's ``Candidate.cost``/``cer`` use the platform's N at planning time; a policy that
+    keeps a plan across platform changes with an equal ``platform_view`` (same ranking) should
+    recompute them for display (``refresh_candidate``).
+    """
 
     def __init__(self, db: ModelDB, settings: GenieSettings) -> None:
         self.db = db
         self.settings = settings
         self._tables: dict[tuple[object, ...], ShapeTable] = {}
+        self._resolved: dict[tuple[object, ...], Resolution | None] = {}
         self._platform: Platform | None = None
+        self._db_version = db.version
+
+    def resolve(self, spec: JobSpec, gpu_model: str, kind: str) -> Resolution | None:
+        key = (spec.model_type, gpu_model, kind, spec.model_family, spec.model_params_m)
+        try:
+            return self._resolved[key]
+        except KeyError:
+            res = self.db.resolve(
+                spec.model_type, gpu_model, kind, spec.model_family, spec.model_params_m
+            )
+            if len(self._resolved) >= _TABLE_MEMO_LIMIT:
+                self._resolved.clear()
+            self._resolved[key] = res
+            return res
 
     def plan(self, job: Job, platform: Platform) -> JobPlan:
+        if self.db.version != self._db_version:
+            self._resolved.clear()
+            self._tables.clear()
+            self._db_version = self.db.version
         if platform != self._platform:
             self._tables.clear()
             self._platform = platform
@@ -252,9 +311,7 @@ class Estimator:
             for p in platform.for_spec(spec):
                 res = None
                 if work is not None:
-                    res = self.db.resolve(
-                        spec.model_type, p.gpu_model, kind, spec.model_family, spec.model_params_m
-                    )
+                    res = self.resolve(spec, p.gpu_model, kind)
                 resolved.append((p, res))
         table = self._table(spec, inference, resolved)
         if any(res is not None and g not in table.groups_with_candidates
@@ -333,6 +390,15 @@ class Estimator:
         return table
 
 
+def refresh_candidate(c: Candidate, platform: Platform, theta: float) -> Candidate:
+    """``c`` with cost and CER recomputed for the current platform's N and G."""
+    for p in platform.models:
+        if p.gpu_model == c.gpu_model:
+            fresh = cost(c.d_node, c.d_gpn, p.nodes, p.gpus_per_node, theta)
+            return replace(c, cost=fresh, cer=cer(c.rate, fresh))
+    return c
+
+
 def build_table(
     spec: JobSpec,
     inference: bool,
@@ -342,6 +408,7 @@ def build_table(
     candidates: list[Candidate] = []
     # Modelled groups exist only for jobs with a batch; 0 would make every shape infeasible.
     batch = float(spec.batch) if spec.batch is not None else 0.0
+    several = len(sources) > 1
     for group, (p, coefficients) in enumerate(sources):
         if coefficients is None:
             shapes: Iterable[tuple[int, int]] = _shapes(spec, p, "exact")
@@ -354,10 +421,8 @@ def build_table(
                 rate = perf.processing_rate(coefficients, batch, d_node, d_gpn, inference)
             if rate is None:
                 continue
-            c = cost(d_node, d_gpn, p.nodes, p.gpus_per_node, settings.theta)
-            candidates.append(
-                Candidate(p.gpu_model, d_node, d_gpn, rate, c, cer(rate, c), group)
-            )
+            c, ratio, score = cer_score(rate, d_node, d_gpn, p, settings.theta, several)
+            candidates.append(Candidate(p.gpu_model, d_node, d_gpn, rate, c, ratio, group, score))
     candidates.sort(key=rank_key)
     best_rate: dict[int, float] = {}
     hints: list[int] = []
@@ -374,23 +439,25 @@ def build_table(
 
 
 class PlanCache:
-    """Plans of the queued jobs, kept across passes until a job leaves or the platform changes."""
+    """Plans of the queued jobs, kept across passes until a job leaves or its view of the
+    platform (``platform_view``) or the model database changes."""
 
     def __init__(self, estimator: Estimator) -> None:
         self.estimator = estimator
-        self._platform: Platform | None = None
-        self._plans: dict[str, tuple[Job, JobSpec, float, JobPlan]] = {}
+        self._db_version = estimator.db.version
+        self._plans: dict[str, tuple[Job, tuple[object, ...], JobPlan]] = {}
 
     def plans(self, snapshot: ClusterSnapshot, queue: Sequence[Job]) -> dict[str, JobPlan]:
         platform = Platform.from_snapshot(snapshot)
-        if platform != self._platform:
+        if self.estimator.db.version != self._db_version:
             self._plans.clear()
-            self._platform = platform
-        fresh: dict[str, tuple[Job, JobSpec, float, JobPlan]] = {}
+            self._db_version = self.estimator.db.version
+        fresh: dict[str, tuple[Job, tuple[object, ...], JobPlan]] = {}
         for job in queue:
             known = self._plans.get(job.id)
-            if known is None or known[1] is not job.spec or known[2] != job.submit_time:
-                known = (job, job.spec, job.submit_time, self.estimator.plan(job, platform))
+            view = platform_view(job.spec, platform)
+            if known is None or known[0] is not job or known[1] != view:
+                known = (job, view, self.estimator.plan(job, platform))
             fresh[job.id] = known
         self._plans = fresh
-        return {job_id: known[3] for job_id, known in fresh.items()}
+        return {job_id: known[2] for job_id, known in fresh.items()}

@@ -42,7 +42,15 @@ from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie.freepool import FreeIndex, LazyFreePool
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.options import genie_setup
-from masterd.core.genie.plan import Candidate, Estimator, GenieSettings, JobPlan, Platform
+from masterd.core.genie.plan import (
+    Candidate,
+    Estimator,
+    GenieSettings,
+    JobPlan,
+    Platform,
+    platform_view,
+    refresh_candidate,
+)
 from masterd.core.placement import pack, per_node_share, realise
 from masterd.core.policy import Decision, Start
 from shared.model import Job
@@ -70,19 +78,20 @@ class Choice:
 
 class _Entry:
     __slots__ = (
-        "demand", "item", "job", "plan", "requeue_priority", "spec", "state",
-        "submit_time", "trigger", "version",
+        "job", "plan", "requeue_priority", "slot", "spec", "state", "submit_time", "trigger",
+        "version", "view",
     )
 
-    def __init__(self, job: Job, plan: JobPlan) -> None:
+    def __init__(self, job: Job, plan: JobPlan, view: tuple[object, ...]) -> None:
         self.job = job
+        self.view = view  # the platform as the plan saw it (plan.platform_view)
         self.spec = job.spec
         self.submit_time = job.submit_time
         self.requeue_priority = job.requeue_priority
         self.plan = plan
         self.state = -1
-        self.item: OrderItem | None = None
-        self.demand: DemandKey | None = None
+        # Where the job sits: its demand group and its position key (None: no placement).
+        self.slot: tuple[DemandKey, OrderItem] | None = None
         self.trigger = math.inf
         self.version = 0
 
@@ -120,33 +129,39 @@ class SwafPolicy:
         self._heap: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
         self._last_now: float | None = None
+        self._db_version = self.estimator.db.version
 
     # -- the pass ------------------------------------------------------------------------
     def decide(
         self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
     ) -> list[Decision]:
         platform = Platform.from_snapshot(snapshot)
+        if self.estimator.db.version != self._db_version:
+            self._forget_all()  # a model was (re)profiled: every plan may change
+            self._db_version = self.estimator.db.version
         if platform != self._platform:
-            self._forget_all()
+            self._platform_changed(platform)
             self._platform = platform
-        elif self._last_now is not None and now < self._last_now:
+        if self._last_now is not None and now < self._last_now:
             self._rechoose_all(now)  # time went backwards (a replay): recompute every choice
         self._last_now = now
         cpu_jobs = self._sync(queue, platform, now)
         self._advance(now)
-        return self._launch(snapshot, cpu_jobs)
+        return self._launch(snapshot, platform, cpu_jobs)
 
     def explain(self, job_id: str, now: float | None = None) -> Choice | None:
         """The choice the last pass made for a waiting GPU job, with ``w`` at ``now``
         (default: the last pass's time)."""
         entry = self._entries.get(job_id)
-        if entry is None or entry.item is None:
+        if entry is None or entry.slot is None:
             return None
         if now is None:
             now = self._last_now if self._last_now is not None else 0.0
         plan = entry.plan
         r = plan.pick(entry.state)
         c = plan.candidates[plan.records[r]]
+        if self._platform is not None:
+            c = refresh_candidate(c, self._platform, self.settings.theta)
         latency = plan.record_latencies[r]
         group = plan.groups[c.group]
         fallback = ""
@@ -210,7 +225,9 @@ class SwafPolicy:
                     entry.job = job  # the same job in a new record: keep its plan
                     continue
                 stale.append(entry)  # same id, different job (re-submitted or re-queued)
-            added.append(_Entry(job, self.estimator.plan(job, platform)))
+            added.append(
+                _Entry(job, self.estimator.plan(job, platform), platform_view(job.spec, platform))
+            )
         # Queue ids are unique (the core's queue is keyed by id), so equal counts mean every
         # cached job was matched and nothing left; otherwise find out which ones left.
         gpu_jobs = len(queue) - len(cpu_jobs)
@@ -223,14 +240,16 @@ class SwafPolicy:
         for entry in added:
             entries[entry.job.id] = entry
             self._choose(entry, now)
-        self._insert([e for e in added if e.item is not None])
+        self._insert(added)
         return cpu_jobs
 
     def _choose(self, entry: _Entry, now: float) -> None:
         """Algorithm 1 lines 8–14 for one job, and when to look at it again."""
         plan = entry.plan
-        entry.version += 1
-        entry.item = entry.demand = None
+        # Unique across entries, so a heap item left by a dropped entry never matches a new
+        # entry for the same job id.
+        entry.version = next(self._seq)
+        entry.slot = None
         entry.trigger = math.inf
         if not plan.records:
             return  # no placement on this platform at all: it waits until the cluster changes
@@ -240,15 +259,17 @@ class SwafPolicy:
         c = plan.candidates[plan.records[pick]]
         latency = plan.record_latencies[pick]
         spec = entry.spec
-        entry.demand = (
+        demand = (
             c.gpu_model,
             c.d_node,
             c.d_gpn,
             per_node_share(spec.cpus, c.d_node),
             per_node_share(spec.memory_mib, c.d_node),
         )
-        entry.item = (plan.ect - latency, -entry.requeue_priority, entry.submit_time,
-                      entry.job.id)
+        entry.slot = (
+            demand,
+            (plan.ect - latency, -entry.requeue_priority, entry.submit_time, entry.job.id),
+        )
         if state < len(plan.records):
             entry.trigger = _trigger(plan.ect, latency)
             heapq.heappush(self._heap, (entry.trigger, next(self._seq), entry.job.id,
@@ -274,7 +295,7 @@ class SwafPolicy:
             self._drop(moved, forget=False)
             for entry in moved:
                 self._choose(entry, now)
-            self._insert([e for e in moved if e.item is not None])
+            self._insert(moved)
         if len(heap) > 2 * len(self._entries) + 64:
             self._compact_heap()
 
@@ -283,7 +304,17 @@ class SwafPolicy:
         self._heap.clear()
         for entry in self._entries.values():
             self._choose(entry, now)
-        self._insert([e for e in self._entries.values() if e.item is not None])
+        self._insert(list(self._entries.values()))
+
+    def _platform_changed(self, platform: Platform) -> None:
+        """Forget the plans the new platform changes; typically few when a node joins."""
+        changed = [
+            e for e in self._entries.values() if platform_view(e.spec, platform) != e.view
+        ]
+        if len(changed) == len(self._entries):
+            self._forget_all()
+        else:
+            self._drop(changed)
 
     def _forget_all(self) -> None:
         self._entries.clear()
@@ -302,7 +333,8 @@ class SwafPolicy:
     def _insert(self, entries: list[_Entry]) -> None:
         by_group: dict[DemandKey, list[OrderItem]] = defaultdict(list)
         for e in entries:
-            by_group[e.demand].append(e.item)  # type: ignore[index, arg-type]
+            if e.slot is not None:
+                by_group[e.slot[0]].append(e.slot[1])
         for key, items in by_group.items():
             group = self._groups.setdefault(key, [])
             if len(items) > _BULK:
@@ -315,8 +347,8 @@ class SwafPolicy:
     def _drop(self, entries: list[_Entry], forget: bool = True) -> None:
         by_group: dict[DemandKey, list[OrderItem]] = defaultdict(list)
         for e in entries:
-            if e.item is not None:
-                by_group[e.demand].append(e.item)  # type: ignore[index]
+            if e.slot is not None:
+                by_group[e.slot[0]].append(e.slot[1])
             if forget and self._entries.get(e.job.id) is e:
                 del self._entries[e.job.id]
         for key, items in by_group.items():
@@ -331,11 +363,13 @@ class SwafPolicy:
                 del self._groups[key]
 
     # -- launching ---------------------------------------------------------------------------
-    def _launch(self, snapshot: ClusterSnapshot, cpu_jobs: list[Job]) -> list[Decision]:
+    def _launch(
+        self, snapshot: ClusterSnapshot, platform: Platform, cpu_jobs: list[Job]
+    ) -> list[Decision]:
         pool = LazyFreePool(snapshot)
         decisions: list[Decision] = []
         if self._groups:
-            self._launch_gpu_jobs(pool, decisions)
+            self._launch_gpu_jobs(pool, platform, decisions)
         dead: set[tuple[int, int]] = set()
         for job in cpu_jobs:
             demand = (job.spec.cpus, job.spec.memory_mib)
@@ -349,8 +383,9 @@ class SwafPolicy:
             decisions.append(Start(job.id, placement))
         return decisions
 
-    def _launch_gpu_jobs(self, pool: LazyFreePool, decisions: list[Decision]) -> None:
-        assert self._platform is not None
+    def _launch_gpu_jobs(
+        self, pool: LazyFreePool, platform: Platform, decisions: list[Decision]
+    ) -> None:
         nodes: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
         for name, view in pool.views.items():
             gpus = view.inventory.gpus
@@ -360,7 +395,7 @@ class SwafPolicy:
             return
         index = {
             p.gpu_model: FreeIndex.build(p.gpus_per_node, nodes.get(p.gpu_model, ()))
-            for p in self._platform.models
+            for p in platform.models
         }
         heads = [(items[0], key, 0) for key, items in self._groups.items()]
         heapq.heapify(heads)
