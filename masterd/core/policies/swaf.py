@@ -24,8 +24,10 @@ does not depend on ``now``; so jobs are kept ordered by ``e − l`` and a heap o
 crossing times re-places only the jobs whose choice changed. Jobs are grouped by identical
 resource demand (GPU model, shape, cores and memory per node); within a pass resources only
 shrink, so once one job of a group cannot be placed, none of that group can, and the launch
-loop merges groups by their head job and drops a group at its first failure. The result is the
-same as running Algorithm 1 from scratch (the tests check it against a brute-force version).
+loop merges groups by their head job and drops a group at its first failure. A node joining
+re-plans only the jobs whose view of the platform changes (``plan.platform_view``). The result
+is the same as running Algorithm 1 from scratch (the tests check it against a brute-force
+version, across arrivals, completions, node changes and replayed time).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -54,6 +57,8 @@ from masterd.core.genie.plan import (
 from masterd.core.placement import pack, per_node_share, realise
 from masterd.core.policy import Decision, Start
 from shared.model import Job
+
+log = logging.getLogger("trellis.genie")
 
 # (gpu model, d_node, d_gpn, cores per node, MiB per node): jobs with one demand fit alike.
 DemandKey = tuple[str, int, int, int, int]
@@ -147,7 +152,9 @@ class SwafPolicy:
         self._last_now = now
         cpu_jobs = self._sync(queue, platform, now)
         self._advance(now)
-        return self._launch(snapshot, platform, cpu_jobs)
+        decisions = self._launch(snapshot, platform, cpu_jobs)
+        log.debug("swaf_pass now=%.3f waiting=%d starts=%d", now, len(queue), len(decisions))
+        return decisions
 
     def explain(self, job_id: str, now: float | None = None) -> Choice | None:
         """The choice the last pass made for a waiting GPU job, with ``w`` at ``now``
