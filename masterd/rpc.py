@@ -9,7 +9,7 @@ from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.service import Master
-from masterd.store import EventRow
+from masterd.store import EventRow, Store
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
 from shared.schema import SchemaError, bounded, decode
@@ -51,6 +51,17 @@ class EventsParams:
     after: int = bounded(0, min=0)
     limit: int = bounded(1000, min=1, max=10_000)
     job: str | None = bounded(None, pattern=NAME_PATTERN)
+    # The last ``tail`` rows (after the other filters) instead of the rows after ``after``.
+    tail: int | None = bounded(None, min=1, max=10_000)
+
+
+def events_tail(store: Store, job: str | None, n: int) -> list[EventRow]:
+    """The newest ``n`` rows, oldest first: find the row just before them, read from there."""
+    where, args = ("WHERE job_id = ? ", (job,)) if job is not None else ("", ())
+    row = store.db.execute(
+        f"SELECT seq FROM events {where}ORDER BY seq DESC LIMIT 1 OFFSET ?", (*args, n)
+    ).fetchone()
+    return store.events(job, int(row[0]) if row else 0, n)
 
 
 def event_view(e: EventRow) -> dict[str, Any]:
@@ -231,9 +242,12 @@ class Rpc:
                 "rdt": dataclasses.asdict(view.inventory.rdt)}
 
     async def events(self, p: EventsParams) -> dict[str, Any]:
-        """Journal rows after sequence number ``after`` (oldest first); ``last`` is the cursor
-        to pass as ``after`` next time."""
-        rows = await self.master.journal.call(self.master.store.events, p.job, p.after,
-                                              p.limit)
+        """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest
+        first; ``last`` is the cursor to pass as ``after`` next time."""
+        store = self.master.store
+        if p.tail is not None:
+            rows = await self.master.journal.call(events_tail, store, p.job, p.tail)
+        else:
+            rows = await self.master.journal.call(store.events, p.job, p.after, p.limit)
         return {"events": [event_view(e) for e in rows],
                 "last": rows[-1].seq if rows else p.after}
