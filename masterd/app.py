@@ -85,17 +85,25 @@ async def handle_rpc(request: web.Request) -> web.Response:
     if not gate.enter():
         return _rpc_error(None, "shutting_down", SHUTTING_DOWN, 503)
     started = time.perf_counter()
+    # "invalid": the request could not even be parsed into a method call.
+    outcome = RpcOutcome()
     try:
-        return await _serve_rpc(request, request.app[RPC_KEY])
+        return await _serve_rpc(request, request.app[RPC_KEY], outcome)
     finally:
         gate.leave()
-        # "invalid": the request could not even be parsed into a method call.
-        request.app[METRICS_KEY].observe_rpc(request.get("rpc_method", "invalid"),
-                                             time.perf_counter() - started,
-                                             request.get("rpc_error"))
+        request.app[METRICS_KEY].observe_rpc(outcome.method, time.perf_counter() - started,
+                                             outcome.error)
 
 
-async def _serve_rpc(request: web.Request, rpc: Rpc) -> web.Response:
+@dataclass
+class RpcOutcome:
+    """What the metrics record about one RPC."""
+
+    method: str = "invalid"
+    error: str | None = None
+
+
+async def _serve_rpc(request: web.Request, rpc: Rpc, outcome: RpcOutcome) -> web.Response:
     req_id = None
     try:
         try:
@@ -106,17 +114,17 @@ async def _serve_rpc(request: web.Request, rpc: Rpc) -> web.Response:
         req = decode_rpc_request(body)
         req_id = req.id
         # A metric label per known method only: arbitrary names must not grow the series.
-        request["rpc_method"] = req.method if req.method in rpc.methods else "unknown"
+        outcome.method = req.method if req.method in rpc.methods else "unknown"
         result = await rpc.call(req.method, req.params)
     except ProtocolError as exc:
-        request["rpc_error"] = exc.code
+        outcome.error = exc.code
         return _rpc_error(req_id, exc.code, exc.message, STATUS_OF.get(exc.code, 400))
     except StoreError as exc:
-        request["rpc_error"] = "store_unavailable"
+        outcome.error = "store_unavailable"
         return _rpc_error(req_id, "store_unavailable", str(exc), 503)
     except Exception:
-        request["rpc_error"] = "internal"
-        log.exception("rpc failed method=%s", request.get("rpc_method", "?"))
+        outcome.error = "internal"
+        log.exception("rpc failed method=%s", outcome.method)
         return _rpc_error(req_id, "internal", "the master failed to serve the request; see its "
                           "log", 500)
     return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
