@@ -249,10 +249,11 @@ class NodeDaemon:
                 await metrics.cleanup()
             await self.runner.shutdown()
             self.gpus.close()
-            running = sorted(p.job_id for p in self.runner.parts.values()
-                             if p.state == "running")
-            log.info("node=%s stopped; jobs keep running under their shims count=%d jobs=%s",
-                     self.config.name, left, ",".join(running) or "-")
+            for part in sorted(self.runner.parts.values(), key=lambda p: p.job_id):
+                if part.state == "running":
+                    log.info("job=%s keeps running shim_pid=%s", part.job_id, part.shim_pid)
+            log.info("node=%s stopped; jobs keep running under their shims count=%d",
+                     self.config.name, left)
             self.notifier.close()
 
 
