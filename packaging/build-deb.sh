@@ -45,6 +45,10 @@ fi
 # Link the environment to the versioned interpreter (python3.11), which the package depends
 # on: a later python3 pointing at another version must not break it.
 PY=$(readlink -f "$PY")
+"$PY" -c 'import ensurepip, venv' 2>/dev/null || {
+    echo "build-deb.sh: $PY cannot create virtual environments (install python3-venv)" >&2
+    exit 1
+}
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 VERSION=$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$REPO/pyproject.toml")
 ARCH=$(dpkg --print-architecture)
