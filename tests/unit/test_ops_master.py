@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,14 @@ def write_config(path: Path, state: Path, **extra: Any) -> None:
     for key, value in extra.items():
         lines.append(f"{key} = {value}")
     path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(autouse=True)
+def keep_root_level() -> Iterator[None]:
+    """Reloads change the root logger's level; give it back."""
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
 
 
 @pytest.fixture
@@ -99,7 +107,6 @@ async def test_reload_applies_run_time_keys_and_logs_each(daemon: MasterDaemon, 
     # The new allowed list is enforced at once.
     status, reply = await rpc(daemon, "submit", {"job": dict(JOB, user="daemon")})
     assert status == 400 and reply["error"]["code"] == "user_refused"
-    logging.getLogger().setLevel(logging.WARNING)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +150,6 @@ async def test_reload_keeps_command_line_overrides(tmp_path: Path) -> None:
     write_config(cfg, tmp_path / "state", log_level='"debug"', stop_grace_s=1)
     assert d.reload()
     assert d.config.log_level == "warning" and d.config.stop_grace_s == 1
-    logging.getLogger().setLevel(logging.WARNING)
 
 
 # -- drain -----------------------------------------------------------------------------------

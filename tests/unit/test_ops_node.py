@@ -62,6 +62,13 @@ async def scrape(port: int) -> dict[str, list]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def keep_root_level() -> Iterator[None]:
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
+
+
 async def test_node_lifecycle_ready_reload_metrics_stop(
         tmp_path: Path, unique_name: str, notify_socket: tuple[str, socket.socket],
         caplog: pytest.LogCaptureFixture) -> None:
