@@ -21,6 +21,7 @@ from typing import Any
 from control.client import MasterClient, RpcError, Unreachable
 from control.completion import bash_script
 from control.tables import render_table
+from shared.cpulist import format_cpu_list
 
 CONFIG_PATHS = (Path("~/.config/trellis/trellisctl.toml").expanduser(),
                 Path("/etc/trellis/trellisctl.toml"))
@@ -200,8 +201,6 @@ def show_jobs_wide(jobs: list[dict[str, Any]]) -> str:
 
 
 def _cpus(cpus: list[int]) -> str:
-    from shared.config import format_cpu_list
-
     return format_cpu_list(cpus) or "-"
 
 
