@@ -80,7 +80,7 @@ class NodeAgent:
                         log.warning("master unreachable url=%s error=%r", self.url, str(exc))
                         self.last_error = f"master unreachable: {exc}"
                     except ProtocolError as exc:
-                        log.error("master refused us: %s", exc.message)
+                        log.error("master refused us reason=%r", exc.message)
                         self.last_error = f"master refused us: {exc.message}"
                     self.dialled.set()
                     self.connected.clear()
