@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
+from dataclasses import dataclass, field
 
 from aiohttp import WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from masterd.rpc import Rpc
+from masterd.metrics import MasterMetrics
+from masterd.rpc import VERSION, Rpc
 from masterd.service import Master
 from masterd.sessions import NodeSession
 from masterd.store import StoreError
@@ -29,12 +34,76 @@ log = logging.getLogger("trellis.master.http")
 MSGPACK = "application/msgpack"
 STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
              "frame_too_large": 413, "store_unavailable": 503}
+SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
+                 "is back")
+
+
+@dataclass
+class Gate:
+    """Lets requests in until the master starts draining, and counts those in flight so the
+    drain can wait for them (their journal writes included) before closing the store."""
+
+    closed: bool = False
+    inflight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enter(self) -> bool:
+        if self.closed:
+            return False
+        self.inflight += 1
+        self.idle.clear()
+        return True
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests, wait up to ``timeout_s`` for the ones in flight; returns how
+        many were still running when the wait ended."""
+        self.closed = True
+        if self.inflight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), timeout_s)
+        return self.inflight
+
+
 MASTER_KEY = web.AppKey("master", Master)
 RPC_KEY = web.AppKey("rpc", Rpc)
+GATE_KEY = web.AppKey("gate", Gate)
+METRICS_KEY = web.AppKey("metrics", MasterMetrics)
+
+
+def _rpc_error(req_id: object, code: str, message: str, status: int) -> web.Response:
+    return web.Response(body=encode_rpc_error(req_id, code, message), status=status,
+                        content_type=MSGPACK)
 
 
 async def handle_rpc(request: web.Request) -> web.Response:
-    rpc = request.app[RPC_KEY]
+    gate = request.app[GATE_KEY]
+    if not gate.enter():
+        return _rpc_error(None, "shutting_down", SHUTTING_DOWN, 503)
+    started = time.perf_counter()
+    # "invalid": the request could not even be parsed into a method call.
+    outcome = RpcOutcome()
+    try:
+        return await _serve_rpc(request, request.app[RPC_KEY], outcome)
+    finally:
+        gate.leave()
+        request.app[METRICS_KEY].observe_rpc(outcome.method, time.perf_counter() - started,
+                                             outcome.error)
+
+
+@dataclass
+class RpcOutcome:
+    """What the metrics record about one RPC."""
+
+    method: str = "invalid"
+    error: str | None = None
+
+
+async def _serve_rpc(request: web.Request, rpc: Rpc, outcome: RpcOutcome) -> web.Response:
     req_id = None
     try:
         try:
@@ -44,20 +113,20 @@ async def handle_rpc(request: web.Request) -> web.Response:
                 "frame_too_large", f"request body exceeds the {MAX_FRAME}-byte limit") from None
         req = decode_rpc_request(body)
         req_id = req.id
+        # A metric label per known method only: arbitrary names must not grow the series.
+        outcome.method = req.method if req.method in rpc.methods else "unknown"
         result = await rpc.call(req.method, req.params)
     except ProtocolError as exc:
-        status = STATUS_OF.get(exc.code, 400)
-        return web.Response(body=encode_rpc_error(req_id, exc.code, exc.message),
-                            status=status, content_type=MSGPACK)
+        outcome.error = exc.code
+        return _rpc_error(req_id, exc.code, exc.message, STATUS_OF.get(exc.code, 400))
     except StoreError as exc:
-        return web.Response(body=encode_rpc_error(req_id, "store_unavailable", str(exc)),
-                            status=503, content_type=MSGPACK)
+        outcome.error = "store_unavailable"
+        return _rpc_error(req_id, "store_unavailable", str(exc), 503)
     except Exception:
-        log.exception("rpc failed")
-        return web.Response(
-            body=encode_rpc_error(req_id, "internal", "the master failed to serve the request; "
-                                  "see its log"),
-            status=500, content_type=MSGPACK)
+        outcome.error = "internal"
+        log.exception("rpc failed method=%s", outcome.method)
+        return _rpc_error(req_id, "internal", "the master failed to serve the request; see its "
+                          "log", 500)
     return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
 
 
@@ -68,6 +137,8 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
     command and waits for its ack cannot deadlock the connection.
     """
     master = request.app[MASTER_KEY]
+    if request.app[GATE_KEY].closed:
+        raise web.HTTPServiceUnavailable(text=SHUTTING_DOWN)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=10.0)
     await ws.prepare(request)
     session: NodeSession | None = None
@@ -138,14 +209,27 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
 
 
 async def handle_health(request: web.Request) -> web.Response:
+    if request.app[GATE_KEY].closed:
+        return web.json_response({"status": "shutting_down"}, status=503)
     return web.json_response({"status": "ok"})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def make_app(master: Master) -> web.Application:
     app = web.Application(client_max_size=MAX_FRAME)
+    metrics = MasterMetrics(master, VERSION, master.clock)
+    # Master._run_pass reports each pass here (see masterd.service).
+    master.observe_pass = metrics.observe_pass  # type: ignore[attr-defined]
     app[MASTER_KEY] = master
     app[RPC_KEY] = Rpc(master)
+    app[GATE_KEY] = Gate()
+    app[METRICS_KEY] = metrics
     app.router.add_post("/v1/rpc", handle_rpc)
     app.router.add_get("/v1/node", handle_node)
     app.router.add_get("/healthz", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
     return app

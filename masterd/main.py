@@ -1,28 +1,49 @@
-"""``trellis-masterd``: the master service."""
+"""``trellis-masterd``: the master service.
+
+Signals: SIGHUP reloads the configuration keys that can change at run time (see
+``RELOADABLE``), SIGTERM/SIGINT drain (refuse new requests, let the ones in flight finish and
+their journal writes land) and exit. Under systemd (``Type=notify``) the master reports
+READY=1 once its journal is open and it listens, a STATUS= line with what it is doing, and
+WATCHDOG=1 pings when the unit has a watchdog.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
-from masterd.app import make_app
+from masterd.app import GATE_KEY, make_app
 from masterd.service import Master
 from masterd.store import StoreError
 from shared.config import ConfigError, MasterConfig, load_config
-from shared.logs import setup_logging
+from shared.logs import set_level, setup_logging
+from shared.sdnotify import Notifier
 
 log = logging.getLogger("trellis.master")
 
+# Keys a SIGHUP applies to the running master; every other change needs a restart.
+RELOADABLE = frozenset({"log_level", "stop_grace_s", "node_grace_s", "command_timeout_s",
+                        "allowed_users", "allow_root_jobs"})
+DRAIN_TIMEOUT_S = 10.0
+STATUS_PERIOD_S = 5.0
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trellis-masterd",
         description="Trellis master: schedules jobs on GPU nodes and serves the admin RPC.",
+        epilog="Signals: SIGHUP reloads log_level, stop_grace_s, node_grace_s, "
+               "command_timeout_s, allowed_users and allow_root_jobs; SIGTERM drains and "
+               "exits. Metrics: GET /metrics on the listen port.",
     )
     p.add_argument("-c", "--config", help="TOML configuration file ([master] section)")
     p.add_argument("--listen-host", help="address to listen on (overrides the config)")
@@ -30,24 +51,123 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--state-dir", help="directory of the journal (overrides the config)")
     p.add_argument("--policy", help="scheduling policy name (overrides the config)")
     p.add_argument("--log-level", help="debug, info, warning or error")
-    return p.parse_args(argv)
+    return p
 
 
-async def serve(config: MasterConfig, stop: asyncio.Event) -> None:
-    master = Master(config)
-    master.restore()
-    runner = web.AppRunner(make_app(master), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.listen_host, config.listen_port)
-    await site.start()
-    log.info("listening on %s:%d policy=%s state=%s", config.listen_host, config.listen_port,
-             config.policy, config.state_dir)
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down")
-        await runner.cleanup()
-        await master.close()
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def config_changes(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every top-level field that differs between two configs."""
+    return [
+        (f.name, getattr(old, f.name), getattr(new, f.name))
+        for f in dataclasses.fields(old)
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+class MasterDaemon:
+    """The master process around :class:`Master`: HTTP serving, reload, drain, notify."""
+
+    def __init__(self, config: MasterConfig, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None,
+                 notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.notifier = notifier or Notifier(environ={})
+        self.master: Master | None = None
+        self.runner: web.AppRunner | None = None
+        self._background: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        config = self.config
+        self.notifier.status(f"opening the journal in {config.state_dir}")
+        self.master = master = Master(config)
+        master.restore()
+        self.runner = web.AppRunner(make_app(master), access_log=None, shutdown_timeout=5.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, config.listen_host, config.listen_port)
+        await site.start()
+        log.info("listening host=%s port=%d policy=%s state_dir=%s", config.listen_host,
+                 config.listen_port, config.policy, config.state_dir)
+        self.notifier.ready(self.describe())
+        loop = asyncio.get_running_loop()
+        self._background = [loop.create_task(self.notifier.watchdog_loop()),
+                            loop.create_task(self._report_status())]
+
+    def describe(self) -> str:
+        master = self.master
+        assert master is not None
+        core = master.core
+        return (f"serving on {self.config.listen_host}:{self.config.listen_port}: "
+                f"nodes={len(master.sessions)}/{len(core.cluster.node_names)} "
+                f"queued={len(core.queue())} active={len(core.running())}")
+
+    async def _report_status(self) -> None:
+        while True:
+            await asyncio.sleep(STATUS_PERIOD_S)
+            self.notifier.status(self.describe())
+
+    def reload(self) -> bool:
+        """Re-read the configuration file; apply what can change at run time.
+
+        An unreadable or invalid file is refused as a whole and the running configuration kept.
+        """
+        master = self.master
+        self.notifier.reloading()
+        try:
+            new = load_config(MasterConfig, self.config_path, "master", **self.overrides)
+        except ValueError as exc:  # ConfigError, or a check in the config's own code
+            log.error("config_reload refused reason=%r; keeping the running configuration",
+                      str(exc))
+            self.notifier.ready(self.describe() if master else "starting")
+            return False
+        changes = config_changes(self.config, new)
+        applied: dict[str, Any] = {}
+        for key, old, value in changes:
+            if key in RELOADABLE:
+                applied[key] = value
+                log.info("config_reload key=%s change=%r→%r", key, old, value)
+            else:
+                log.warning("config_reload key=%s change=%r→%r not applied: needs a restart",
+                            key, old, value)
+        if not changes:
+            log.info("config_reload unchanged path=%s", self.config_path)
+        if applied:
+            self.config = dataclasses.replace(self.config, **applied)
+            if "log_level" in applied:
+                set_level(self.config.log_level)
+            if master is not None:
+                master.config = self.config
+                for session in master.sessions.values():
+                    session.timeout_s = self.config.command_timeout_s
+        self.notifier.ready(self.describe() if master else "starting")
+        return True
+
+    async def close(self) -> None:
+        """Drain: refuse new requests (503), wait for those in flight, close node sessions,
+        stop listening, then close the journal after its pending writes."""
+        self.notifier.stopping("draining: refusing new requests")
+        for task in self._background:
+            task.cancel()
+        if self.runner is not None:
+            app = self.runner.app
+            gate = app[GATE_KEY]
+            remaining = await gate.drain(DRAIN_TIMEOUT_S)
+            log.info("draining inflight_left=%d; closing node sessions=%d", remaining,
+                     len(self.master.sessions) if self.master else 0)
+            if self.master is not None:
+                for session in list(self.master.sessions.values()):
+                    with contextlib.suppress(Exception):
+                        await session.ws.close(code=WSCloseCode.GOING_AWAY,
+                                               message=b"master shutting down")
+            await self.runner.cleanup()
+        if self.master is not None:
+            await self.master.close()
+        log.info("stopped; journal closed")
+        self.notifier.close()
 
 
 def install_uvloop() -> None:
@@ -60,24 +180,35 @@ def install_uvloop() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    overrides = dict(listen_host=args.listen_host, listen_port=args.listen_port,
+                     state_dir=args.state_dir, policy=args.policy, log_level=args.log_level)
     try:
-        config = load_config(
-            MasterConfig, args.config, "master",
-            listen_host=args.listen_host, listen_port=args.listen_port,
-            state_dir=args.state_dir, policy=args.policy, log_level=args.log_level,
-        )
+        config = load_config(MasterConfig, args.config, "master", **overrides)
         setup_logging(config.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"trellis-masterd: {exc}", file=sys.stderr)
         return 2
     install_uvloop()
+    notifier = Notifier()
+    config_path = str(Path(args.config).resolve()) if args.config else None
 
     async def run() -> None:
+        daemon = MasterDaemon(config, config_path, overrides, notifier)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_stop(sig: signal.Signals) -> None:
+            log.info("signal=%s: shutting down", sig.name)
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+            loop.add_signal_handler(sig, on_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload)
+        try:
+            await daemon.start()
+            await stop.wait()
+        finally:
+            await daemon.close()
 
     try:
         asyncio.run(run())

@@ -9,6 +9,7 @@ from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.service import Master
+from masterd.store import EventRow, Store
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
 from shared.schema import SchemaError, bounded, decode
@@ -43,6 +44,29 @@ class JobsParams:
 @dataclass(frozen=True)
 class NoParams:
     pass
+
+
+@dataclass(frozen=True)
+class EventsParams:
+    after: int = bounded(0, min=0)
+    limit: int = bounded(1000, min=1, max=10_000)
+    job: str | None = bounded(None, pattern=NAME_PATTERN)
+    # The last ``tail`` rows (after the other filters) instead of the rows after ``after``.
+    tail: int | None = bounded(None, min=1, max=10_000)
+
+
+def events_tail(store: Store, job: str | None, n: int) -> list[EventRow]:
+    """The newest ``n`` rows, oldest first: find the row just before them, read from there."""
+    where, args = ("WHERE job_id = ? ", (job,)) if job is not None else ("", ())
+    row = store.db.execute(
+        f"SELECT seq FROM events {where}ORDER BY seq DESC LIMIT 1 OFFSET ?", (*args, n)
+    ).fetchone()
+    return store.events(job, int(row[0]) if row else 0, n)
+
+
+def event_view(e: EventRow) -> dict[str, Any]:
+    return {"seq": e.seq, "time": e.time, "job": e.job_id, "node": e.node, "kind": e.kind,
+            "detail": e.detail}
 
 
 def job_view(job: Job) -> dict[str, Any]:
@@ -88,6 +112,8 @@ class Rpc:
             "nodes": (NoParams, self.nodes),
             "drain": (NodeParams, self.drain),
             "undrain": (NodeParams, self.undrain),
+            "node": (NodeParams, self.node),
+            "events": (EventsParams, self.events),
         }
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
@@ -186,3 +212,42 @@ class Rpc:
     async def undrain(self, p: NodeParams) -> dict[str, Any]:
         await self.master.set_drained(p.node, False)
         return {"node": p.node, "status": self.master.node_status(p.node)}
+
+    async def node(self, p: NodeParams) -> dict[str, Any]:
+        """One node in detail: its GPUs with utilisation and holder, its jobs with the cores
+        and GPUs each holds there, and its RDT capabilities."""
+        views = (await self.nodes(NoParams()))["nodes"]
+        found = next((v for v in views if v["name"] == p.node), None)
+        if found is None:
+            raise JobError("unknown_node", f"node {p.node!r} is not registered")
+        jobs = []
+        holder: dict[int, str] = {}
+        for job_id in found["jobs"]:
+            job = self.master.core.jobs.get(job_id)
+            if job is None or job.placement is None:
+                continue
+            for alloc in job.placement.allocations:
+                if alloc.node != p.node:
+                    continue
+                holder.update({g: job.id for g in alloc.gpus})
+                jobs.append({"id": job.id, "state": job.state.value, "tenant": job.spec.tenant,
+                             "user": job.spec.user, "qos": job.spec.qos.value,
+                             "gpus": list(alloc.gpus), "cpus": list(alloc.cpus),
+                             "memory_mib": alloc.memory_mib})
+        for gpu in found["gpu_detail"]:
+            gpu["job"] = holder.get(gpu["index"])
+        view = self.master.core.cluster.node(p.node)
+        assert view is not None
+        return {"node": found, "jobs": jobs,
+                "rdt": dataclasses.asdict(view.inventory.rdt)}
+
+    async def events(self, p: EventsParams) -> dict[str, Any]:
+        """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest
+        first; ``last`` is the cursor to pass as ``after`` next time."""
+        store = self.master.store
+        if p.tail is not None:
+            rows = await self.master.journal.call(events_tail, store, p.job, p.tail)
+        else:
+            rows = await self.master.journal.call(store.events, p.job, p.after, p.limit)
+        return {"events": [event_view(e) for e in rows],
+                "last": rows[-1].seq if rows else p.after}

@@ -179,8 +179,15 @@ class Master:
     def _run_pass(self) -> None:
         self._pass_pending = False
         now = self.clock()
+        started = time.perf_counter()
         decisions = self.core.schedule(now)
+        elapsed = time.perf_counter() - started
         self.passes += 1
+        # Set by masterd.metrics when metrics are served; looked up here so the master works
+        # (and tests construct it) without them.
+        observe = getattr(self, "observe_pass", None)
+        if observe is not None:
+            observe(elapsed, decisions)
         for decision in decisions:
             if isinstance(decision, Start):
                 job = self.core.jobs[decision.job_id]

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from noded.gpu.base import GpuBackend, GpuHealthEvent
+from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
 from noded.jobs import JobPart, JobRefused, JobRunner
 from shared.messages import (
     NODE_COMMANDS,
@@ -60,6 +60,10 @@ class NodeAgent:
         self._bands: dict[int, str] = {}
         self._unhealthy: dict[int, str] = {}
         self.connected = asyncio.Event()
+        # Set once the first dial has connected or failed (the daemon is then "ready").
+        self.dialled = asyncio.Event()
+        self.last_error = ""
+        self.last_samples: list[GpuSample] = []  # the latest GPU sample, for /metrics
         runner.on_exited = self._job_exited
 
     # -- connection ----------------------------------------------------------------------
@@ -73,9 +77,12 @@ class NodeAgent:
                         await self._session(http, stop)
                         delay = 0.2
                     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                        log.warning("master unreachable at %s: %s", self.url, exc)
+                        log.warning("master unreachable url=%s error=%r", self.url, str(exc))
+                        self.last_error = f"master unreachable: {exc}"
                     except ProtocolError as exc:
-                        log.error("master refused us: %s", exc.message)
+                        log.error("master refused us reason=%r", exc.message)
+                        self.last_error = f"master refused us: {exc.message}"
+                    self.dialled.set()
                     self.connected.clear()
                     self.ws = None
                     if stop.is_set():
@@ -95,8 +102,10 @@ class NodeAgent:
             self.ws = ws
             hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()))
             await self._send("hello", encode(hello))
-            log.info("connected to %s; reported %d job part(s)", self.url, len(hello.jobs))
+            log.info("connected url=%s jobs_reported=%d", self.url, len(hello.jobs))
+            self.last_error = ""
             self.connected.set()
+            self.dialled.set()
             stopper = asyncio.get_running_loop().create_task(stop.wait())
             try:
                 while True:
@@ -192,6 +201,7 @@ class NodeAgent:
             except Exception:
                 log.exception("GPU sampling failed")
                 samples, health = [], []
+            self.last_samples = samples
             for event in health:
                 await self._health(event)
             holders = self._gpu_holders()

@@ -1,15 +1,28 @@
-"""``trellis-noded``: the node daemon."""
+"""``trellis-noded``: the node daemon.
+
+Signals: SIGHUP reloads the configuration keys that can change at run time (see
+``RELOADABLE``); SIGTERM/SIGINT stop the daemon and leave every job running under its shim (a
+restarted noded re-adopts them). Under systemd (``Type=notify``) the daemon reports READY=1
+once it has taken its inventory and dialled the master (connected, or retrying), STATUS= lines
+with its connection state, and WATCHDOG=1 pings when the unit has a watchdog.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+from aiohttp import web
 
 from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
@@ -18,26 +31,86 @@ from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.jobs import JobRunner
+from noded.metrics import NodeMetrics, serve_metrics
 from shared.config import ConfigError, NodeConfig, load_config
-from shared.logs import setup_logging
+from shared.logs import set_level, setup_logging
 from shared.model import NodeInventory
+from shared.sdnotify import Notifier
 
 log = logging.getLogger("trellis.node")
 
+# Keys a SIGHUP applies to the running daemon; every other change needs a restart.
+RELOADABLE = frozenset({"log_level", "sample_interval_s", "reconnect_max_s", "allowed_users",
+                        "allow_root_jobs"})
+STATUS_PERIOD_S = 1.0
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trellis-noded",
         description="Trellis node daemon: runs and confines the jobs the master places here.",
+        epilog="Signals: SIGHUP reloads log_level, sample_interval_s, reconnect_max_s, "
+               "allowed_users and allow_root_jobs; SIGTERM stops the daemon and leaves jobs "
+               "running (a restarted daemon re-adopts them). Metrics: GET /metrics on "
+               "metrics_host:metrics_port when metrics_port is set.",
     )
     p.add_argument("-c", "--config", help="TOML configuration file ([node] and [gpu] sections)")
-    p.add_argument("--name", help="node name (overrides the config)")
+    p.add_argument("--name", help="node name (overrides the config; default: short hostname)")
     p.add_argument("--master-url", help="master URL, e.g. http://10.0.0.1:7400")
     p.add_argument("--state-dir", help="directory for job state (overrides the config)")
     p.add_argument("--cgroup-parent", help="cgroup parent group name (overrides the config)")
     p.add_argument("--cgroup-mode", help="auto, v1, v2 or affinity")
     p.add_argument("--log-level", help="debug, info, warning or error")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def default_name(config_path: str | None) -> str | None:
+    """The short hostname, unless the configuration file names the node."""
+    if config_path:
+        try:
+            with open(config_path, "rb") as f:
+                section = tomllib.load(f).get("node")
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # load_config reports the problem with the file
+        if isinstance(section, dict) and "name" in section:
+            return None
+    return os.uname().nodename.split(".")[0]
+
+
+def load_node_config(config_path: str | None, args: argparse.Namespace) -> NodeConfig:
+    return load_config(
+        NodeConfig, config_path, "node",
+        name=args.name or default_name(config_path),
+        master_url=args.master_url, state_dir=args.state_dir,
+        cgroup_parent=args.cgroup_parent, cgroup_mode=args.cgroup_mode,
+        log_level=args.log_level,
+    )
+
+
+def config_changes(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    return [
+        (f.name, getattr(old, f.name), getattr(new, f.name))
+        for f in dataclasses.fields(old)
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+class NodeField(logging.Filter):
+    """Puts ``node=NAME`` on every line of this daemon that does not name a node already, so
+    lines gathered from many servers say where they come from."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.prefix = f"node={node} "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "node=" not in record.msg:
+            record.msg = self.prefix + record.msg
+        return True
 
 
 def make_gpu_backend(config: NodeConfig) -> GpuBackend:
@@ -55,8 +128,12 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
 
 
 class NodeDaemon:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, notifier: Notifier | None = None,
+                 load: Any = None) -> None:
         self.config = config
+        self.notifier = notifier or Notifier(environ={})
+        self._load = load  # () -> NodeConfig, re-reads the configuration on SIGHUP
+        self.notifier.status("taking inventory")
         state = Path(config.state_dir)
         state.mkdir(parents=True, exist_ok=True)
         self.cpus = cpu_topology(config.cpus)
@@ -71,8 +148,11 @@ class NodeDaemon:
         )
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s)
-        log.info("node=%s cgroups=%s gpus=%s cpus=%d", config.name, self.cgroups.kind,
-                 self.gpus.name, len(self.cpus))
+        gpus, _ = self.gpus.inventory()
+        self.metrics = NodeMetrics(config.name, self.agent, self.runner,
+                                   {g.index: g.uuid for g in gpus})
+        log.info("node=%s cgroups=%s gpus=%s gpu_count=%d cpus=%d", config.name,
+                 self.cgroups.kind, self.gpus.name, len(gpus), len(self.cpus))
 
     def inventory(self) -> NodeInventory:
         gpus, links = self.gpus.inventory()
@@ -89,44 +169,128 @@ class NodeDaemon:
             gpu_links=links,
         )
 
+    def running_parts(self) -> int:
+        return sum(1 for p in self.runner.parts.values() if p.state == "running")
+
+    def describe(self) -> str:
+        if self.agent.connected.is_set():
+            return f"connected to {self.config.master_url}: jobs_running={self.running_parts()}"
+        why = f" ({self.agent.last_error})" if self.agent.last_error else ""
+        return (f"dialling {self.config.master_url}, retrying{why}: "
+                f"jobs_running={self.running_parts()}")
+
+    async def _report_status(self) -> None:
+        while True:
+            self.notifier.status(self.describe())
+            await asyncio.sleep(STATUS_PERIOD_S)
+
+    def reload(self) -> bool:
+        """Re-read the configuration; apply what can change at run time. An unreadable or
+        invalid file is refused as a whole and the running configuration kept."""
+        self.notifier.reloading()
+        try:
+            new = self._load() if self._load is not None else self.config
+        except ValueError as exc:  # ConfigError, or a check in the config's own code
+            log.error("config_reload refused reason=%r; keeping the running configuration",
+                      str(exc))
+            self.notifier.ready(self.describe())
+            return False
+        applied: dict[str, Any] = {}
+        changes = config_changes(self.config, new)
+        for key, old, value in changes:
+            if key in RELOADABLE:
+                applied[key] = value
+                log.info("config_reload key=%s change=%r→%r", key, old, value)
+            else:
+                log.warning("config_reload key=%s change=%r→%r not applied: needs a restart",
+                            key, old, value)
+        if not changes:
+            log.info("config_reload unchanged")
+        if applied:
+            self.config = c = replace(self.config, **applied)
+            set_level(c.log_level)
+            self.agent.sample_interval_s = c.sample_interval_s
+            self.agent.reconnect_max_s = c.reconnect_max_s
+            self.runner.allowed_users = c.allowed_users
+            self.runner.allow_root_jobs = c.allow_root_jobs
+        self.notifier.ready(self.describe())
+        return True
+
     async def run(self, stop: asyncio.Event) -> None:
         self.runner.adopt()
+        loop = asyncio.get_running_loop()
+        metrics: web.AppRunner | None = None
+        background: list[asyncio.Task[None]] = []
+        agent = loop.create_task(self.agent.run(stop))
         try:
-            await self.agent.run(stop)
+            if self.config.metrics_port:
+                metrics = await serve_metrics(self.metrics, self.config.metrics_host,
+                                              self.config.metrics_port)
+                log.info("metrics host=%s port=%d", self.config.metrics_host,
+                         self.config.metrics_port)
+            self.notifier.status(f"dialling {self.config.master_url}")
+            dialled = loop.create_task(self.agent.dialled.wait())
+            await asyncio.wait({agent, dialled}, return_when=asyncio.FIRST_COMPLETED)
+            dialled.cancel()
+            self.notifier.ready(self.describe())
+            background = [loop.create_task(self.notifier.watchdog_loop()),
+                          loop.create_task(self._report_status())]
+            await agent
         finally:
+            stop.set()  # the agent closes its session and returns by itself
+            for task in background:
+                task.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.gather(*background, agent,
+                                                      return_exceptions=True), 5.0)
+            left = self.running_parts()
+            self.notifier.stopping(f"stopping; {left} job part(s) keep running")
+            if metrics is not None:
+                await metrics.cleanup()
             await self.runner.shutdown()
             self.gpus.close()
-            log.info("node=%s stopped; %d job part(s) keep running", self.config.name,
-                     sum(1 for p in self.runner.parts.values() if p.state == "running"))
+            for part in sorted(self.runner.parts.values(), key=lambda p: p.job_id):
+                if part.state == "running":
+                    log.info("job=%s keeps running shim_pid=%s", part.job_id, part.shim_pid)
+            log.info("node=%s stopped; jobs keep running under their shims count=%d",
+                     self.config.name, left)
+            self.notifier.close()
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    config_path = str(Path(args.config).resolve()) if args.config else None
     try:
-        config = load_config(
-            NodeConfig, args.config, "node",
-            name=args.name or (None if args.config else os.uname().nodename.split(".")[0]),
-            master_url=args.master_url, state_dir=args.state_dir,
-            cgroup_parent=args.cgroup_parent, cgroup_mode=args.cgroup_mode,
-            log_level=args.log_level,
-        )
+        config = load_node_config(config_path, args)
         setup_logging(config.log_level)
     except (ConfigError, ValueError) as exc:
         print(f"trellis-noded: {exc}", file=sys.stderr)
         return 2
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(NodeField(config.name))
+    install_uvloop()
+    notifier = Notifier()
 
     async def run() -> None:
-        daemon = NodeDaemon(config)
+        daemon = NodeDaemon(config, notifier, lambda: load_node_config(config_path, args))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_stop(sig: signal.Signals) -> None:
+            log.info("signal=%s: stopping; jobs keep running", sig.name)
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload)
         await daemon.run(stop)
 
     try:

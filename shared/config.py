@@ -64,6 +64,10 @@ class NodeConfig:
     reconnect_max_s: float = bounded(30.0, min=0.1, max=3600)
     log_level: str = bounded("info", pattern=r"(?i)debug|info|warning|error")
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    # Prometheus /metrics listener; 0 = off. Loopback by default: a scraper on the node (or a
+    # deliberate address here) reads it, nothing else can.
+    metrics_port: int = bounded(0, min=0, max=65535)
+    metrics_host: str = bounded("127.0.0.1", max_len=255)
 
     def __post_init__(self) -> None:
         import re

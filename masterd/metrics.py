@@ -1,0 +1,138 @@
+"""The master's Prometheus metrics, served at ``GET /metrics`` on its HTTP port.
+
+Counters and histograms are updated as things happen (scheduling passes, RPCs, preemptions);
+everything that is a state of the cluster (jobs per state, queue, nodes) is read from the
+master when Prometheus scrapes, so the numbers are exact and cost nothing between scrapes.
+Each master has its own :class:`CollectorRegistry`: no process-global metric state.
+
+Collection runs on the event-loop thread (the master's state is only consistent there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from masterd.core.policy import Preempt, Start
+from shared.model import JobKind, JobState
+
+if TYPE_CHECKING:
+    from masterd.service import Master
+
+NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable")
+
+# A pass over an idle cluster is tens of microseconds; one over thousands of queued jobs with
+# packing policies can reach a second.
+PASS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5)
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class MasterStateCollector(Collector):
+    """Reads the master's state at scrape time."""
+
+    def __init__(self, master: Master, version: str, clock: Callable[[], float]) -> None:
+        self.master = master
+        self.version = version
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        master = self.master
+        core = master.core
+        info = InfoMetricFamily("trellis_master_build", "Version and policy of this master.")
+        info.add_metric([], {"version": self.version, "policy": core.policy.name})
+        yield info
+
+        counts: dict[tuple[str, str], int] = {
+            (s.value, k.value): 0 for s in JobState for k in JobKind
+        }
+        for job in core.jobs.values():
+            key = (job.state.value, job.spec.kind.value)
+            counts[key] = counts.get(key, 0) + 1
+        jobs = GaugeMetricFamily("trellis_jobs", "Jobs known to the master, by state and kind.",
+                                 labels=["state", "kind"])
+        for (state, kind), n in sorted(counts.items()):
+            jobs.add_metric([state, kind], n)
+        yield jobs
+
+        queue = core.queue()
+        yield GaugeMetricFamily("trellis_queue_length", "Jobs waiting to be placed.",
+                                value=len(queue))
+        head_wait = max(0.0, self.clock() - queue[0].submit_time) if len(queue) else 0.0
+        yield GaugeMetricFamily(
+            "trellis_queue_head_wait_seconds",
+            "How long the job at the head of the queue has waited (0 when the queue is empty).",
+            value=head_wait)
+
+        status = GaugeMetricFamily(
+            "trellis_node_status",
+            "Connection state of each node: 1 for its current status, 0 for the others.",
+            labels=["node", "status"])
+        gpus = GaugeMetricFamily("trellis_node_gpus", "GPUs a node has.", labels=["node"])
+        gpus_used = GaugeMetricFamily("trellis_node_gpus_allocated",
+                                      "GPUs of a node allocated to jobs.", labels=["node"])
+        cores = GaugeMetricFamily("trellis_node_cpu_cores", "CPU cores a node offers to jobs.",
+                                  labels=["node"])
+        cores_used = GaugeMetricFamily("trellis_node_cpu_cores_allocated",
+                                       "CPU cores of a node allocated to jobs.", labels=["node"])
+        for view in core.cluster.views():
+            current = master.node_status(view.name)
+            for s in NODE_STATUSES:
+                status.add_metric([view.name, s], 1.0 if s == current else 0.0)
+            total_gpus = len(view.inventory.gpus)
+            gpus.add_metric([view.name], total_gpus)
+            gpus_used.add_metric([view.name], total_gpus - len(view.free_gpus))
+            total_cores = len(view.inventory.cpus)
+            cores.add_metric([view.name], total_cores)
+            cores_used.add_metric([view.name], total_cores - len(view.free_cpus))
+        yield status
+        yield gpus
+        yield gpus_used
+        yield cores
+        yield cores_used
+        yield GaugeMetricFamily("trellis_nodes_connected", "Nodes with a live session.",
+                                value=len(master.sessions))
+
+
+class MasterMetrics:
+    def __init__(self, master: Master, version: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.passes = Histogram(
+            "trellis_scheduling_pass_duration_seconds",
+            "Wall time of one scheduling pass (the policy's decide plus applying decisions).",
+            buckets=PASS_BUCKETS, registry=self.registry)
+        self.rpc = Histogram(
+            "trellis_rpc_duration_seconds", "Time to serve one admin/client RPC, by method.",
+            ["method"], buckets=RPC_BUCKETS, registry=self.registry)
+        self.rpc_errors = Counter(
+            "trellis_rpc_errors", "RPCs answered with an error, by method and error code.",
+            ["method", "code"], registry=self.registry)
+        self.preemptions = Counter(
+            "trellis_preemptions", "Jobs the scheduler decided to preempt.",
+            registry=self.registry)
+        self.placements = Counter(
+            "trellis_placements", "Jobs the scheduler decided to start.",
+            registry=self.registry)
+        self.registry.register(MasterStateCollector(master, version, clock))
+
+    def observe_pass(self, seconds: float, decisions: Sequence[Any]) -> None:
+        self.passes.observe(seconds)
+        for decision in decisions:
+            if isinstance(decision, Preempt):
+                self.preemptions.inc()
+            elif isinstance(decision, Start):
+                self.placements.inc()
+
+    def observe_rpc(self, method: str, seconds: float, error_code: str | None = None) -> None:
+        self.rpc.labels(method).observe(seconds)
+        if error_code is not None:
+            self.rpc_errors.labels(method, error_code).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
