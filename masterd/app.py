@@ -223,7 +223,7 @@ def make_app(master: Master) -> web.Application:
     app = web.Application(client_max_size=MAX_FRAME)
     metrics = MasterMetrics(master, VERSION, master.clock)
     # Master._run_pass reports each pass here (see masterd.service).
-    master.observe_pass = metrics.observe_pass  # type: ignore[attr-defined]
+    master.observe_pass = metrics.observe_pass
     app[MASTER_KEY] = master
     app[RPC_KEY] = Rpc(master)
     app[GATE_KEY] = Gate()

@@ -9,7 +9,7 @@ from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.service import Master
-from masterd.store import EventRow, Store
+from masterd.store import EventRow
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
 from shared.schema import SchemaError, bounded, decode
@@ -53,15 +53,6 @@ class EventsParams:
     job: str | None = bounded(None, pattern=NAME_PATTERN)
     # The last ``tail`` rows (after the other filters) instead of the rows after ``after``.
     tail: int | None = bounded(None, min=1, max=10_000)
-
-
-def events_tail(store: Store, job: str | None, n: int) -> list[EventRow]:
-    """The newest ``n`` rows, oldest first: find the row just before them, read from there."""
-    where, args = ("WHERE job_id = ? ", (job,)) if job is not None else ("", ())
-    row = store.db.execute(
-        f"SELECT seq FROM events {where}ORDER BY seq DESC LIMIT 1 OFFSET ?", (*args, n)
-    ).fetchone()
-    return store.events(job, int(row[0]) if row else 0, n)
 
 
 def event_view(e: EventRow) -> dict[str, Any]:
@@ -246,7 +237,7 @@ class Rpc:
         first; ``last`` is the cursor to pass as ``after`` next time."""
         store = self.master.store
         if p.tail is not None:
-            rows = await self.master.journal.call(events_tail, store, p.job, p.tail)
+            rows = await self.master.journal.call(store.events_tail, p.job, p.tail)
         else:
             rows = await self.master.journal.call(store.events, p.job, p.after, p.limit)
         return {"events": [event_view(e) for e in rows],

@@ -78,6 +78,8 @@ class Master:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
+        # Set by masterd.metrics when metrics are served: (pass seconds, decisions) -> None.
+        self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -183,11 +185,8 @@ class Master:
         decisions = self.core.schedule(now)
         elapsed = time.perf_counter() - started
         self.passes += 1
-        # Set by masterd.metrics when metrics are served; looked up here so the master works
-        # (and tests construct it) without them.
-        observe = getattr(self, "observe_pass", None)
-        if observe is not None:
-            observe(elapsed, decisions)
+        if self.observe_pass is not None:
+            self.observe_pass(elapsed, decisions)
         for decision in decisions:
             if isinstance(decision, Start):
                 job = self.core.jobs[decision.job_id]

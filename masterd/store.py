@@ -228,6 +228,14 @@ class Store:
             for r in rows
         ]
 
+    def events_tail(self, job_id: str | None, n: int) -> list[EventRow]:
+        """The newest ``n`` rows, oldest first: find the row just before them, read from there."""
+        where, args = ("WHERE job_id = ? ", (job_id,)) if job_id is not None else ("", ())
+        row = self.db.execute(
+            f"SELECT seq FROM events {where}ORDER BY seq DESC LIMIT 1 OFFSET ?", (*args, n)
+        ).fetchone()
+        return self.events(job_id, int(row[0]) if row else 0, n)
+
     # -- nodes ---------------------------------------------------------------------------
     def save_node(self, inventory: NodeInventory, drained: bool, last_seen: float) -> None:
         def run() -> None:
