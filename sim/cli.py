@@ -13,7 +13,7 @@ from typing import Any
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Policy
 from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_cluster_file
-from sim.engine import FailureConfig, SimConfig, SimulationError, simulate
+from sim.engine import FailureConfig, Outage, SimConfig, SimulationError, simulate
 from sim.progress import ProgressBar
 from sim.report import Run, comparison_table, make_run, write_outputs, write_plots
 from sim.truth import TruthConfig, TruthModel
@@ -152,13 +152,29 @@ def build_workload(
     return workload
 
 
+def parse_outage(item: str) -> Outage:
+    node, sep, rest = item.partition(":")
+    start, sep2, duration = rest.partition(":")
+    try:
+        if not (sep and sep2 and node):
+            raise ValueError
+        return Outage(node, float(start) * 3600.0, float(duration) * 3600.0)
+    except ValueError as exc:
+        detail = f": {exc}" if str(exc) else ""
+        raise UsageError(
+            f"--outage {item!r}: expected NODE:START_HOURS:DURATION_HOURS{detail}"
+        ) from None
+
+
 def sim_config(args: argparse.Namespace, seed: int) -> SimConfig:
     truth = TruthConfig(noise_sigma=args.noise, interference=not args.no_interference)
     failures = None
     if args.node_mtbf_hours is not None:
         failures = FailureConfig(args.node_mtbf_hours, args.node_repair_hours)
+    outages = tuple(parse_outage(item) for item in args.outage or [])
     return SimConfig(
         seed=seed,
+        outages=outages,
         truth=truth,
         prediction_error=args.prediction_error,
         start_delay=args.start_delay,
@@ -269,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no PCIe/network interference in the truth model")
     run.add_argument("--node-mtbf-hours", type=float, help="mean time between node failures")
     run.add_argument("--node-repair-hours", type=float, help="hours a failed node stays down")
+    run.add_argument("--outage", action="append", metavar="NODE:START_H:DURATION_H",
+                     help="planned failure of one node (repeatable)")
     run.add_argument("--max-retries", type=int, default=3,
                      help="resubmissions of a job killed by a node failure")
     run.add_argument("--start-delay", type=float, default=0.0,

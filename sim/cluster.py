@@ -140,7 +140,3 @@ def load_cluster_file(path: Path) -> list[NodeGroup]:
             raise ClusterConfigError(f"{path}: group[{i}] must be a table")
         groups.append(group_from_mapping(entry, f"{path}: group[{i}]"))
     return groups
-
-
-def gpus_per_node(nodes: Iterable[NodeInventory]) -> int:
-    return max((len(n.gpus) for n in nodes), default=0)

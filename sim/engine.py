@@ -28,7 +28,14 @@ from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore
 from shared.model import Job, JobKind, JobSpec, JobState, NodeInventory, Placement, QosClass
 from sim.metrics import fragmentation
-from sim.truth import JobTruth, PlacementShape, TruthConfig, TruthModel, shape_of
+from sim.truth import (
+    JobTruth,
+    NodeTopology,
+    PlacementShape,
+    TruthConfig,
+    TruthModel,
+    shape_of,
+)
 from sim.workloads.base import SimJob, Workload
 
 log = logging.getLogger("trellis.sim.engine")
@@ -53,6 +60,22 @@ class FailureConfig:
 
 
 @dataclass(frozen=True)
+class Outage:
+    """One planned node failure: down at ``start`` (s), back ``duration`` s later."""
+
+    node: str
+    start: float
+    duration: float
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.duration <= 0:
+            raise ValueError(
+                f"outage of {self.node}: start must be >= 0 and duration > 0 "
+                f"(got {self.start:g}, {self.duration:g})"
+            )
+
+
+@dataclass(frozen=True)
 class SimConfig:
     seed: int = 1
     truth: TruthConfig = field(default_factory=TruthConfig)
@@ -61,7 +84,8 @@ class SimConfig:
     stop_delay: float = 0.0  # Preempt decision -> parts exited
     preempt_keeps_progress: bool = False  # False: a preempted job restarts from scratch
     max_retries: int = 3  # resubmissions of a job killed by a node failure
-    failures: FailureConfig | None = None
+    failures: FailureConfig | None = None  # random failures of every node
+    outages: tuple[Outage, ...] = ()  # planned failures of named nodes
     sample_interval: float | None = None  # seconds; None picks ~500 samples over arrivals
     max_passes_per_instant: int = 10_000
 
@@ -164,7 +188,7 @@ class Simulator:
         self.inventories: dict[str, NodeInventory] = {n.name: n for n in workload.nodes}
         if len(self.inventories) != len(workload.nodes):
             raise SimulationError(f"workload {workload.name}: duplicate node names")
-        self.gpus_per_node = max((len(n.gpus) for n in workload.nodes), default=0)
+        self.topology = NodeTopology.of(workload.nodes)
         self.total_gpus = sum(len(n.gpus) for n in workload.nodes)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -189,6 +213,7 @@ class Simulator:
         self.passes = 0
         self._done = 0
         self._pending = 0  # non-sample events in the heap
+        self._last_event = 0.0  # time of the last non-sample event: the replay's end
         self._queued: set[str] = set()  # core job ids waiting in the core's queue
 
     # -- event heap ----------------------------------------------------------------------
@@ -213,6 +238,11 @@ class Simulator:
                     repair = failures.repair_hours * 3600.0
                     self._push(t + repair, RECOVER, name)
                     t += repair + r.expovariate(1.0 / (failures.mtbf_hours * 3600.0))
+        for outage in self.config.outages:
+            if outage.node not in self.inventories:
+                raise SimulationError(f"outage names unknown node {outage.node!r}")
+            self._push(outage.start, FAIL, outage.node)
+            self._push(outage.start + outage.duration, RECOVER, outage.node)
         interval = self.config.sample_interval
         if interval is None:
             interval = max(60.0, horizon / 500.0)
@@ -253,6 +283,7 @@ class Simulator:
                     sample = True
                     continue
                 self._pending -= 1
+                self._last_event = t
                 scheduling = True
                 if kind == EXIT:
                     self._on_exit(*payload)  # type: ignore[misc]
@@ -300,7 +331,7 @@ class Simulator:
 
     def _on_arrival(self, job: SimJob) -> None:
         spec = self._declared_spec(job)
-        truth = self.truth.job_truth(job.id, spec.kind, spec.gpus, job.truth, self.gpus_per_node)
+        truth = self.truth.job_truth(job.id, spec.kind, spec.gpus, job.truth, self.topology)
         if job.deadline is not None:
             ect = job.deadline
         elif spec.qos is QosClass.URGENT:
@@ -482,6 +513,8 @@ class Simulator:
         self._settle(job_id, transition)
 
     def _on_fail(self, node: str) -> None:
+        if node in self._down:
+            return  # overlapping outages: already down
         self.core.node_down(node)
         self._down.add(node)
         for job_id in sorted(self._node_jobs[node]):
@@ -500,6 +533,8 @@ class Simulator:
         log.debug("node_failed node=%s t=%g", node, self.now)
 
     def _on_recover(self, node: str) -> None:
+        if node not in self._down:
+            return
         self._down.discard(node)
         self.core.node_up(self.inventories[node])
 
@@ -593,7 +628,7 @@ class Simulator:
             samples=self.samples,
             events=self.events,
             passes=self.passes,
-            end_time=self.now,
+            end_time=self._last_event,
             notes=dict(self.workload.notes),
         )
 

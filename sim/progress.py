@@ -28,7 +28,7 @@ class ProgressBar:
         self.interval = interval if self.tty else quiet_interval
         self.started = time.monotonic()
         self._last = -1e9
-        self._drawn = False
+        self._drawn: tuple[int, int] | None = None  # (done, total) last drawn
 
     def __call__(self, now: float, done: int, total: int) -> None:
         wall = time.monotonic()
@@ -50,10 +50,11 @@ class ProgressBar:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
-        self._drawn = True
+        self._drawn = (done, total)
 
     def close(self, now: float, done: int, total: int) -> None:
-        self._draw(now, done, total, time.monotonic())
+        if self._drawn != (done, total):
+            self._draw(now, done, total, time.monotonic())
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()

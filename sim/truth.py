@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shared.model import JobKind, NodeInventory, Placement
@@ -109,8 +110,8 @@ class TruthConfig:
     interference: bool = True
     alpha_pcie: float = 0.08  # slowdown per other GPU job behind one of the job's PCIe switches
     alpha_net: float = 0.15  # slowdown per other multi-node job sharing one of the job's nodes
-    beta_switch: float = 0.10  # a job's GPUs on one node span several PCIe switches
-    beta_socket: float = 0.25  # ... span several NUMA nodes (sockets)
+    beta_switch: float = 0.03  # a job's GPUs on one node span several PCIe switches
+    beta_socket: float = 0.08  # ... span several NUMA nodes (sockets)
     batch_ref: float = 32.0  # sensitivity = batch_ref / (batch_ref + local batch)
     min_efficiency: float = 0.05  # PR never drops below this share of ideal linear scaling
     profiles: Mapping[str, tuple[ModelProfile, ModelProfile]] = field(
@@ -195,6 +196,30 @@ def comm_penalty(profile: ModelProfile, d_node: int, d_gpn: float) -> float:
     return ((d_node - 1) * d_gpn + profile.lam * (d_gpn - 1)) * profile.gamma / (total - 1)
 
 
+@dataclass(frozen=True)
+class NodeTopology:
+    """GPU layout of the cluster's largest nodes: where a trace's reference run is placed."""
+
+    gpus_per_node: int
+    gpus_per_switch: int
+    gpus_per_numa: int
+
+    @classmethod
+    def of(cls, nodes: Iterable[NodeInventory]) -> NodeTopology:
+        largest = max(nodes, key=lambda n: (len(n.gpus), n.name), default=None)
+        if largest is None or not largest.gpus:
+            return cls(1, 1, 1)
+        switches = Counter(g.pcie_switch for g in largest.gpus)
+        numas = Counter(g.numa_node for g in largest.gpus)
+        return cls(len(largest.gpus), max(switches.values()), max(numas.values()))
+
+    def reference(self, gpus: int) -> tuple[int, bool, bool]:
+        """(nodes, spans switches, spans sockets) of the tightest packing of ``gpus`` GPUs."""
+        d_node = max(1, math.ceil(gpus / max(self.gpus_per_node, 1)))
+        per_node = math.ceil(gpus / d_node)
+        return d_node, per_node > self.gpus_per_switch, per_node > self.gpus_per_numa
+
+
 class TruthModel:
     def __init__(self, config: TruthConfig | None = None, seed: int = 0) -> None:
         self.config = config or TruthConfig()
@@ -219,27 +244,61 @@ class TruthModel:
         # in which jobs are processed nor on PYTHONHASHSEED.
         return random.Random(f"{self.seed}/{purpose}/{job_key}")
 
+    def placed_rate(
+        self,
+        profile: ModelProfile,
+        kind: JobKind,
+        batch: float,
+        gpus: int,
+        d_node: int,
+        spans_switches: bool,
+        spans_sockets: bool,
+    ) -> tuple[float, float]:
+        """PR of GENIE Eq. 5 on a placement, divided by its locality penalty, alone.
+
+        Returns (rate, share of ideal linear scaling). Locality: a training job whose GPUs on
+        one node sit behind several PCIe switches or NUMA nodes synchronises over slower
+        paths (GENIE Fig. 7a), the more so the smaller its local batch (Observation 4).
+        """
+        cfg = self.config
+        per_gpu = profile.single_gpu_rate(batch / gpus)
+        eff_gpus = max(
+            gpus - comm_penalty(profile, d_node, gpus / d_node), cfg.min_efficiency * gpus
+        )
+        locality = 1.0
+        if kind is JobKind.TRAINING and (spans_switches or spans_sockets):
+            sens = cfg.batch_ref / (cfg.batch_ref + batch / gpus)
+            if spans_switches:
+                locality += cfg.beta_switch * sens
+            if spans_sockets:
+                locality += cfg.beta_socket * sens
+        return eff_gpus * per_gpu / locality, eff_gpus / gpus / locality
+
+    def reference_rate(
+        self, profile: ModelProfile, kind: JobKind, batch: float, gpus: int, topo: NodeTopology
+    ) -> float:
+        """The rate of a trace's reference run: ``gpus`` GPUs packed as tightly as possible."""
+        d_node, spans_switches, spans_sockets = topo.reference(gpus)
+        return self.placed_rate(profile, kind, batch, gpus, d_node, spans_switches,
+                                spans_sockets)[0]
+
     def job_truth(
-        self, job_key: str, kind: JobKind, gpus: int, params: TruthParams, gpus_per_node: int
+        self, job_key: str, kind: JobKind, gpus: int, params: TruthParams, topo: NodeTopology
     ) -> JobTruth:
-        """Derive a job's constants; ``gpus_per_node`` sizes the packed reference run."""
+        """Derive a job's constants; ``topo`` places the reference run of a trace duration."""
         profile = self.profile_for(params.model_type, kind)
         sigma = self.config.noise_sigma
         noise = math.exp(self.rng(job_key, "noise").gauss(0.0, sigma)) if sigma > 0 else 1.0
         batch = float(params.batch or 32)
         if params.known_duration is not None:
-            ref_gpus = params.known_gpus or max(gpus, 1)
-            unit = (
-                1.0 if kind is JobKind.CPU or ref_gpus == 0
-                else self.ideal_rate(
-                    profile, batch, ref_gpus, self.reference_nodes(ref_gpus, gpus_per_node)
-                )
-            )
             work = float(params.known_duration)
+            ref_gpus = params.known_gpus if params.known_gpus is not None else gpus
             if kind is JobKind.CPU or ref_gpus == 0:
-                lat11 = work / noise
-            else:
-                lat11 = work / (profile.single_gpu_rate(batch) / unit * noise)
+                return JobTruth(kind, profile, batch, work, 1.0, noise, 0.0, work / noise,
+                                0, False)
+            unit = self.reference_rate(profile, kind, batch, ref_gpus, topo)
+            single = self.placed_rate(profile, kind, batch, 1, 1, False, False)[0]
+            lat11 = work / (single / unit * noise)
             return JobTruth(kind, profile, batch, work, unit, noise, 0.0, lat11, ref_gpus, False)
         if params.iterations is None or params.batch is None:
             raise ValueError(
@@ -247,22 +306,11 @@ class TruthModel:
                 "batch and iterations"
             )
         work = float(params.batch) * float(params.iterations)
-        lat11 = work / (profile.single_gpu_rate(batch) * noise) + profile.startup_s
+        single = self.placed_rate(profile, kind, batch, 1, 1, False, False)[0]
+        lat11 = work / (single * noise) + profile.startup_s
         return JobTruth(
             kind, profile, batch, work, 1.0, noise, profile.startup_s, lat11, max(gpus, 1), True
         )
-
-    def ideal_rate(self, profile: ModelProfile, batch: float, gpus: int, d_node: int = 1) -> float:
-        """GENIE Eq. 5 on ``gpus`` GPUs over ``d_node`` nodes, perfect locality, alone."""
-        per_gpu = profile.single_gpu_rate(batch / gpus)
-        eff_gpus = max(
-            gpus - comm_penalty(profile, d_node, gpus / d_node), self.config.min_efficiency * gpus
-        )
-        return eff_gpus * per_gpu
-
-    def reference_nodes(self, gpus: int, gpus_per_node: int) -> int:
-        """Fewest nodes a ``gpus``-GPU job fits on: the packed reference of a trace duration."""
-        return max(1, math.ceil(gpus / max(gpus_per_node, 1)))
 
     # -- speed on a concrete placement -----------------------------------------------------
     def speed(
@@ -291,26 +339,20 @@ class TruthModel:
             return truth.noise, 0.0
         cfg = self.config
         gpus = shape.gpus
-        d_node = max(len(shape.nodes), 1)
-        per_gpu = truth.profile.single_gpu_rate(truth.batch / gpus)
-        eff_gpus = max(
-            gpus - comm_penalty(truth.profile, d_node, gpus / d_node), cfg.min_efficiency * gpus
+        rate, share = self.placed_rate(
+            truth.profile, truth.kind, truth.batch, gpus, max(len(shape.nodes), 1),
+            shape.spans_switches, shape.spans_sockets,
         )
-        rate = eff_gpus * per_gpu
         if truth.model_driven and shape.gpu_models:
             # The slowest GPU paces a synchronous job.
             rate *= min(self.gpu_speed(m) for m in shape.gpu_models)
-        sens = cfg.batch_ref / (cfg.batch_ref + truth.batch / gpus)
-        slowdown = 1.0
-        if truth.kind is JobKind.TRAINING:
-            if shape.spans_switches:
-                slowdown += cfg.beta_switch * sens
-            if shape.spans_sockets:
-                slowdown += cfg.beta_socket * sens
-        if cfg.interference:
+        interference = 1.0
+        if cfg.interference and (pcie_neighbours or net_neighbours):
+            sens = cfg.batch_ref / (cfg.batch_ref + truth.batch / gpus)
             if pcie_neighbours:
-                slowdown *= 1.0 + cfg.alpha_pcie * pcie_neighbours * sens
+                interference *= 1.0 + cfg.alpha_pcie * pcie_neighbours * sens
             if net_neighbours and shape.multi_node and truth.kind is JobKind.TRAINING:
-                slowdown *= 1.0 + cfg.alpha_net * net_neighbours * sens
-        speed = rate / truth.unit_rate / slowdown * truth.noise
-        return speed, eff_gpus / gpus / slowdown
+                interference *= 1.0 + cfg.alpha_net * net_neighbours * sens
+        # Dividing by the reference rate first makes an unchanged trace job exactly 1.0.
+        speed = rate / truth.unit_rate / interference * truth.noise
+        return speed, share / interference

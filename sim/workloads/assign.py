@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shared.model import JobKind, QosClass
-from sim.truth import TruthModel
+from sim.truth import NodeTopology, TruthModel
 
 # GENIE Table 3: four CNNs and two RNNs.
 MODEL_TYPES: tuple[str, ...] = (
@@ -75,13 +75,13 @@ def iterations_for_duration(
     kind: JobKind,
     duration: float,
     gpus: int,
-    gpus_per_node: int,
+    topo: NodeTopology,
 ) -> int:
     """The iteration count a user running ``fill`` for ``duration`` s on ``gpus`` GPUs declared.
 
-    Uses the true packed speed without the job's private noise (users do not know it).
+    Uses the true speed of the tightest packing without the job's private noise (users do not
+    know it).
     """
     profile = truth.profile_for(fill.model_type, kind)
-    d_node = truth.reference_nodes(gpus, gpus_per_node)
-    rate = truth.ideal_rate(profile, float(fill.batch), gpus, d_node)
+    rate = truth.reference_rate(profile, kind, float(fill.batch), gpus, topo)
     return max(1, math.floor(duration * rate / fill.batch + 0.5))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from shared.model import JobKind, JobSpec, NodeInventory, QosClass, is_valid_name
 from sim.cluster import NodeGroup, build_node
-from sim.truth import TruthModel, TruthParams
+from sim.truth import NodeTopology, TruthModel, TruthParams
 from sim.workloads.assign import iterations_for_duration, pick_model
 from sim.workloads.base import (
     LoadOptions,
@@ -165,7 +165,7 @@ def load(
 ) -> Workload:
     skipped: list[str] = []
     nodes = load_nodes(nodes_file or trace_dir / GPU_NODES_FILE, options, skipped)
-    gpn = max(len(n.gpus) for n in nodes)
+    topo = NodeTopology.of(nodes)
     pods = list(
         read_csv_rows(
             trace_dir / PODS_FILE,
@@ -196,7 +196,7 @@ def load(
             kind = JobKind.INFERENCE if pod.qos == "LS" else JobKind.TRAINING
             fill = pick_model(options.seed, pod.name)
             iterations = iterations_for_duration(
-                truth, fill, kind, pod.runtime, pod.gpus, gpn
+                truth, fill, kind, pod.runtime, pod.gpus, topo
             )
             spec = JobSpec(
                 name=pod.name, command=("openb-pod",), user="openb", kind=kind,

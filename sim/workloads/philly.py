@@ -17,7 +17,7 @@ from pathlib import Path
 
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
-from sim.truth import TruthModel, TruthParams
+from sim.truth import NodeTopology, TruthModel, TruthParams
 from sim.workloads.assign import iterations_for_duration, pick_model, pick_qos
 from sim.workloads.base import (
     LoadOptions,
@@ -133,13 +133,15 @@ def load(
     )
     if not rows:
         raise TraceError(trace_dir / JOBS_FILE, None, "no jobs")
+    nodes = build_cluster([philly_node_group(node_count)])
+    topo = NodeTopology.of(nodes)
     jobs: list[SimJob] = []
     unknown_vcs: set[str] = set()
     for row in rows:
         key = f"philly-{row.line:06d}"
         fill = pick_model(options.seed, key)
         iterations = iterations_for_duration(
-            truth, fill, JobKind.TRAINING, row.duration, row.gpus, GPUS_PER_NODE
+            truth, fill, JobKind.TRAINING, row.duration, row.gpus, topo
         )
         if row.vc not in vcs:
             unknown_vcs.add(row.vc)
@@ -166,7 +168,7 @@ def load(
     workload = Workload(
         name="philly",
         jobs=jobs,
-        nodes=build_cluster([philly_node_group(node_count)]),
+        nodes=nodes,
         origin=0.0,
         skipped=skipped,
         notes={
