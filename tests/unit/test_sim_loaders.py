@@ -231,7 +231,7 @@ def test_sacct_conversion(tmp_path: Path) -> None:
     cpu_job = by_id["slurm-103_4"]
     assert cpu_job.spec.kind is JobKind.CPU and cpu_job.spec.memory_mib == 512
     source.write_text(SACCT.replace("cpu=4,mem", "cpu=four,mem"))
-    with pytest.raises(TraceError, match="sacct.txt:4: column AllocTRES"):
+    with pytest.raises(TraceError, match=r"sacct\.txt:4: column AllocTRES"):
         sacct.convert(source, target, LoadOptions())
 
 
