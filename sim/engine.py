@@ -146,6 +146,7 @@ class SimResult:
     samples: list[Sample]
     events: int
     passes: int
+    stale_events: int
     end_time: float
     notes: dict[str, object] = field(default_factory=dict)
 
@@ -209,7 +210,8 @@ class Simulator:
         self._effective = 0.0
         self.usage: list[tuple[float, int, float]] = [(0.0, 0, 0.0)]
         self.samples: list[Sample] = []
-        self.events = 0
+        self.events = 0  # events that changed something
+        self.stale_events = 0  # superseded exits, stops of attempts already over
         self.passes = 0
         self._done = 0
         self._pending = 0  # non-sample events in the heap
@@ -278,25 +280,30 @@ class Simulator:
             sample = False
             while heap and heap[0][0] == t:
                 _, kind, _, payload = heapq.heappop(heap)
-                self.events += 1
                 if kind == SAMPLE:
                     sample = True
                     continue
                 self._pending -= 1
-                self._last_event = t
-                scheduling = True
                 if kind == EXIT:
-                    self._on_exit(*payload)  # type: ignore[misc]
+                    happened = self._on_exit(*payload)  # type: ignore[misc]
                 elif kind == ARRIVAL:
-                    self._on_arrival(self.workload.jobs[payload])  # type: ignore[index]
+                    happened = self._on_arrival(self.workload.jobs[payload])  # type: ignore[index]
                 elif kind == STOP:
-                    self._on_stop(*payload)  # type: ignore[misc]
+                    happened = self._on_stop(*payload)  # type: ignore[misc]
                 elif kind == START:
-                    self._on_start(*payload)  # type: ignore[misc]
+                    happened = self._on_start(*payload)  # type: ignore[misc]
                 elif kind == FAIL:
-                    self._on_fail(payload)  # type: ignore[arg-type]
-                elif kind == RECOVER:
-                    self._on_recover(payload)  # type: ignore[arg-type]
+                    happened = self._on_fail(payload)  # type: ignore[arg-type]
+                else:
+                    happened = self._on_recover(payload)  # type: ignore[arg-type]
+                if happened:
+                    # Superseded exits and stops of finished attempts change nothing: they
+                    # neither count as events nor trigger a pass.
+                    self.events += 1
+                    self._last_event = t
+                    scheduling = True
+                else:
+                    self.stale_events += 1
             if scheduling:
                 self._schedule(t)
                 self._note_usage(t)
@@ -329,7 +336,7 @@ class Simulator:
                 self._fit_cache[key] = str(exc).split(": ", 1)[-1]
         return self._fit_cache[key]
 
-    def _on_arrival(self, job: SimJob) -> None:
+    def _on_arrival(self, job: SimJob) -> bool:
         spec = self._declared_spec(job)
         truth = self.truth.job_truth(job.id, spec.kind, spec.gpus, job.truth, self.topology)
         if job.deadline is not None:
@@ -355,10 +362,11 @@ class Simulator:
             record.reason = reason
             self._done += 1
             log.debug("job_rejected job=%s reason=%s", job.id, reason)
-            return
+            return False
         self._record_of[job.id] = record
         self.core.submit(Job(id=job.id, spec=spec, submit_time=self.now))
         self._queued.add(job.id)
+        return True
 
     def _schedule(self, now: float) -> None:
         decisions = self.core.schedule(now)
@@ -384,11 +392,12 @@ class Simulator:
         else:
             self._begin(job_id, now)
 
-    def _on_start(self, job_id: str, attempt: int) -> None:
+    def _on_start(self, job_id: str, attempt: int) -> bool:
         job = self.core.jobs.get(job_id)
         if job is None or job.state is not JobState.STARTING or job.attempts != attempt:
-            return  # stopped or failed before its start landed
+            return False  # stopped or failed before its start landed
         self._begin(job_id, self.now)
+        return True
 
     def _begin(self, job_id: str, now: float) -> None:
         for node in self._placements[job_id].nodes:
@@ -482,22 +491,23 @@ class Simulator:
             self._allocated -= placement.gpu_count
         return run
 
-    def _on_exit(self, job_id: str, version: int) -> None:
+    def _on_exit(self, job_id: str, version: int) -> bool:
         run = self._runs.get(job_id)
         if run is None or run.version != version:
-            return  # superseded by a re-pricing, or the attempt was stopped
+            return False  # superseded by a re-pricing, or the attempt was stopped
         self._end_run(job_id, self.now)
         transition = None
         for node in run.placement.nodes:
             transition, _ = self.core.node_exited(job_id, node, 0, None, self.now)
         self._settle(job_id, transition)
+        return True
 
-    def _on_stop(self, job_id: str, attempt: int) -> None:
+    def _on_stop(self, job_id: str, attempt: int) -> bool:
         job = self.core.jobs.get(job_id)
         if job is None or job.state.terminal or job.attempts != attempt:
-            return
+            return False
         if job.state is JobState.QUEUED:
-            return
+            return False
         run = self._end_run(job_id, self.now)
         record = self._record_of[job_id]
         if run is not None and self.config.preempt_keeps_progress:
@@ -511,10 +521,11 @@ class Simulator:
         if transition is not None and transition.state is JobState.QUEUED:
             record.preemptions += 1
         self._settle(job_id, transition)
+        return True
 
-    def _on_fail(self, node: str) -> None:
+    def _on_fail(self, node: str) -> bool:
         if node in self._down:
-            return  # overlapping outages: already down
+            return False  # overlapping outages: already down
         self.core.node_down(node)
         self._down.add(node)
         for job_id in sorted(self._node_jobs[node]):
@@ -531,12 +542,14 @@ class Simulator:
                 job.reason = f"node {node} failed"
             self._settle(job_id, transition)
         log.debug("node_failed node=%s t=%g", node, self.now)
+        return True
 
-    def _on_recover(self, node: str) -> None:
+    def _on_recover(self, node: str) -> bool:
         if node not in self._down:
-            return
+            return False
         self._down.discard(node)
         self.core.node_up(self.inventories[node])
+        return True
 
     def _settle(self, job_id: str, transition: object) -> None:
         """Record a job's terminal transition (or resubmit it after a node failure)."""
@@ -628,6 +641,7 @@ class Simulator:
             samples=self.samples,
             events=self.events,
             passes=self.passes,
+            stale_events=self.stale_events,
             end_time=self._last_event,
             notes=dict(self.workload.notes),
         )

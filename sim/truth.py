@@ -224,6 +224,8 @@ class TruthModel:
     def __init__(self, config: TruthConfig | None = None, seed: int = 0) -> None:
         self.config = config or TruthConfig()
         self.seed = seed
+        # placed_rate is pure and called at every re-pricing with few distinct arguments.
+        self._rates: dict[tuple[object, ...], tuple[float, float]] = {}
 
     # -- per-job constants -----------------------------------------------------------------
     def profile_for(self, model_type: str | None, kind: JobKind) -> ModelProfile:
@@ -260,6 +262,10 @@ class TruthModel:
         one node sit behind several PCIe switches or NUMA nodes synchronises over slower
         paths (GENIE Fig. 7a), the more so the smaller its local batch (Observation 4).
         """
+        key = (profile, kind, batch, gpus, d_node, spans_switches, spans_sockets)
+        hit = self._rates.get(key)
+        if hit is not None:
+            return hit
         cfg = self.config
         per_gpu = profile.single_gpu_rate(batch / gpus)
         eff_gpus = max(
@@ -272,7 +278,9 @@ class TruthModel:
                 locality += cfg.beta_switch * sens
             if spans_sockets:
                 locality += cfg.beta_socket * sens
-        return eff_gpus * per_gpu / locality, eff_gpus / gpus / locality
+        result = (eff_gpus * per_gpu / locality, eff_gpus / gpus / locality)
+        self._rates[key] = result
+        return result
 
     def reference_rate(
         self, profile: ModelProfile, kind: JobKind, batch: float, gpus: int, topo: NodeTopology

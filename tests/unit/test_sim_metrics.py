@@ -95,7 +95,7 @@ def test_gpu_rates_and_summary() -> None:
         policy="p", workload="w", seed=1, records=records, total_gpus=4,
         usage=[(0.0, 2, 1.0), (50.0, 4, 4.0), (100.0, 0, 0.0)],
         samples=[Sample(0.0, 2, 1.0, 0, 1, 0.5, 0), Sample(50.0, 4, 4.0, 0, 2, 0.1, 0)],
-        events=3, passes=2, end_time=100.0,
+        events=3, passes=2, stale_events=0, end_time=100.0,
     )
     active, useful = gpu_rates(result)
     assert active == pytest.approx((2 * 50 + 4 * 50) / 100 / 4)  # 0.75
