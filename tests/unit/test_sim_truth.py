@@ -177,7 +177,7 @@ def test_interference_ends_when_the_neighbour_leaves() -> None:
     by_id = {r.id: r for r in result.records}
     assert by_id["b"].end == pytest.approx(20.0 * f)
     assert by_id["a"].end == pytest.approx(20.0 * f + 80.0)
-    # a's first exit estimate (100·f) was superseded: it neither ends the replay late nor
-    # counts as an event.
+    # a's exit was estimated at 100 (alone, before b started) and 100·f (with b): both were
+    # superseded; neither ends the replay late nor counts as an event.
     assert result.end_time == by_id["a"].end
-    assert result.stale_events == 1
+    assert result.stale_events == 2
