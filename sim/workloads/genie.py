@@ -70,7 +70,9 @@ def generate(options: GenieOptions) -> Workload:
         raise ValueError(f"arrival duration must be positive, got {options.hours:g} h")
     nodes = build_cluster([options.platform])
     max_gpus = options.platform.count * options.platform.gpus_per_node
-    r = random.Random(f"genie/{options.seed}/{options.density!r}/{options.hours!r}")
+    r = random.Random(
+        f"genie/{options.seed}/{float(options.density)!r}/{float(options.hours)!r}"
+    )
     horizon = options.hours * 3600.0
     rate = options.density / 3600.0
     jobs: list[SimJob] = []

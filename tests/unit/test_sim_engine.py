@@ -208,3 +208,33 @@ def test_cpu_job_and_inference_kinds_run() -> None:
     jobs = [SimJob("c", cpu, 0.0, TruthParams(known_duration=40.0, known_gpus=0))]
     result = simulate(Workload("c", jobs, one_node()), make_policy("fifo"), EXACT)
     assert result.records[0].end == 40.0
+
+
+class SpecRecorder:
+    """FIFO that remembers the iteration counts it was shown."""
+
+    name = "spec-recorder"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int | None] = {}
+        self.fifo = make_policy("fifo")
+
+    def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job],
+               now: float) -> list[Decision]:
+        for job in queue:
+            self.seen[job.id] = job.spec.iterations
+        return self.fifo.decide(snapshot, queue, now)
+
+
+def test_prediction_error_changes_what_the_policy_sees_not_the_truth() -> None:
+    workload = generate(GenieOptions(density=10, hours=3, seed=2))
+    exact, noisy = SpecRecorder(), SpecRecorder()
+    base = simulate(workload, exact, SimConfig(seed=2))
+    erred = simulate(workload, noisy, SimConfig(seed=2, prediction_error=0.3))
+    declared = {j.id: j.spec.iterations for j in workload.jobs}
+    assert exact.seen == declared
+    assert noisy.seen != declared and noisy.seen.keys() == declared.keys()
+    ratios = [noisy.seen[k] / declared[k] for k in declared]
+    assert min(ratios) > 0.2 and max(ratios) < 5
+    # FIFO does not read iterations, and the truth uses the real ones: same replay.
+    assert [r.end for r in base.records] == [r.end for r in erred.records]
