@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_fifo": seconds.get("fifo"),
         "seconds_swaf": seconds.get("swaf"),
         "events_per_s": events / wall if wall else None,
+        # Ratio against the FIFO baseline replayed in this same process.
+        "swaf_over_fifo": (seconds["swaf"] / seconds["fifo"]
+                           if seconds.get("swaf") and seconds.get("fifo") else None),
     }))
     return 0
 

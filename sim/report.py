@@ -128,6 +128,18 @@ def write_outputs(
                 writer.writerow([run.label, run.summary["policy"], run.summary["seed"], tenant,
                                  stats["jobs"], stats["avg_queue_s"], stats["p99_queue_s"]])
     written.append(path)
+    path = out / "timeseries.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["label", "policy", "seed", "time_s", "gpus_active", "gpus_utilised",
+                         "total_gpus", "queued", "running", "fragmentation", "nodes_down"])
+        for run in runs:
+            for smp in run.result.samples:
+                writer.writerow([run.label, run.summary["policy"], run.summary["seed"],
+                                 smp.time, smp.allocated_gpus, smp.effective_gpus,
+                                 run.result.total_gpus, smp.queued, smp.running,
+                                 smp.fragmentation, smp.nodes_down])
+    written.append(path)
     if job_csv:
         for run in runs:
             path = out / f"jobs-{run.label}-{run.summary['policy']}-s{run.summary['seed']}.csv"

@@ -29,13 +29,17 @@ def test_genie_run_writes_table_json_csv(tmp_path: Path, capsys: pytest.CaptureF
         rows = list(csv.DictReader(handle))
     assert len(rows) == 4 and all(r["policy"] == "fifo" for r in rows)
     assert all(float(r["finished"]) == float(r["jobs"]) for r in rows)
+    with (out / "timeseries.csv").open() as handle:
+        series = list(csv.DictReader(handle))
+    assert series and {r["label"] for r in series} == {"genie-d3", "genie-d6"}
+    assert all(0 <= float(r["gpus_active"]) <= float(r["total_gpus"]) == 16 for r in series)
 
 
 def test_same_seed_same_output_files(tmp_path: Path) -> None:
     args = [*BASE, "--workload", "genie", "--density", "8", "--hours", "3", "--seeds", "5"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
-    for name in ("summary.json", "runs.csv", "queue_by_tenant.csv"):
+    for name in ("summary.json", "runs.csv", "queue_by_tenant.csv", "timeseries.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
