@@ -1,6 +1,7 @@
 """Replay all of Philly through the scheduling core under FIFO and SWAF; time each replay.
 
     /work/venv/bin/python bench/sim_replay.py [--trace DIR] [--limit N] [--policies fifo,swaf]
+        [--progress]
 
 Prints one line per replay and, last, one JSON line: jobs, seconds_fifo, seconds_swaf (null
 when "swaf" is not in the policy registry yet), events_per_s (all replays together). Each
@@ -15,6 +16,9 @@ import json
 import sys
 import time
 from pathlib import Path
+
+# Run from a checkout without installing: the simulator and the core of *this* tree.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from masterd.core.policies import REGISTRY, make_policy
 from sim.engine import SimConfig, Simulator
