@@ -1,0 +1,188 @@
+"""Evaluation metrics of a replay (GENIE §7.1, Helios §4.2.3, SCHED² Eq. 1).
+
+All functions are pure over job records and usage series so tests can check them by hand.
+Percentiles use the nearest-rank method: p-th percentile = the ceil(p/100 · n)-th smallest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shared.model import QosClass
+
+if TYPE_CHECKING:  # the engine imports fragmentation() from here
+    from sim.engine import JobRecord, Sample, SimResult
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def scheduled(records: Iterable[JobRecord]) -> list[JobRecord]:
+    """Jobs the scheduler was given (rejected-as-unsatisfiable ones never were)."""
+    return [r for r in records if r.state != "rejected"]
+
+
+def met_ect(record: JobRecord) -> bool:
+    # GENIE Eq. 9/12: the task must complete no later than its ECT; an urgent task's ECT is
+    # its submission instant, so it can never be met (the paper says as much).
+    return record.state == "finished" and record.end is not None and record.end <= record.ect
+
+
+def qos_guarantee(records: Iterable[JobRecord]) -> float | None:
+    """GENIE Eq. 14: NUM_comp / NUM_task, as a percentage of the scheduled tasks."""
+    tasks = scheduled(records)
+    if not tasks:
+        return None
+    return 100.0 * sum(met_ect(r) for r in tasks) / len(tasks)
+
+
+def qos_by_class(records: Iterable[JobRecord]) -> dict[str, float | None]:
+    groups: dict[QosClass, list[JobRecord]] = defaultdict(list)
+    for r in scheduled(records):
+        groups[r.qos].append(r)
+    return {q.value: qos_guarantee(groups[q]) for q in QosClass if groups[q]}
+
+
+def makespan(records: Iterable[JobRecord]) -> float | None:
+    """First submission to last completion, over the jobs that completed."""
+    done = [r for r in records if r.state == "finished" and r.end is not None]
+    if not done:
+        return None
+    return max(r.end for r in done) - min(r.submit for r in done)  # type: ignore[type-var]
+
+
+def normalised_latency(record: JobRecord) -> float | None:
+    """GENIE Eq. 16: walltime under the selected placement / Lat(t, <1,1>).
+
+    Walltime runs from the first start to completion (queueing before the first start is not
+    part of it; time lost to preemption afterwards is).
+    """
+    if record.state != "finished" or record.first_start is None or record.end is None:
+        return None
+    if record.lat11 <= 0:
+        return None
+    return (record.end - record.first_start) / record.lat11
+
+
+def average_normalised_latency(records: Iterable[JobRecord]) -> float | None:
+    """GENIE Eq. 15: the mean of Eq. 16 over the completed tasks."""
+    values = [v for v in map(normalised_latency, records) if v is not None]
+    return mean(values)
+
+
+def slowdown(record: JobRecord) -> float | None:
+    """JCT (queueing included) over the single-GPU latency: the user's view of Eq. 16."""
+    if record.jct is None or record.state != "finished" or record.lat11 <= 0:
+        return None
+    return record.jct / record.lat11
+
+
+def _finished_values(records: Iterable[JobRecord], attr: str) -> list[float]:
+    return [
+        getattr(r, attr) for r in records
+        if r.state == "finished" and getattr(r, attr) is not None
+    ]
+
+
+def queue_by_tenant(records: Iterable[JobRecord]) -> dict[str, dict[str, float | int | None]]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.state == "finished" and r.queue_delay is not None:
+            groups[r.tenant].append(r.queue_delay)
+    return {
+        tenant: {"jobs": len(v), "avg_queue_s": mean(v), "p99_queue_s": percentile(v, 99)}
+        for tenant, v in sorted(groups.items())
+    }
+
+
+def time_weighted(series: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
+    """Average of a step function given as (time, value) change points over [start, end]."""
+    if end <= start or not series:
+        return None
+    total = 0.0
+    for i, (t, value) in enumerate(series):
+        t_next = series[i + 1][0] if i + 1 < len(series) else end
+        lo, hi = max(t, start), min(t_next, end)
+        if hi > lo:
+            total += value * (hi - lo)
+    return total / (end - start)
+
+
+def gpu_rates(result: SimResult) -> tuple[float | None, float | None]:
+    """(GPU active rate, GPU utilisation) as time-weighted shares of all GPUs.
+
+    Active: GPUs held by jobs. Utilisation: GPUs weighted by the share of ideal linear scaling
+    the truth model says they deliver (communication, locality and interference losses).
+    """
+    if not result.total_gpus or not result.records:
+        return None, None
+    start = min(r.submit for r in result.records)
+    end = result.end_time
+    active = time_weighted([(t, a) for t, a, _ in result.usage], start, end)
+    useful = time_weighted([(t, e) for t, _, e in result.usage], start, end)
+    if active is None or useful is None:
+        return None, None
+    return active / result.total_gpus, useful / result.total_gpus
+
+
+def fragmentation(values: Sequence[float]) -> float:
+    """SCHED² Eq. 1 for one server: 1 − (Σx)² / (n·Σx²), x = remaining time per GPU."""
+    n = len(values)
+    squares = math.fsum(x * x for x in values)
+    if n == 0 or squares == 0:
+        return 0.0
+    return 1.0 - math.fsum(values) ** 2 / (n * squares)
+
+
+def average_fragmentation(samples: Sequence[Sample]) -> float | None:
+    return mean([s.fragmentation for s in samples])
+
+
+def summarise(result: SimResult) -> dict[str, Any]:
+    records = result.records
+    jct = _finished_values(records, "jct")
+    queue = _finished_values(records, "queue_delay")
+    active, useful = gpu_rates(result)
+    states: dict[str, int] = defaultdict(int)
+    for r in records:
+        states[r.state] += 1
+    return {
+        "workload": result.workload,
+        "policy": result.policy,
+        "seed": result.seed,
+        "jobs": len(records),
+        "finished": states["finished"],
+        "rejected": states["rejected"],
+        "failed": states["failed"],
+        "unfinished": states["unfinished"],
+        "qos_pct": qos_guarantee(records),
+        "qos_pct_by_class": qos_by_class(records),
+        "makespan_s": makespan(records),
+        "avg_norm_latency": average_normalised_latency(records),
+        "avg_slowdown": mean([v for v in map(slowdown, records) if v is not None]),
+        "avg_jct_s": mean(jct),
+        "p99_jct_s": percentile(jct, 99),
+        "avg_queue_s": mean(queue),
+        "p99_queue_s": percentile(queue, 99),
+        "queue_by_tenant": queue_by_tenant(records),
+        "gpu_active_rate": active,
+        "gpu_utilisation": useful,
+        "fragmentation": average_fragmentation(result.samples),
+        "preemptions": sum(r.preemptions for r in records),
+        "retries": sum(r.retries for r in records),
+        "events": result.events,
+        "passes": result.passes,
+        "end_time_s": result.end_time,
+    }

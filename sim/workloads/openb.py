@@ -1,0 +1,223 @@
+"""Alibaba cluster-trace-gpu-v2023 "openb": openb-pods.csv on openb-gpu-nodes.csv.
+
+Pods ask for milli-CPUs, memory, whole GPUs (``num_gpu``) and a per-GPU share (``gpu_milli``).
+The core allocates whole GPUs and whole cores, so (docs/simulator.md):
+
+* a fractional GPU request (gpu_milli < 1000) is rounded up to whole GPUs, ceil(num_gpu ×
+  gpu_milli / 1000); the count of rounded pods is reported, since this overstates GPU demand;
+* cpu_milli is rounded up to whole cores;
+* runtime = deletion − scheduled for pods the trace saw scheduled, deletion − creation for pods
+  it never scheduled (how long their owner kept them);
+* kind: no GPU → cpu job; latency-sensitive (LS) GPU pods → inference; other GPU pods →
+  training. QoS: Guaranteed → urgent, LS → prior, Burstable and BE → normal; the trace's QoS
+  label (lower-cased) is the tenant;
+* GPU pods get a seeded model type and batch as Philly jobs do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.model import JobKind, JobSpec, NodeInventory, QosClass, is_valid_name
+from sim.cluster import NodeGroup, build_node
+from sim.truth import NodeTopology, TruthModel, TruthParams
+from sim.workloads.assign import iterations_for_duration, pick_model
+from sim.workloads.base import (
+    LoadOptions,
+    RowError,
+    SimJob,
+    TraceError,
+    Workload,
+    finish,
+    parse_int,
+    read_csv_rows,
+)
+
+PODS_FILE = "openb-pods.csv"
+GPU_NODES_FILE = "openb-gpu-nodes.csv"
+
+QOS_MAP = {
+    "Guaranteed": QosClass.URGENT,
+    "LS": QosClass.PRIOR,
+    "Burstable": QosClass.NORMAL,
+    "BE": QosClass.NORMAL,
+}
+PHASES = frozenset({"Running", "Succeeded", "Failed", "Pending"})
+GPU_MEMORY_MIB = {"V100M32": 32768, "A10": 24576}
+
+
+@dataclass(frozen=True)
+class _Pod:
+    name: str
+    cpus: int
+    memory_mib: int
+    gpus: int
+    fractional: bool
+    gpu_model: str | None
+    qos: str
+    submit: float
+    runtime: float
+
+
+def _parse_pod(row: Mapping[str, str], line: int) -> _Pod:
+    name = row["name"].strip()
+    if not is_valid_name(name):
+        raise RowError(f"column name: {name!r} is not a valid job name")
+    cpu_milli = parse_int(row, "cpu_milli", min_value=0)
+    memory = parse_int(row, "memory_mib", min_value=0)
+    num_gpu = parse_int(row, "num_gpu", min_value=0)
+    gpu_milli = parse_int(row, "gpu_milli", min_value=0)
+    assert cpu_milli is not None and memory is not None
+    assert num_gpu is not None and gpu_milli is not None
+    if gpu_milli > 1000:
+        raise RowError(f"column gpu_milli: {gpu_milli} exceeds one whole GPU (1000)")
+    if num_gpu == 0 and gpu_milli:
+        raise RowError(f"gpu_milli {gpu_milli} given for a pod with num_gpu 0")
+    if num_gpu and not gpu_milli:
+        raise RowError(f"num_gpu {num_gpu} given with gpu_milli 0")
+    if num_gpu == 0 and cpu_milli == 0:
+        raise RowError("the pod asks for neither CPU nor GPU")
+    qos = row["qos"].strip()
+    if qos not in QOS_MAP:
+        raise RowError(f"column qos: {qos!r} is not one of {', '.join(QOS_MAP)}")
+    phase = row["pod_phase"].strip()
+    if phase not in PHASES:
+        raise RowError(f"column pod_phase: {phase!r} is not one of {', '.join(sorted(PHASES))}")
+    created = parse_int(row, "creation_time", min_value=0)
+    deleted = parse_int(row, "deletion_time", min_value=0)
+    scheduled = parse_int(row, "scheduled_time", min_value=0, allow_empty=True)
+    assert created is not None and deleted is not None
+    if deleted < created:
+        raise RowError(f"deletion_time {deleted} is before creation_time {created}")
+    if scheduled is not None and not created <= scheduled <= deleted:
+        raise RowError(
+            f"scheduled_time {scheduled} is outside [creation_time, deletion_time] = "
+            f"[{created}, {deleted}]"
+        )
+    runtime = deleted - (scheduled if scheduled is not None else created)
+    spec_raw = row["gpu_spec"].strip()
+    # gpu_spec lists acceptable models separated by '|'; the core takes one model or any.
+    models = [m for m in spec_raw.split("|") if m]
+    gpus = math.ceil(num_gpu * gpu_milli / 1000) if num_gpu else 0
+    return _Pod(
+        name=name,
+        cpus=math.ceil(cpu_milli / 1000),
+        memory_mib=memory,
+        gpus=gpus,
+        fractional=bool(num_gpu) and gpu_milli < 1000,
+        gpu_model=models[0] if len(models) == 1 else None,
+        qos=qos,
+        submit=float(created),
+        runtime=float(runtime),
+    )
+
+
+def _parse_node(row: Mapping[str, str], line: int) -> NodeInventory:
+    name = row["sn"].strip()
+    if not is_valid_name(name):
+        raise RowError(f"column sn: {name!r} is not a valid node name")
+    cpu_milli = parse_int(row, "cpu_milli", min_value=0)
+    memory = parse_int(row, "memory_mib", min_value=0)
+    gpus = parse_int(row, "gpu", min_value=0)
+    assert cpu_milli is not None and memory is not None and gpus is not None
+    model = row["model"].strip()
+    if gpus and not model:
+        raise RowError(f"node with {gpus} GPUs has no GPU model")
+    if cpu_milli < 1000 and not gpus:
+        raise RowError("node has neither a whole core nor a GPU")
+    cores = cpu_milli // 1000
+    group = NodeGroup(
+        count=1,
+        gpus_per_node=gpus,
+        gpu_model=model or "none",
+        gpu_memory_mib=GPU_MEMORY_MIB.get(model, 16384),
+        cpu_cores=cores,
+        sockets=2 if cores >= 2 else 1,
+        gpus_per_switch=4 if gpus > 4 else 2,
+        memory_mib=memory,
+        nic_mbps=25000,
+    )
+    return build_node(name, group)
+
+
+def load_nodes(path: Path, options: LoadOptions, skipped: list[str]) -> list[NodeInventory]:
+    nodes = list(
+        read_csv_rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model"), _parse_node,
+                      options, skipped)
+    )
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise TraceError(path, None, f"node {dup} is listed twice")
+    if not nodes:
+        raise TraceError(path, None, "no nodes")
+    return nodes
+
+
+def load(
+    trace_dir: Path,
+    options: LoadOptions,
+    truth: TruthModel,
+    nodes_file: Path | None = None,
+) -> Workload:
+    skipped: list[str] = []
+    nodes = load_nodes(nodes_file or trace_dir / GPU_NODES_FILE, options, skipped)
+    topo = NodeTopology.of(nodes)
+    pods = list(
+        read_csv_rows(
+            trace_dir / PODS_FILE,
+            ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos",
+             "pod_phase", "creation_time", "deletion_time", "scheduled_time"),
+            _parse_pod,
+            options,
+            skipped,
+        )
+    )
+    jobs: list[SimJob] = []
+    seen: set[str] = set()
+    fractional = 0
+    for pod in pods:
+        if pod.name in seen:
+            raise TraceError(trace_dir / PODS_FILE, None, f"pod {pod.name} is listed twice")
+        seen.add(pod.name)
+        fractional += pod.fractional
+        tenant = pod.qos.lower()
+        if pod.gpus == 0:
+            spec = JobSpec(
+                name=pod.name, command=("openb-pod",), user="openb", kind=JobKind.CPU,
+                tenant=tenant, qos=QOS_MAP[pod.qos], gpus=0, cpus=pod.cpus,
+                memory_mib=pod.memory_mib,
+            )
+            params = TruthParams(known_duration=pod.runtime, known_gpus=0)
+        else:
+            kind = JobKind.INFERENCE if pod.qos == "LS" else JobKind.TRAINING
+            fill = pick_model(options.seed, pod.name)
+            iterations = iterations_for_duration(
+                truth, fill, kind, pod.runtime, pod.gpus, topo
+            )
+            spec = JobSpec(
+                name=pod.name, command=("openb-pod",), user="openb", kind=kind,
+                tenant=tenant, qos=QOS_MAP[pod.qos], gpus=pod.gpus, gpu_model=pod.gpu_model,
+                cpus=pod.cpus, memory_mib=pod.memory_mib, model_type=fill.model_type,
+                batch=fill.batch, iterations=iterations,
+            )
+            params = TruthParams(
+                model_type=fill.model_type, batch=fill.batch,
+                known_duration=pod.runtime, known_gpus=pod.gpus,
+            )
+        jobs.append(SimJob(id=pod.name, spec=spec, submit=pod.submit, truth=params))
+    workload = Workload(
+        name="openb",
+        jobs=jobs,
+        nodes=nodes,
+        skipped=skipped,
+        notes={
+            "nodes": len(nodes),
+            "gpus": sum(len(n.gpus) for n in nodes),
+            "fractional_gpu_pods_rounded_up": fractional,
+        },
+    )
+    return finish(workload, options)

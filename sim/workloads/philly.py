@@ -1,0 +1,182 @@
+"""Microsoft Philly (2017) as preprocessed for Pollux: philly-jobs.csv on philly-vcs.csv.
+
+The trace has submit time, duration, GPU count, GPU time and virtual cluster per job; nothing
+else. Filled in, seeded per job (docs/simulator.md): model type (uniform over GENIE's six) and
+batch (uniform over the model's batch sizes), the iteration count a user would declare for the
+recorded duration at the true packed speed, and the QoS class (GENIE's 5/35/60 mix). The VC is
+the tenant. The replay cluster is one pool of sum(VC nodes) × 8 GPUs (Helios artifact).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.model import JobKind, JobSpec
+from sim.cluster import NodeGroup, build_cluster
+from sim.truth import NodeTopology, TruthModel, TruthParams
+from sim.workloads.assign import iterations_for_duration, pick_model, pick_qos
+from sim.workloads.base import (
+    LoadOptions,
+    RowError,
+    SimJob,
+    TraceError,
+    Workload,
+    finish,
+    parse_float,
+    parse_int,
+    read_csv_rows,
+)
+
+JOBS_FILE = "philly-jobs.csv"
+VCS_FILE = "philly-vcs.csv"
+GPUS_PER_NODE = 8
+_VC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,58}")
+
+
+def philly_node_group(nodes: int) -> NodeGroup:
+    # Philly's servers: 8 GPUs (the Helios artifact's sizing), two sockets. Core count, GPU
+    # model and memory are our assumptions; they do not change known-duration jobs' speeds.
+    return NodeGroup(
+        count=nodes,
+        gpus_per_node=GPUS_PER_NODE,
+        gpu_model="P40",
+        gpu_memory_mib=24576,
+        cpu_cores=0,
+        sockets=2,
+        gpus_per_switch=4,
+        memory_mib=262144,
+        nic_mbps=100000,
+        prefix="philly",
+    )
+
+
+@dataclass(frozen=True)
+class _Row:
+    line: int
+    submit: float
+    duration: float
+    gpus: int
+    vc: str
+
+
+def _parse_timestamp(raw: str, column: str) -> float:
+    raw = raw.strip()
+    try:
+        stamp = datetime.fromisoformat(raw)
+    except ValueError:
+        raise RowError(
+            f"column {column}: {raw!r} is not a timestamp (YYYY-MM-DD HH:MM:SS)"
+        ) from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _parse_job(row: Mapping[str, str], line: int) -> _Row:
+    submit = _parse_timestamp(row["timestamp"], "timestamp")
+    duration = parse_float(row, "duration", min_value=0.0)
+    gpus = parse_int(row, "num_gpus", min_value=1)
+    gpu_time = parse_float(row, "gpu_time", min_value=0.0)
+    assert duration is not None and gpus is not None and gpu_time is not None
+    expected = duration * gpus
+    if abs(gpu_time - expected) > 1.0 + 1e-6 * expected:
+        raise RowError(
+            f"gpu_time {gpu_time:g} does not equal duration × num_gpus = {expected:g}"
+        )
+    vc = row["cluster"].strip()
+    if not _VC_RE.fullmatch(vc):
+        raise RowError(f"column cluster: {vc!r} is not a virtual cluster id")
+    return _Row(line, submit, duration, gpus, vc)
+
+
+def _parse_vc(row: Mapping[str, str], line: int) -> tuple[str, int]:
+    vc = row["vc"].strip()
+    if not _VC_RE.fullmatch(vc):
+        raise RowError(f"column vc: {vc!r} is not a virtual cluster id")
+    nodes = parse_int(row, "node num", min_value=1)
+    assert nodes is not None
+    return vc, nodes
+
+
+def load_vcs(path: Path, options: LoadOptions, skipped: list[str]) -> dict[str, int]:
+    vcs: dict[str, int] = {}
+    for vc, nodes in read_csv_rows(path, ("vc", "node num"), _parse_vc, options, skipped):
+        if vc in vcs:
+            raise TraceError(path, None, f"virtual cluster {vc} is listed twice")
+        vcs[vc] = nodes
+    if not vcs:
+        raise TraceError(path, None, "no virtual clusters")
+    return vcs
+
+
+def load(
+    trace_dir: Path,
+    options: LoadOptions,
+    truth: TruthModel,
+    nodes_override: int | None = None,
+) -> Workload:
+    skipped: list[str] = []
+    vcs = load_vcs(trace_dir / VCS_FILE, options, skipped)
+    node_count = nodes_override or sum(vcs.values())
+    rows = list(
+        read_csv_rows(
+            trace_dir / JOBS_FILE,
+            ("timestamp", "duration", "num_gpus", "gpu_time", "cluster"),
+            _parse_job,
+            options,
+            skipped,
+        )
+    )
+    if not rows:
+        raise TraceError(trace_dir / JOBS_FILE, None, "no jobs")
+    nodes = build_cluster([philly_node_group(node_count)])
+    topo = NodeTopology.of(nodes)
+    jobs: list[SimJob] = []
+    unknown_vcs: set[str] = set()
+    for row in rows:
+        key = f"philly-{row.line:06d}"
+        fill = pick_model(options.seed, key)
+        iterations = iterations_for_duration(
+            truth, fill, JobKind.TRAINING, row.duration, row.gpus, topo
+        )
+        if row.vc not in vcs:
+            unknown_vcs.add(row.vc)
+        spec = JobSpec(
+            name=key,
+            command=("philly-job",),
+            user=f"vc-{row.vc.lower()}"[:32],
+            kind=JobKind.TRAINING,
+            tenant=row.vc,
+            qos=pick_qos(options.seed, key),
+            gpus=row.gpus,
+            cpus=0,
+            model_type=fill.model_type,
+            batch=fill.batch,
+            iterations=iterations,
+        )
+        params = TruthParams(
+            model_type=fill.model_type,
+            batch=fill.batch,
+            known_duration=row.duration,
+            known_gpus=row.gpus,
+        )
+        jobs.append(SimJob(id=key, spec=spec, submit=row.submit, truth=params))
+    workload = Workload(
+        name="philly",
+        jobs=jobs,
+        nodes=nodes,
+        origin=0.0,
+        skipped=skipped,
+        notes={
+            "nodes": node_count,
+            "gpus": node_count * GPUS_PER_NODE,
+            "virtual_clusters": len(vcs),
+            # VCs that submit jobs but are missing from philly-vcs.csv share the one pool.
+            "vcs_without_size": sorted(unknown_vcs),
+        },
+    )
+    return finish(workload, options)

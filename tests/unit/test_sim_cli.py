@@ -1,0 +1,112 @@
+"""trellis-sim end to end through its command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from masterd.core.policies import REGISTRY
+from sim.cli import main
+
+BASE = ["run", "--no-progress", "--no-plots"]
+
+
+def test_genie_run_writes_table_json_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    rc = main([*BASE, "--workload", "genie", "--density", "3,6", "--hours", "4",
+               "--seeds", "1,2", "--policies", "fifo", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "genie-d3" in printed and "genie-d6" in printed
+    assert "QoS guarantee % (Eq.14)" in printed
+    document = json.loads((out / "summary.json").read_text())
+    assert len(document["runs"]) == 4  # 2 densities × 2 seeds × 1 policy
+    assert {r["seed"] for r in document["runs"]} == {1, 2}
+    with (out / "runs.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4 and all(r["policy"] == "fifo" for r in rows)
+    assert all(float(r["finished"]) == float(r["jobs"]) for r in rows)
+    with (out / "timeseries.csv").open() as handle:
+        series = list(csv.DictReader(handle))
+    assert series and {r["label"] for r in series} == {"genie-d3", "genie-d6"}
+    assert all(0 <= float(r["gpus_active"]) <= float(r["total_gpus"]) == 16 for r in series)
+
+
+def test_same_seed_same_output_files(tmp_path: Path) -> None:
+    args = [*BASE, "--workload", "genie", "--density", "8", "--hours", "3", "--seeds", "5"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    for name in ("summary.json", "runs.csv", "queue_by_tenant.csv", "timeseries.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_unknown_policy_lists_registry(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rc = main([*BASE, "--workload", "genie", "--policies", "fifo,warp-drive",
+               "--out", str(tmp_path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "unknown policy warp-drive" in err
+    assert all(name in err for name in REGISTRY)
+
+
+def test_malformed_trace_stops_with_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "philly-vcs.csv").write_text("vc,node num\nabc,2\n")
+    (trace / "philly-jobs.csv").write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-01 00:00:00,60,1,60,abc\n"
+        "2017-10-01 00:00:05,sixty,1,60,abc\n"
+        "2017-10-01 00:00:09,30,2,60,abc\n")
+    args = [*BASE, "--workload", "philly", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "philly-jobs.csv:3:" in err and "duration" in err and "Traceback" not in err
+    assert main([*args, "--skip-bad-rows"]) == 0
+    document = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert document["runs"][0]["finished"] == 2
+    assert any("philly-jobs.csv:3:" in s for s in document["notes"]["skipped_rows"])
+
+
+def test_file_workload_needs_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("name,submit,duration,gpus\na,0,60,1\nb,10,60,2\n")
+    base = [*BASE, "--workload", "file", "--trace", str(jobs), "--out", str(tmp_path / "o")]
+    assert main(base) == 2
+    assert "needs a cluster" in capsys.readouterr().err
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[[group]]\ncount = 1\ngpus_per_node = 2\ngpu_model = "V100"\n')
+    assert main([*base, "--cluster", str(cluster), "--job-csv"]) == 0
+    with (tmp_path / "o" / "jobs-jobs-fifo-s1.csv").open() as handle:
+        rows = {r["id"]: r for r in csv.DictReader(handle)}
+    # Two GPUs: a holds one, b needs both, so b starts the instant a ends.
+    assert float(rows["b"]["first_start"]) == pytest.approx(float(rows["a"]["end"]))
+    cluster.write_text("[[group]]\ncount = 1\n")
+    assert main([*base, "--cluster", str(cluster)]) == 2
+    assert "gpus_per_node are required" in capsys.readouterr().err
+
+
+def test_bad_numbers_and_outage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = [*BASE, "--workload", "genie", "--hours", "1", "--out", str(tmp_path)]
+    assert main([*base, "--seeds", "one"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+    assert main([*base, "--outage", "genie-0000:x:1"]) == 2
+    assert "NODE:START_HOURS:DURATION_HOURS" in capsys.readouterr().err
+    assert main([*base, "--outage", "genie-0000:0.1:0.5"]) == 0
+
+
+def test_plots_written_when_matplotlib_is_available(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    rc = main(["run", "--no-progress", "--workload", "genie", "--density", "4,8", "--hours",
+               "3", "--out", str(out)])
+    assert rc == 0
+    names = {p.name for p in out.glob("*.png")}
+    assert {"jct_cdf_genie-d4.png", "gpu_util_genie-d8.png",
+            "qos_makespan_by_density.png"} <= names
+    assert all((out / n).stat().st_size > 1000 for n in names)
