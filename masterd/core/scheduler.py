@@ -254,7 +254,10 @@ class SchedulingCore:
             job.state = JobState.CANCELLED
             job.end_time = now
             return Transition(job.id, JobState.CANCELLED, "cancelled")
-        if stopping and job.reason.startswith("preempted"):
+        finished_anyway = job.exit_code == 0 and job.signal is None
+        if stopping and job.reason.startswith("preempted") and finished_anyway:
+            job.reason = "finished before its preemption took effect"
+        elif stopping and job.reason.startswith("preempted"):
             # Back to the head of its array, as if never started.
             job.placement = None
             job.node_states = {}

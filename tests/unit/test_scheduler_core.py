@@ -132,3 +132,16 @@ def test_repeated_start_failures_fail_the_job(core: SchedulingCore) -> None:
         assert t is not None
     assert t.state is JobState.FAILED and "gave up after 3 failed starts" in t.reason
     assert core.schedule(10) == [] and not core.queue()
+
+
+def test_a_job_that_finishes_while_being_preempted_is_finished(core: SchedulingCore) -> None:
+    core.submit(job("j", gpus=1, t=0))
+    [d] = core.schedule(1)
+    node = d.placement.nodes[0]  # type: ignore[union-attr]
+    core.node_started("j", node, 1)
+    core.policy = type("P", (), {"name": "p", "decide": lambda s, *a: [Preempt("j", "x")]})()
+    core.submit(job("k", gpus=1, t=1))
+    core.schedule(2)
+    t, _ = core.node_exited("j", node, 0, None, 3)
+    assert t is not None and t.state is JobState.FINISHED
+    assert "finished before its preemption" in core.jobs["j"].reason
