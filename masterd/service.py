@@ -19,6 +19,7 @@ from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
 from shared.config import MasterConfig
 from shared.messages import (
+    Contention,
     ForgetJob,
     GpuHealth,
     GpuUtil,
@@ -407,6 +408,14 @@ class Master:
         elif type_ == "gpu_health":
             assert isinstance(body, GpuHealth)
             await self._on_gpu_health(node, body)
+        elif type_ == "contention":
+            assert isinstance(body, Contention)
+            log.info("node=%s job=%s contention action=%s value=%d previous=%s reason=%s", node,
+                     body.job_id, body.action, body.value, body.previous, body.reason)
+            await self.journal.call(self.store.update_jobs, [], [(
+                self.clock(), body.job_id, node, "contention",
+                {"action": body.action, "value": body.value, "previous": body.previous,
+                 "reason": body.reason})])
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         view = self.core.cluster.node(node)

@@ -123,6 +123,10 @@ class NodeAgent:
             finally:
                 stopper.cancel()
 
+    async def send_event(self, type_: str, body: dict[str, Any]) -> None:
+        """Send a node → master event from another part of noded; dropped while disconnected."""
+        await self._send(type_, body)
+
     async def _send(self, type_: str, body: dict[str, Any], id_: int | None = None) -> None:
         ws = self.ws
         if ws is None or ws.closed:

@@ -26,15 +26,18 @@ from aiohttp import web
 
 from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
+from noded.enforcer import ContentionEnforcer, running_jobs
 from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.jobs import JobRunner
+from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
+from noded.rdt_setup import open_node_resctrl
 from shared.config import ConfigError, NodeConfig, load_config
 from shared.logs import set_level, setup_logging
-from shared.model import NodeInventory
+from shared.model import NodeInventory, RdtCapabilities
 from shared.sdnotify import Notifier
 
 log = logging.getLogger("trellis.node")
@@ -151,8 +154,20 @@ class NodeDaemon:
         gpus, _ = self.gpus.inventory()
         self.metrics = NodeMetrics(config.name, self.agent, self.runner,
                                    {g.index: g.uuid for g in gpus})
-        log.info("node=%s cgroups=%s gpus=%s gpu_count=%d cpus=%d", config.name,
-                 self.cgroups.kind, self.gpus.name, len(gpus), len(self.cpus))
+        self.resctrl = open_node_resctrl(config.rdt, state)
+        self.contention: ContentionEnforcer | None = None
+        if config.contention.enabled:
+            workers = len(self.cpus) or 1
+            self.contention = ContentionEnforcer(
+                config.contention, self.cgroups, self.resctrl,
+                lambda: running_jobs(self.runner), lambda: self.agent.last_samples,
+                self.agent.send_event,
+                measure_peak=lambda: peak_bandwidth(state, workers),
+            )
+        log.info("node=%s cgroups=%s gpus=%s gpu_count=%d cpus=%d rdt=%s contention=%s",
+                 config.name, self.cgroups.kind, self.gpus.name, len(gpus), len(self.cpus),
+                 "none" if self.resctrl is None else self.resctrl.root,
+                 config.contention.enabled)
 
     def inventory(self) -> NodeInventory:
         gpus, links = self.gpus.inventory()
@@ -167,6 +182,8 @@ class NodeDaemon:
             memory_mib=memory_mib(),
             nics=nics(),
             gpu_links=links,
+            rdt=(self.resctrl.capabilities.to_model() if self.resctrl is not None
+                 else RdtCapabilities()),
         )
 
     def running_parts(self) -> int:
@@ -222,6 +239,8 @@ class NodeDaemon:
         metrics: web.AppRunner | None = None
         background: list[asyncio.Task[None]] = []
         agent = loop.create_task(self.agent.run(stop))
+        enforcer = (loop.create_task(self.contention.run(stop))
+                    if self.contention is not None else None)
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -243,6 +262,10 @@ class NodeDaemon:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*background, agent,
                                                       return_exceptions=True), 5.0)
+            if enforcer is not None:
+                enforcer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await enforcer
             left = self.running_parts()
             self.notifier.stopping(f"stopping; {left} job part(s) keep running")
             if metrics is not None:

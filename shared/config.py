@@ -12,6 +12,9 @@ from shared.schema import SchemaError, bounded, decode
 
 T = TypeVar("T")
 
+# Sections that nest inside the main one (their keys become fields of that dataclass).
+NESTED_SECTIONS = ("gpu", "rdt", "contention")
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the file and the key."""
@@ -48,6 +51,70 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class RdtConfig:
+    """Where noded finds Intel RDT (resctrl)."""
+
+    # auto: the real /sys/fs/resctrl when mounted, else none (contention is then detected from
+    # GPU utilisation); real: require it; emulated: a directory tree (demo, tests); off: none.
+    mode: str = bounded("auto", pattern=r"auto|real|emulated|off")
+    # Root of the emulated tree; empty means STATE_DIR/resctrl. Built on first use.
+    emulated_root: str = bounded("", max_len=4096)
+    emulated_profile: str = bounded(
+        "full", pattern=r"full|no_mb|mbps|gaps|few_closids|mon_only")
+
+
+CONTENTION_KINDS = ("cpu", "inference")
+
+
+@dataclass(frozen=True)
+class ContentionConfig:
+    """The contention eliminator (SODA V-E); see noded/contention.py for the algorithm."""
+
+    enabled: bool = True
+    interval_s: float = bounded(1.0, min=0.05, max=3600)
+    # Node-total MBM reads per interval: one with the full pass, the rest in between; a read
+    # showing the threshold crossed starts a pass at once (1 = full passes only).
+    onset_checks: int = bounded(2, min=1, max=100)
+    # Throttle when node memory bandwidth reaches this fraction of the peak ...
+    threshold: float = bounded(0.75, min=0.01, max=1.0)
+    # ... and step back up after restore_intervals consecutive intervals below this one.
+    restore_threshold: float = bounded(0.60, min=0.0, max=1.0)
+    restore_intervals: int = bounded(5, min=1, max=1_000_000)
+    # Node peak memory bandwidth in MiB/s (resctrl's MBps); 0 = measure it at start-up.
+    peak_bandwidth_mbps: float = bounded(0.0, min=0, max=1e9)
+    mba_step: int = bounded(20, min=1, max=100)
+    # Lowest MBA percentage to throttle to; 0 means the hardware's minimum.
+    mba_min: int = bounded(0, min=0, max=100)
+    # Job kinds (CPU-only jobs of these kinds) the eliminator may throttle.
+    throttle_kinds: tuple[str, ...] = bounded(default_factory=lambda: ("cpu",), max_len=4)
+    # Without MBM: a training job whose GPU utilisation falls this many points below its stable
+    # level for gpu_drop_intervals intervals while CPU jobs run signals contention.
+    gpu_drop_points: float = bounded(15.0, min=1, max=100)
+    gpu_drop_intervals: int = bounded(3, min=1, max=1_000_000)
+    gpu_stable_window: int = bounded(60, min=2, max=1_000_000)
+    gpu_warmup_intervals: int = bounded(5, min=1, max=1_000_000)
+    # GPU utilisation answers a throttle slowly: wait this many intervals between steps.
+    gpu_settle_intervals: int = bounded(5, min=0, max=1_000_000)
+
+    def __post_init__(self) -> None:
+        if self.restore_threshold >= self.threshold:
+            raise ValueError(
+                f"restore_threshold ({self.restore_threshold}) must be below threshold "
+                f"({self.threshold}), or throttling and restoring would alternate"
+            )
+        for kind in self.throttle_kinds:
+            if kind not in CONTENTION_KINDS:
+                raise ValueError(
+                    f"throttle_kinds entry {kind!r} is not one of {', '.join(CONTENTION_KINDS)}"
+                )
+        if self.gpu_warmup_intervals > self.gpu_stable_window:
+            raise ValueError(
+                f"gpu_warmup_intervals ({self.gpu_warmup_intervals}) exceeds gpu_stable_window "
+                f"({self.gpu_stable_window})"
+            )
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = bounded(pattern=NAME_PATTERN)
     master_url: str = bounded("http://127.0.0.1:7400", max_len=1024)
@@ -68,6 +135,8 @@ class NodeConfig:
     # deliberate address here) reads it, nothing else can.
     metrics_port: int = bounded(0, min=0, max=65535)
     metrics_host: str = bounded("127.0.0.1", max_len=255)
+    rdt: RdtConfig = field(default_factory=RdtConfig)
+    contention: ContentionConfig = field(default_factory=ContentionConfig)
 
     def __post_init__(self) -> None:
         import re
@@ -92,12 +161,13 @@ def load_config(cls: type[T], path: str | Path | None, section: str, **overrides
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        unknown = [k for k in doc if k not in (section, "gpu")]
+        unknown = [k for k in doc if k not in (section, *NESTED_SECTIONS)]
         if unknown:
             raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}")
         data = dict(doc.get(section, {}))
-        if "gpu" in doc:
-            data["gpu"] = doc["gpu"]
+        for nested in NESTED_SECTIONS:
+            if nested in doc:
+                data[nested] = doc[nested]
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return decode(cls, data, section)

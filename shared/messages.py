@@ -1,6 +1,7 @@
 """Bodies of the messages on the node channel; each is decoded with :func:`shared.schema.decode`.
 
-Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``.
+Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
+``contention``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
 """
 
@@ -58,6 +59,24 @@ class GpuHealth:
     reason: str = bounded("", max_len=512)
 
 
+CONTENTION_ACTIONS = r"mba|cores|restore_mba|restore_cores"
+
+
+@dataclass(frozen=True)
+class Contention:
+    """The node's contention eliminator changed a job's share (SODA V-E).
+
+    ``value`` is the new setting: for ``mba``/``restore_mba`` the job's memory-bandwidth level in
+    percent of unthrottled, for ``cores``/``restore_cores`` the number of cores it keeps.
+    """
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    action: str = bounded(pattern=CONTENTION_ACTIONS)
+    value: int = bounded(min=0, max=1 << 20)
+    reason: str = bounded("", max_len=512)
+    previous: int | None = bounded(None, min=0, max=1 << 20)
+
+
 @dataclass(frozen=True)
 class PrepareJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
@@ -94,6 +113,7 @@ NODE_EVENTS = {
     "job_exited": JobExited,
     "gpu_util": GpuUtil,
     "gpu_health": GpuHealth,
+    "contention": Contention,
 }
 NODE_COMMANDS = {
     "prepare_job": PrepareJob,
