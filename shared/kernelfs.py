@@ -23,19 +23,25 @@ class KernelWriteError(OSError):
 class KernelWriter:
     def __init__(self, roots: list[Path], logger: logging.Logger | None = None) -> None:
         self.roots = [Path(os.path.abspath(r)) for r in roots]
+        self._root_prefixes = [
+            (str(r), str(r) if str(r).endswith(os.sep) else str(r) + os.sep) for r in self.roots
+        ]
         self.log = logger or log
         self.writes = 0  # changes actually made, for metrics and tests
         self.skipped = 0
 
     def _check(self, path: Path) -> Path:
         # abspath (not resolve) so a symlink inside the tree cannot smuggle a write elsewhere
-        # unnoticed: '..' components are collapsed and then the prefix must still match.
-        full = Path(os.path.abspath(path))
-        if ".." in Path(path).parts:
+        # unnoticed: '..' components are refused, then the prefix must match. String prefixes,
+        # not Path.parents: this runs on every cgroup and resctrl read of every pass.
+        text = os.fspath(path)
+        if ".." in text.split(os.sep):
             raise PermissionError(f"refusing path with '..': {path}")
-        if not any(full == r or r in full.parents for r in self.roots):
+        full = os.path.abspath(text)
+        if not any(full == root or full.startswith(prefix)
+                   for root, prefix in self._root_prefixes):
             raise PermissionError(f"refusing to touch {full}: outside {self.roots}")
-        return full
+        return Path(full)
 
     def read(self, path: Path) -> str:
         return self._check(path).read_text()
