@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from masterd.adaptive import AdaptiveCpus
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
@@ -19,6 +20,7 @@ from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
 from shared.config import MasterConfig
 from shared.messages import (
+    CoresChanged,
     ForgetJob,
     GpuHealth,
     GpuUtil,
@@ -81,6 +83,9 @@ class Master:
         # Set by masterd.metrics when metrics are served: (pass seconds, decisions) -> None.
         self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
+        self.adaptive = AdaptiveCpus(self.core, self.store, self.journal, config.adaptive_cpus,
+                                     clock, self._persist, self._spawn, self.request_pass)
+        self.adaptive.load()
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -134,6 +139,7 @@ class Master:
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         self.check_user(spec.user)
         self.core.check_submittable(spec)
+        self.adaptive.check(spec)
         seq = self._seq
         self._seq += 1
         if job_id is None:
@@ -210,7 +216,8 @@ class Master:
             nnodes = len(placement.allocations)
             prepares = [
                 self._command(a.node, "prepare_job", PrepareJob(
-                    job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes))
+                    job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
+                    cores=self.adaptive.plan(job, a)))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -407,6 +414,9 @@ class Master:
         elif type_ == "gpu_health":
             assert isinstance(body, GpuHealth)
             await self._on_gpu_health(node, body)
+        elif type_ == "cores_changed":
+            assert isinstance(body, CoresChanged)
+            await self.adaptive.cores_changed(node, body)
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         view = self.core.cluster.node(node)

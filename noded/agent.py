@@ -134,6 +134,10 @@ class NodeAgent:
         except (ConnectionError, RuntimeError) as exc:
             log.debug("send %s failed: %s", type_, exc)
 
+    async def send_event(self, type_: str, body: dict[str, Any]) -> None:
+        """Push an event to the master (dropped while disconnected: the sender resyncs)."""
+        await self._send(type_, body)
+
     # -- commands ------------------------------------------------------------------------
     async def _dispatch(self, data: bytes) -> None:
         try:

@@ -32,6 +32,7 @@ from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.jobs import JobRunner
 from noded.metrics import NodeMetrics, serve_metrics
+from noded.tuning import CoreTuning
 from shared.config import ConfigError, NodeConfig, load_config
 from shared.logs import set_level, setup_logging
 from shared.model import NodeInventory
@@ -123,6 +124,8 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         numa_nodes=gpu.numa_nodes,
         uuid_seed=config.name,
         busy_util=gpu.busy_util,
+        rate_window_s=gpu.rate_window_s,
+        min_rate_interval_s=gpu.min_rate_interval_s,
     )
     return open_backend(gpu.backend, emulated)
 
@@ -148,6 +151,10 @@ class NodeDaemon:
         )
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s)
+        self.tuning = CoreTuning(
+            self.runner, self.gpus, self.cgroups, config.tuner, self.agent.send_event,
+            numa_of={c.id: c.numa_node for c in self.cpus}, connected=self.agent.connected,
+        )
         gpus, _ = self.gpus.inventory()
         self.metrics = NodeMetrics(config.name, self.agent, self.runner,
                                    {g.index: g.uuid for g in gpus})
@@ -222,6 +229,7 @@ class NodeDaemon:
         metrics: web.AppRunner | None = None
         background: list[asyncio.Task[None]] = []
         agent = loop.create_task(self.agent.run(stop))
+        tuning = loop.create_task(self.tuning.run(stop))
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -238,10 +246,11 @@ class NodeDaemon:
             await agent
         finally:
             stop.set()  # the agent closes its session and returns by itself
+            tuning.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.gather(*background, agent,
+                await asyncio.wait_for(asyncio.gather(*background, agent, tuning,
                                                       return_exceptions=True), 5.0)
             left = self.running_parts()
             self.notifier.stopping(f"stopping; {left} job part(s) keep running")
