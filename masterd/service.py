@@ -15,6 +15,7 @@ from masterd.adaptive import AdaptiveCpus
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
+from masterd.inference_service import InferenceService
 from masterd.journal import Journal
 from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
@@ -86,6 +87,7 @@ class Master:
         self.adaptive = AdaptiveCpus(self.core, self.store, self.journal, config.adaptive_cpus,
                                      clock, self._persist, self._spawn, self.request_pass)
         self.adaptive.load()
+        self.inference = InferenceService(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -103,6 +105,7 @@ class Master:
                 problem = self.core.claim_restored(job.id)
                 if problem:
                     log.error("job=%s cannot re-claim its resources: %s", job.id, problem)
+        self.inference.restore()
         active = sum(1 for j in jobs if not j.state.terminal and j.state is not JobState.QUEUED)
         log.info(
             "restored jobs=%d queued=%d active=%d nodes=%d",
@@ -186,6 +189,9 @@ class Master:
 
     def _run_pass(self) -> None:
         self._pass_pending = False
+        # Inference first: resources an event freed go to the service that asked for them
+        # (a preempted job re-queued at the head must not take them straight back).
+        self.inference.before_pass()
         now = self.clock()
         started = time.perf_counter()
         decisions = self.core.schedule(now)
@@ -262,6 +268,28 @@ class Master:
         for node, state in job.node_states.items():
             if state != "exited":
                 self._spawn(self._stop_part(job.id, node, decision.reason))
+
+    def preempt(self, decision: Preempt) -> bool:
+        """Preempt a running job outside a policy pass (the inference placer, SODA §V-D2).
+
+        Marks the job exactly as ``SchedulingCore.schedule`` marks a policy's Preempt, then
+        takes the same stop path: the job is re-queued at the head of its array when its
+        parts have exited. Returns False when the job is not running or already stopping.
+        """
+        core = self.core
+        job = core.jobs.get(decision.job_id)
+        if job is None or decision.job_id not in core._active or job.id in core._stopping:
+            return False
+        core._stopping.add(job.id)
+        job.reason = f"preempted: {decision.reason}"
+        self._spawn(self._preempt(decision))
+        return True
+
+    def next_seq(self) -> int:
+        """A fresh journal sequence number (jobs the master creates itself, e.g. replicas)."""
+        seq = self._seq
+        self._seq += 1
+        return seq
 
     async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
         session = self.sessions.get(node)
