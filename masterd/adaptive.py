@@ -122,6 +122,13 @@ class AdaptiveCpus:
             log.warning("node=%s cores_changed for job=%s that is not running here; ignored",
                         node, event.job_id)
             return
+        held = {c for a in job.placement.allocations if a.node == node
+                for c in a.cpus} if job.placement else set()
+        if not set(event.cpus) <= held:
+            # The whole budget is given at launch; a node only ever hands cores back.
+            log.warning("node=%s job=%s cores_changed asks for cores %s it does not hold; "
+                        "ignored", node, job.id, sorted(set(event.cpus) - held))
+            return
         try:
             self.core.cores_changed(job.id, node, tuple(event.cpus))
         except (JobError, AllocationError) as exc:

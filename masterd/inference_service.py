@@ -50,7 +50,7 @@ from masterd.core.inference import (
 )
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import JobError
-from masterd.servicestore import delete_service, load_services, save_service
+from masterd.servicestore import delete_service, ensure_schema, load_services, save_service
 from shared.model import (
     NAME_PATTERN,
     UNIX_USER_PATTERN,
@@ -71,6 +71,8 @@ REPLICA_ENV = "TRELLIS_REPLICA"
 KIND_ENV = "TRELLIS_REPLICA_KIND"
 BATCH_ENV = "TRELLIS_BATCH"
 PORT_ENV = "TRELLIS_SERVICE_PORT"
+FAILED_RUN_S = 10.0  # a replica that ends sooner than this after starting has failed
+MAX_BACKOFF_S = 60.0
 
 
 # -- RPC parameters -------------------------------------------------------------------------------
@@ -158,6 +160,7 @@ class InferenceService:
         except PlacerError as exc:
             raise ValueError(f"[master.inference]: {exc}") from None
         self.config = cfg
+        ensure_schema(master.store)  # before serving, on this thread, like Master.restore
         self.registrations: dict[str, RegisterServiceParams] = {}
         self.jobs: dict[str, str] = {}  # placer replica id -> job id
         # Measured memory-bandwidth headroom per node (GB/s), fed by the contention monitor;
@@ -170,6 +173,8 @@ class InferenceService:
         self._versions: dict[str, int] = {}
         self._last_now = 0.0
         self._ticking = False
+        self._failures: dict[str, int] = {}  # service -> consecutive failed replicas
+        self._ended: dict[str, float] = {}  # replica id -> when its job was seen ended
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> None:
@@ -274,18 +279,46 @@ class InferenceService:
         return actions
 
     def _forget_lost(self) -> None:
-        """Tell the placer about replicas whose jobs ended or were put back in the queue."""
-        core = self.master.core
+        """Tell the placer about replicas whose jobs ended or were put back in the queue.
+
+        A replica that failed (never ran, or died within ``FAILED_RUN_S`` of starting) keeps
+        its place in the placer's books, shown as not ready, for a back-off that doubles with
+        each consecutive failure of the service: a node that refuses a service's replicas
+        must not turn every scheduling pass into another launch.
+        """
+        core, now = self.master.core, self.master.clock()
         for service in list(self.registrations):
             for replica in self.placer.replicas(service):
                 job = core.jobs.get(self.jobs.get(replica.id, ""))
+                if job is not None and job.state is JobState.RUNNING:
+                    self._failures.pop(service, None)
+                    continue
                 if job is not None and not job.state.terminal \
                         and job.state is not JobState.QUEUED:
-                    continue
-                self.placer.replica_lost(service, replica.id)
-                self.jobs.pop(replica.id, None)
+                    continue  # starting
                 if job is not None and job.state is JobState.QUEUED:
                     self._cancel_queued(job)
+                if job is not None and replica.id not in self._ended:
+                    self._ended[replica.id] = now
+                    ran = (job.start_time is not None and job.end_time is not None
+                           and job.end_time - job.start_time >= FAILED_RUN_S)
+                    if ran:
+                        self._failures.pop(service, None)
+                    else:
+                        self._failures[service] = self._failures.get(service, 0) + 1
+                        log.warning("service=%s replica job=%s failed (%s); retrying in %.0fs",
+                                    service, job.id, job.reason or job.state.value,
+                                    self._backoff(service))
+                ended = self._ended.get(replica.id, now)
+                if self._failures.get(service) and now - ended < self._backoff(service):
+                    continue
+                self._ended.pop(replica.id, None)
+                self.placer.replica_lost(service, replica.id)
+                self.jobs.pop(replica.id, None)
+
+    def _backoff(self, service: str) -> float:
+        failures = self._failures.get(service, 0)
+        return min(MAX_BACKOFF_S, 2.0 ** max(0, failures - 1)) if failures else 0.0
 
     def _cancel_queued(self, job: Job) -> None:
         """A replica job must never run outside the placer's control: drop it from the queue."""
@@ -455,8 +488,10 @@ class InferenceService:
         await self.master.journal.call(delete_service, self.master.store, p.service)
         del self.registrations[p.service]
         self._cache.pop(p.service, None)
+        self._failures.pop(p.service, None)
         retired = self.placer.deregister(p.service)
         for action in retired:
+            self._ended.pop(action.replica.id, None)
             self._retire(action)
         return {"service": p.service, "retired": [a.replica.id for a in retired]}
 
