@@ -174,6 +174,7 @@ class InferenceService:
         self._last_now = 0.0
         self._ticking = False
         self._failures: dict[str, int] = {}  # service -> consecutive failed replicas
+        self.live: set[str] = set()  # replica job ids not yet ended
         self._ended: dict[str, float] = {}  # replica id -> when its job was seen ended
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -205,6 +206,7 @@ class InferenceService:
                 stale.append(job)
                 continue
             self.jobs[replica.id] = job.id
+            self.live.add(job.id)
         now = master.clock()
         for job in stale:
             transition, _ = master.core.cancel(job.id, now)
@@ -257,11 +259,14 @@ class InferenceService:
     # -- planning ----------------------------------------------------------------------------
     def before_pass(self) -> None:
         """Called at the start of every scheduling pass (a cluster event happened)."""
+        if self.live:
+            self._guard_queue()  # even for services deregistered meanwhile
         if self.registrations:
             self._ensure_ticker()
             self.plan()
 
     def plan(self) -> list[ReplicaAction]:
+        self._guard_queue()
         self._forget_lost()
         snapshot = self.master.core.snapshot()
         headroom = {
@@ -277,6 +282,18 @@ class InferenceService:
             elif isinstance(action, Preempt):
                 self._preempt(action)
         return actions
+
+    def _guard_queue(self) -> None:
+        """Cancel replica jobs a failed start put back in the queue (this runs before every
+        policy pass): a replica runs where the placer put it or not at all."""
+        core = self.master.core
+        for job_id in list(self.live):
+            job = core.jobs.get(job_id)
+            if job is None or job.state.terminal:
+                self.live.discard(job_id)
+            elif job.state is JobState.QUEUED:
+                self._cancel_queued(job)
+                self.live.discard(job_id)
 
     def _forget_lost(self) -> None:
         """Tell the placer about replicas whose jobs ended or were put back in the queue.
@@ -358,6 +375,7 @@ class InferenceService:
             return
         master.core.submit(job)
         self.jobs[replica.id] = job_id
+        self.live.add(job_id)
         master._launching.add(job_id)
         master._spawn(self._start(seq, job, action.reason))
 
