@@ -171,6 +171,7 @@ class InferenceService:
         # milliseconds, so they keep growing across re-registrations and master restarts.
         self._epoch = int(master.clock() * 1000)
         self._versions: dict[str, int] = {}
+        self._generation: dict[str, int] = {}  # bumped by every (re-)registration
         self._last_now = 0.0
         self._ticking = False
         self._failures: dict[str, int] = {}  # service -> consecutive failed replicas
@@ -439,6 +440,7 @@ class InferenceService:
                                        self.master.clock())
         new = p.service not in self.registrations
         self.registrations[p.service] = p
+        self._generation[p.service] = self._generation.get(p.service, 0) + 1
         self.placer.register(profile)
         self._ensure_ticker()
         self.plan()
@@ -480,7 +482,7 @@ class InferenceService:
             and job.state is JobState.RUNNING
         )
         reg = self.registrations[service]
-        key = (version, ready, id(reg))
+        key = (version, ready, self._generation.get(service, 0))
         cached = self._cache.get(service)
         if cached is not None and cached.key == key:
             return cached.reply
