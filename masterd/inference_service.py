@@ -390,7 +390,8 @@ class InferenceService:
             # Free its resources and end it (in memory: it never reached the journal); the
             # next plan sees it ended and replaces it.
             master.core.start_failed(job.id, f"not journalled: {exc}", master.clock())
-            master.core.cancel(job.id, master.clock())
+            if master.core.jobs[job.id].state is JobState.QUEUED:
+                master.core.cancel(job.id, master.clock())
             return
         log.info("service=%s replica job=%s launching reason=%r",
                  job.spec.env.get(SERVICE_ENV), job.id, reason)

@@ -276,11 +276,11 @@ class Master:
         takes the same stop path: the job is re-queued at the head of its array when its
         parts have exited. Returns False when the job is not running or already stopping.
         """
-        core = self.core
-        job = core.jobs.get(decision.job_id)
-        if job is None or decision.job_id not in core._active or job.id in core._stopping:
+        job = self.core.jobs.get(decision.job_id)
+        if job is None or job.state not in (JobState.STARTING, JobState.RUNNING) \
+                or job.stopping:
             return False
-        core._stopping.add(job.id)
+        job.stopping = True
         job.reason = f"preempted: {decision.reason}"
         self._spawn(self._preempt(decision))
         return True
