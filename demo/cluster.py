@@ -74,6 +74,9 @@ class LocalCluster:
     extra_master: dict[str, Any] = field(default_factory=dict)
     # Extra [node] keys per node number (1-based), e.g. {2: {"allowed_users": ["bob"]}}.
     extra_node: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Extra node configuration by section for every node: "gpu" keys join [gpu], any other
+    # name becomes its own section, e.g. {"tuner": {"window_s": 1.0}}.
+    node_sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     master: Daemon | None = None
     node_daemons: dict[str, Daemon] = field(default_factory=dict)
@@ -130,6 +133,12 @@ class LocalCluster:
 
     def start_node(self, i: int) -> None:
         name = self.node_name(i)
+        extra = {k: dict(v) for k, v in self.node_sections.items()}
+        gpu_extra = "".join(f"{k} = {_toml(v)}\n" for k, v in extra.pop("gpu", {}).items())
+        sections = "".join(
+            f"[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
+            for section, keys in extra.items()
+        )
         cfg = self._write(f"{name}.toml", (
             "[node]\n"
             f'name = "{name}"\nmaster_url = "{self.url}"\n'
@@ -139,6 +148,7 @@ class LocalCluster:
             + "".join(f"{k} = {_toml(v)}\n" for k, v in self.extra_node.get(i, {}).items())
             + "[gpu]\n"
             f'backend = "emulated"\ncount = {self.gpus_per_node}\nmodel = "A100-SXM4-40GB"\n'
+            f"{gpu_extra}{sections}"
         ))
         daemon = Daemon(name, [sys.executable, "-m", "noded.main", "-c", str(cfg)],
                         self.root / f"{name}.log")
@@ -223,4 +233,6 @@ def _toml(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
     return str(value)

@@ -33,6 +33,7 @@ log = logging.getLogger("trellis.master.http")
 
 MSGPACK = "application/msgpack"
 STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
+             "unknown_service": 404,
              "frame_too_large": 413, "store_unavailable": 503}
 SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
                  "is back")

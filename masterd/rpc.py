@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from masterd.core.scheduler import JobError
+from masterd.inference_service import method_table as inference_methods
 from masterd.service import Master
 from masterd.store import EventRow
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
@@ -106,6 +107,8 @@ class Rpc:
             "node": (NodeParams, self.node),
             "events": (EventsParams, self.events),
         }
+        # The placement RPC for inference services (SODA §V-D).
+        self.methods.update(inference_methods(master.inference))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)

@@ -11,15 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from masterd.adaptive import AdaptiveCpus
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
+from masterd.inference_service import InferenceService
 from masterd.journal import Journal
 from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
 from shared.config import MasterConfig
 from shared.messages import (
     Contention,
+    CoresChanged,
     ForgetJob,
     GpuHealth,
     GpuUtil,
@@ -82,6 +85,10 @@ class Master:
         # Set by masterd.metrics when metrics are served: (pass seconds, decisions) -> None.
         self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
+        self.adaptive = AdaptiveCpus(self.core, self.store, self.journal, config.adaptive_cpus,
+                                     clock, self._persist, self._spawn, self.request_pass)
+        self.adaptive.load()
+        self.inference = InferenceService(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -99,6 +106,7 @@ class Master:
                 problem = self.core.claim_restored(job.id)
                 if problem:
                     log.error("job=%s cannot re-claim its resources: %s", job.id, problem)
+        self.inference.restore()
         active = sum(1 for j in jobs if not j.state.terminal and j.state is not JobState.QUEUED)
         log.info(
             "restored jobs=%d queued=%d active=%d nodes=%d",
@@ -135,6 +143,7 @@ class Master:
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         self.check_user(spec.user)
         self.core.check_submittable(spec)
+        self.adaptive.check(spec)
         seq = self._seq
         self._seq += 1
         if job_id is None:
@@ -181,6 +190,9 @@ class Master:
 
     def _run_pass(self) -> None:
         self._pass_pending = False
+        # Inference first: resources an event freed go to the service that asked for them
+        # (a preempted job re-queued at the head must not take them straight back).
+        self.inference.before_pass()
         now = self.clock()
         started = time.perf_counter()
         decisions = self.core.schedule(now)
@@ -211,7 +223,8 @@ class Master:
             nnodes = len(placement.allocations)
             prepares = [
                 self._command(a.node, "prepare_job", PrepareJob(
-                    job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes))
+                    job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
+                    cores=self.adaptive.plan(job, a)))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -256,6 +269,28 @@ class Master:
         for node, state in job.node_states.items():
             if state != "exited":
                 self._spawn(self._stop_part(job.id, node, decision.reason))
+
+    def preempt(self, decision: Preempt) -> bool:
+        """Preempt a running job outside a policy pass (the inference placer, SODA §V-D2).
+
+        Marks the job exactly as ``SchedulingCore.schedule`` marks a policy's Preempt, then
+        takes the same stop path: the job is re-queued at the head of its array when its
+        parts have exited. Returns False when the job is not running or already stopping.
+        """
+        job = self.core.jobs.get(decision.job_id)
+        if job is None or job.state not in (JobState.STARTING, JobState.RUNNING) \
+                or job.stopping:
+            return False
+        job.stopping = True
+        job.reason = f"preempted: {decision.reason}"
+        self._spawn(self._preempt(decision))
+        return True
+
+    def next_seq(self) -> int:
+        """A fresh journal sequence number (jobs the master creates itself, e.g. replicas)."""
+        seq = self._seq
+        self._seq += 1
+        return seq
 
     async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
         session = self.sessions.get(node)
@@ -416,6 +451,9 @@ class Master:
                 self.clock(), body.job_id, node, "contention",
                 {"action": body.action, "value": body.value, "previous": body.previous,
                  "reason": body.reason})])
+        elif type_ == "cores_changed":
+            assert isinstance(body, CoresChanged)
+            await self.adaptive.cores_changed(node, body)
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         view = self.core.cluster.node(node)

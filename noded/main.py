@@ -35,6 +35,7 @@ from noded.jobs import JobRunner
 from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
 from noded.rdt_setup import open_node_resctrl
+from noded.tuning import CoreTuning
 from shared.config import ConfigError, NodeConfig, load_config
 from shared.logs import set_level, setup_logging
 from shared.model import NodeInventory, RdtCapabilities
@@ -126,6 +127,8 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         numa_nodes=gpu.numa_nodes,
         uuid_seed=config.name,
         busy_util=gpu.busy_util,
+        rate_window_s=gpu.rate_window_s,
+        min_rate_interval_s=gpu.min_rate_interval_s,
     )
     return open_backend(gpu.backend, emulated)
 
@@ -151,6 +154,10 @@ class NodeDaemon:
         )
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s)
+        self.tuning = CoreTuning(
+            self.runner, self.gpus, self.cgroups, config.tuner, self.agent.send_event,
+            numa_of={c.id: c.numa_node for c in self.cpus}, connected=self.agent.connected,
+        )
         gpus, _ = self.gpus.inventory()
         self.metrics = NodeMetrics(config.name, self.agent, self.runner,
                                    {g.index: g.uuid for g in gpus})
@@ -241,6 +248,7 @@ class NodeDaemon:
         agent = loop.create_task(self.agent.run(stop))
         enforcer = (loop.create_task(self.contention.run(stop))
                     if self.contention is not None else None)
+        tuning = loop.create_task(self.tuning.run(stop))
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -257,10 +265,11 @@ class NodeDaemon:
             await agent
         finally:
             stop.set()  # the agent closes its session and returns by itself
+            tuning.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.gather(*background, agent,
+                await asyncio.wait_for(asyncio.gather(*background, agent, tuning,
                                                       return_exceptions=True), 5.0)
             if enforcer is not None:
                 enforcer.cancel()

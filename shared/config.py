@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,11 +13,26 @@ from shared.schema import SchemaError, bounded, decode
 T = TypeVar("T")
 
 # Sections that nest inside the main one (their keys become fields of that dataclass).
-NESTED_SECTIONS = ("gpu", "rdt", "contention")
 
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """SODA's hardware-aware inference placer (§V-D), ``[master.inference]``."""
+
+    sustain_s: float = bounded(30.0, min=0, max=86400)
+    scale_out_fraction: float = bounded(0.8, min=0.01, max=1)
+    scale_in_fraction: float = bounded(0.6, min=0.01, max=1)
+    gpu_down_fraction: float = bounded(0.75, min=0.01, max=0.99)
+    min_replicas: int = bounded(1, min=1, max=1024)
+    max_replicas: int = bounded(64, min=1, max=1024)
+    # Memory bandwidth (GB/s) a GPU node lends to CPU replicas before contention (§V-E), used
+    # until the contention monitor measures the node.
+    mbw_headroom_gbps: float = bounded(20.0, min=0, max=100_000)
+    max_services: int = bounded(1000, min=1, max=100_000)
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,29 @@ class MasterConfig:
     allowed_users: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000)
     allow_root_jobs: bool = False
     log_level: str = bounded("info", pattern=r"(?i)debug|info|warning|error")
+    # SODA's adaptive CPU allocator for training jobs (§V-B): spec.cpus becomes the most cores
+    # a job may hold, it starts at N_start and its node tunes it down to the best fit. A job's
+    # TRELLIS_ADAPTIVE_CPUS environment variable (1/0) overrides this per job.
+    adaptive_cpus: bool = False
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    """The node's half of SODA's CPU allocator (§V-B2, §VI-H), section ``[tuner]``."""
+
+    enabled: bool = True
+    window_s: float = bounded(60.0, min=0.05, max=3600)  # one measurement window
+    sample_interval_s: float = bounded(1.0, min=0.01, max=600)  # GPU samples inside a window
+    # After a re-pin, wait this long before measuring: queues drain, rate meters catch up.
+    settle_s: float = bounded(5.0, min=0, max=3600)
+    # After the job starts, wait this long (framework start-up, data loading warm-up).
+    warmup_s: float = bounded(60.0, min=0, max=86400)
+    tolerance: float = bounded(2.0, min=0.01, max=100)  # points below the plateau that hold
+    noise: float = bounded(1.0, min=0, max=100)  # std. dev. of one window's mean (points)
+    reference_windows: int = bounded(2, min=1, max=100)
+    max_windows: int = bounded(5, min=1, max=100)
+    confidence_z: float = bounded(2.0, min=0, max=100)
 
 
 @dataclass(frozen=True)
@@ -48,6 +86,9 @@ class GpuConfig:
     gpus_per_switch: int = bounded(2, min=1, max=1024)
     numa_nodes: int = bounded(1, min=1, max=64)
     busy_util: float = bounded(90.0, min=0, max=100)
+    # Emulated GPUs: the window and least interval of the progress-rate utilisation meter.
+    rate_window_s: float = bounded(10.0, min=0.001, max=3600)
+    min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
 
 
 @dataclass(frozen=True)
@@ -137,6 +178,7 @@ class NodeConfig:
     metrics_host: str = bounded("127.0.0.1", max_len=255)
     rdt: RdtConfig = field(default_factory=RdtConfig)
     contention: ContentionConfig = field(default_factory=ContentionConfig)
+    tuner: TunerConfig = field(default_factory=TunerConfig)
 
     def __post_init__(self) -> None:
         import re
@@ -161,13 +203,15 @@ def load_config(cls: type[T], path: str | Path | None, section: str, **overrides
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        unknown = [k for k in doc if k not in (section, *NESTED_SECTIONS)]
+        # Nested tables of the config (gpu, tuner) may also be written as top-level sections.
+        nested = {f.name for f in fields(cls)  # type: ignore[arg-type]
+                  if f.default_factory is not MISSING and is_dataclass(f.default_factory())}
+        unknown = [k for k in doc if k != section and k not in nested]
         if unknown:
             raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}")
         data = dict(doc.get(section, {}))
-        for nested in NESTED_SECTIONS:
-            if nested in doc:
-                data[nested] = doc[nested]
+        for name in nested & doc.keys():
+            data[name] = doc[name]
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return decode(cls, data, section)

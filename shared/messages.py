@@ -1,7 +1,7 @@
 """Bodies of the messages on the node channel; each is decoded with :func:`shared.schema.decode`.
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
-``contention``.
+``contention``, ``cores_changed``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
 """
 
@@ -78,12 +78,54 @@ class Contention:
 
 
 @dataclass(frozen=True)
+class CorePlan:
+    """SODA's adaptive CPU allocator for one job part (§V-B): the node tunes the part's core
+    count inside its allocation, starting from ``n_start`` (the master's N_start)."""
+
+    n_start: int = bounded(min=1, max=65536)
+    # N_start came from the owner's history (the tuner trusts it within a few cores).
+    warm: bool = False
+    # Cores the part runs on when tuning begins (N_start, clamped to the allocation).
+    launch_cores: int = bounded(1, min=1, max=65536)
+    min_cores: int = bounded(1, min=1, max=65536)
+
+
+@dataclass(frozen=True)
+class CoresChanged:
+    """A tuning step re-pinned a running job part (§V-B2): it now runs on ``pinned`` and holds
+    ``cpus`` (a superset the tuner may still need); cores it held before and not now are
+    free. ``utilisation`` is the mean GPU utilisation of the window just measured at
+    ``measured_cores``; ``converged`` marks the last step (``pinned`` is the best fit)."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    cpus: tuple[int, ...] = bounded(min=0, max=65535, max_len=65536)
+    pinned: tuple[int, ...] = bounded(min=0, max=65535, max_len=65536)
+    step: int = bounded(min=0, max=1 << 20)
+    utilisation: float | None = bounded(None, min=0, max=100)
+    measured_cores: int | None = bounded(None, min=1, max=65536)
+    converged: bool = False
+    reason: str = bounded("", max_len=256)
+
+    def __post_init__(self) -> None:
+        if not self.cpus:
+            raise ValueError("cpus must not be empty: a running job holds at least one core")
+        if len(set(self.cpus)) != len(self.cpus):
+            raise ValueError(f"cpus {list(self.cpus)} lists a core twice")
+        if not self.pinned or not set(self.pinned) <= set(self.cpus):
+            raise ValueError(
+                f"pinned {list(self.pinned)} must be a non-empty subset of cpus {list(self.cpus)}"
+            )
+
+
+@dataclass(frozen=True)
 class PrepareJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
     spec: JobSpec
     allocation: NodeAllocation
     node_rank: int = bounded(0, min=0)
     nnodes: int = bounded(1, min=1)
+    # Set when the job's core count is tuned on the node; None pins the allocation as is.
+    cores: CorePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +156,7 @@ NODE_EVENTS = {
     "gpu_util": GpuUtil,
     "gpu_health": GpuHealth,
     "contention": Contention,
+    "cores_changed": CoresChanged,
 }
 NODE_COMMANDS = {
     "prepare_job": PrepareJob,

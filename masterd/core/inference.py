@@ -210,6 +210,7 @@ class _Service:
     reports: deque[tuple[float, float]] = field(default_factory=deque)
     seq: int = 0
     preempting: str | None = None  # job id of this service's pending preemption
+    short_logged: bool = False  # "short of resources" said once until a launch succeeds
 
     @property
     def load(self) -> float:
@@ -340,6 +341,36 @@ class InferencePlacer:
 
     def replicas(self, service: str) -> list[Replica]:
         return list(self._service(service).replicas.values())
+
+    def version(self, service: str) -> int:
+        """The service's endpoint-set version (what :meth:`place` would report), cheaply."""
+        return self._service(service).version
+
+    def load(self, service: str) -> float:
+        """The service's last reported load (queries per batching window)."""
+        return self._service(service).load
+
+    def mode(self, service: str) -> ReplicaKind:
+        return self._service(service).mode
+
+    def adopt(self, replica: Replica) -> None:
+        """Take over a replica that already runs (a restarted master re-reading its journal).
+
+        Later replicas are numbered past it, and a service whose adopted replicas are GPU
+        replicas resumes in GPU mode.
+        """
+        svc = self._service(replica.service)
+        if replica.id in svc.replicas:
+            raise PlacerError(f"service {replica.service} already has replica {replica.id!r}")
+        svc.replicas[replica.id] = replica
+        number = replica.id.rsplit("-", 1)[-1]
+        if number.isdigit():
+            svc.seq = max(svc.seq, int(number))
+        if replica.kind is ReplicaKind.GPU:
+            svc.mode = ReplicaKind.GPU
+        svc.version += 1
+        log.info("inference replica adopted service=%s replica=%s kind=%s node=%s",
+                 replica.service, replica.id, replica.kind, replica.node)
 
     # -- planning ----------------------------------------------------------------------------
     def plan(
@@ -607,6 +638,7 @@ class InferencePlacer:
             )
             svc.replicas[replica.id] = replica
             svc.version += 1
+            svc.short_logged = False
             actions.append(LaunchReplica(replica, reason))
             log.info(
                 "inference launch service=%s replica=%s kind=%s node=%s gpu=%s cpus=%d "
@@ -662,8 +694,10 @@ class InferencePlacer:
             and any(self._would_fit(svc.profile, kind, job, free) for kind in kinds)
         ]
         if not victims:
-            log.warning("inference short of resources service=%s and nothing to preempt",
-                        svc.profile.service)
+            if not svc.short_logged:  # a plan runs at every event: say it once, not each time
+                svc.short_logged = True
+                log.warning("inference short of resources service=%s and nothing to preempt",
+                            svc.profile.service)
             return []
         victim = max(victims, key=lambda j: (j.submit_time, j.id))
         svc.preempting = victim.id

@@ -1,0 +1,546 @@
+"""The master's driver of SODA's hardware-aware inference placer (§V-D) and its placement RPC.
+
+Inference services register their offline profile (``bs_gpu``; ``cpu_batch`` on ``cpu_cores``
+cores within the QoS target and the memory bandwidth that takes) with the command a replica
+runs, then report their load. At every report, at every cluster event (each scheduling pass,
+*before* the policy runs, so a freed resource goes to the service that asked for it rather than
+to the queue) and on a slow tick (the placer's "sustained for ``sustain_s``" rules need time to
+pass, not only events), the driver runs :meth:`InferencePlacer.plan` and carries out what it
+decides:
+
+* **Launch**: the replica becomes a job of kind ``inference`` with the placer's exact
+  resources, allocated in the cluster state at once (so the next pass sees them taken), written
+  to the journal and started on its node by the master's ordinary two-phase launch: a real
+  process, confined like any job, listed by ``trellisctl jobs``. Its environment names the
+  service, the replica, its kind, batch size and port.
+* **Retire**: the replica's job is cancelled through the master (SIGTERM, grace, SIGKILL).
+* **Preempt**: the victim (the most recently submitted training or CPU job whose resources make
+  room) goes through the master's preemption path and is re-queued at the head of its array.
+
+A replica whose job ends (crash, lost node, failed start) is reported lost to the placer, which
+replaces it at the next plan. ``place`` answers from a per-service cache keyed by the placer's
+version and the set of ready replicas, so a client can poll it cheaply and cache the endpoints
+until ``version`` changes.
+
+Registrations are journalled; a restarted master re-registers every service and adopts the
+replica jobs that still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from masterd.core.inference import (
+    InferencePlacer,
+    InferenceProfile,
+    LaunchReplica,
+    PlacerConfig,
+    PlacerError,
+    Replica,
+    ReplicaAction,
+    ReplicaKind,
+    RetireReplica,
+    UnknownServiceError,
+    load_from_qps,
+)
+from masterd.core.policy import Preempt
+from masterd.core.scheduler import JobError
+from masterd.servicestore import delete_service, ensure_schema, load_services, save_service
+from shared.model import (
+    NAME_PATTERN,
+    UNIX_USER_PATTERN,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+)
+from shared.schema import SchemaError, bounded, decode, encode
+
+if TYPE_CHECKING:
+    from masterd.service import Master
+
+log = logging.getLogger("trellis.master.inference")
+
+SERVICE_ENV = "TRELLIS_SERVICE"
+REPLICA_ENV = "TRELLIS_REPLICA"
+KIND_ENV = "TRELLIS_REPLICA_KIND"
+BATCH_ENV = "TRELLIS_BATCH"
+PORT_ENV = "TRELLIS_SERVICE_PORT"
+FAILED_RUN_S = 10.0  # a replica that ends sooner than this after starting has failed
+MAX_BACKOFF_S = 60.0
+
+
+# -- RPC parameters -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisterServiceParams:
+    """``register_service``: the offline profile (§V-D2) and how to run a replica."""
+
+    service: str = bounded(pattern=NAME_PATTERN)
+    command: tuple[str, ...] = bounded(max_len=1024)
+    user: str = bounded(pattern=UNIX_USER_PATTERN)
+    bs_gpu: int = bounded(min=1, max=1 << 24)
+    cpu_batch: int = bounded(0, min=0, max=1 << 24)
+    cpu_cores: int = bounded(0, min=0, max=4096)
+    cpu_mbw_gbps: float = bounded(0.0, min=0, max=100_000)
+    qos_ms: float = bounded(200.0, min=0, max=3_600_000)
+    window_ms: float | None = bounded(None, min=0, max=3_600_000)  # None: half the QoS target
+    gpu_model: str | None = bounded(None, max_len=128)
+    gpu_replica_cpus: int = bounded(1, min=1, max=4096)
+    memory_mib: int = bounded(0, min=0, max=1 << 30)
+    tenant: str = bounded("default", pattern=NAME_PATTERN)
+    # Replicas listen on port + their number (0: the service picks its own ports).
+    port: int = bounded(0, min=0, max=65535)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("command must not be empty")
+        if any(not isinstance(a, str) or len(a) > 4096 for a in self.command):
+            raise ValueError("command arguments must be strings of at most 4096 characters")
+        for key, value in self.env.items():
+            if not key or "=" in key or len(key) > 256 or len(value) > 65536:
+                raise ValueError(f"env key {key!r} is not a valid variable name")
+
+    def profile(self) -> InferenceProfile:
+        return InferenceProfile(
+            service=self.service, bs_gpu=self.bs_gpu, cpu_batch=self.cpu_batch,
+            cpu_cores=self.cpu_cores, cpu_mbw_gbps=self.cpu_mbw_gbps, qos_ms=self.qos_ms,
+            window_ms=self.window_ms if self.window_ms is not None else self.qos_ms / 2,
+            gpu_model=self.gpu_model, gpu_replica_cpus=self.gpu_replica_cpus,
+            memory_mib=self.memory_mib,
+        )
+
+
+@dataclass(frozen=True)
+class ReportLoadParams:
+    """``report_load``: queries per batching window (``load``) or per second (``qps``)."""
+
+    service: str = bounded(max_len=256)
+    load: float | None = None
+    qps: float | None = None
+
+
+@dataclass(frozen=True)
+class ServiceParams:
+    service: str = bounded(max_len=256)
+
+
+@dataclass(frozen=True)
+class NoServiceParams:
+    pass
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cached:
+    key: tuple[int, frozenset[str], int]
+    reply: dict[str, Any]
+
+
+class InferenceService:
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        cfg = master.config.inference
+        try:
+            self.placer = InferencePlacer(PlacerConfig(
+                scale_out_fraction=cfg.scale_out_fraction,
+                scale_in_fraction=cfg.scale_in_fraction,
+                gpu_down_fraction=cfg.gpu_down_fraction, sustain_s=cfg.sustain_s,
+                min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas,
+            ))
+        except PlacerError as exc:
+            raise ValueError(f"[master.inference]: {exc}") from None
+        self.config = cfg
+        ensure_schema(master.store)  # before serving, on this thread, like Master.restore
+        self.registrations: dict[str, RegisterServiceParams] = {}
+        self.jobs: dict[str, str] = {}  # placer replica id -> job id
+        # Measured memory-bandwidth headroom per node (GB/s), fed by the contention monitor;
+        # nodes without a measurement get the configured figure.
+        self.headroom: dict[str, float] = {}
+        self._cache: dict[str, _Cached] = {}
+        # Versions handed to clients: one counter per service, started from the clock in
+        # milliseconds, so they keep growing across re-registrations and master restarts.
+        self._epoch = int(master.clock() * 1000)
+        self._versions: dict[str, int] = {}
+        self._generation: dict[str, int] = {}  # bumped by every (re-)registration
+        self._last_now = 0.0
+        self._ticking = False
+        self._failures: dict[str, int] = {}  # service -> consecutive failed replicas
+        self.live: set[str] = set()  # replica job ids not yet ended
+        self._ended: dict[str, float] = {}  # replica id -> when its job was seen ended
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Re-register journalled services and adopt their running replicas (before serving)."""
+        master = self.master
+        for name, data in load_services(master.store).items():
+            try:
+                reg = decode(RegisterServiceParams, data)
+                self.placer.register(reg.profile())
+            except (SchemaError, PlacerError) as exc:
+                log.error("journalled service %s cannot be restored: %s", name, exc)
+                continue
+            self.registrations[name] = reg
+        stale: list[Job] = []
+        for job in master.core.jobs.values():
+            service = job.spec.env.get(SERVICE_ENV)
+            if (job.spec.kind is not JobKind.INFERENCE or service not in self.registrations
+                    or job.state.terminal):
+                continue
+            replica = self._replica_of(job)
+            if job.state is JobState.QUEUED or replica is None:
+                stale.append(job)
+                continue
+            try:
+                self.placer.adopt(replica)
+            except PlacerError as exc:
+                log.error("replica job %s cannot be adopted: %s", job.id, exc)
+                stale.append(job)
+                continue
+            self.jobs[replica.id] = job.id
+            self.live.add(job.id)
+        now = master.clock()
+        for job in stale:
+            transition, _ = master.core.cancel(job.id, now)
+            if transition is not None:  # queued: cancelled at once, nothing runs
+                master.store.update_jobs([job], [(now, job.id, None, "cancelled",
+                                                  {"reason": "stale inference replica"})])
+        if self.registrations:
+            log.info("inference services restored=%d replicas adopted=%d",
+                     len(self.registrations), len(self.jobs))
+
+    def _replica_of(self, job: Job) -> Replica | None:
+        """Rebuild the placer's record of a replica job from the job itself."""
+        placement = job.placement
+        env = job.spec.env
+        if placement is None or len(placement.allocations) != 1 or REPLICA_ENV not in env:
+            return None
+        alloc = placement.allocations[0]
+        view = self.master.core.cluster.node(alloc.node)
+        kind = ReplicaKind.GPU if alloc.gpus else ReplicaKind.CPU
+        reg = self.registrations[env[SERVICE_ENV]]
+        return Replica(
+            id=env[REPLICA_ENV], service=reg.service, kind=kind, node=alloc.node,
+            address=view.inventory.address if view is not None else "",
+            cpus=tuple(alloc.cpus), gpu=alloc.gpus[0] if alloc.gpus else None,
+            memory_mib=alloc.memory_mib,
+            mbw_gbps=reg.cpu_mbw_gbps if kind is ReplicaKind.CPU else 0.0,
+            launched_at=job.start_time or job.submit_time,
+        )
+
+    def _now(self) -> float:
+        # The placer needs non-decreasing report times; the wall clock may step back.
+        self._last_now = max(self._last_now, self.master.clock())
+        return self._last_now
+
+    def _ensure_ticker(self) -> None:
+        if not self._ticking:
+            self._ticking = True
+            self.master._spawn(self._tick())
+
+    async def _tick(self) -> None:
+        """Re-plan while services exist: sustained conditions mature with time alone."""
+        period = min(5.0, max(0.25, self.config.sustain_s / 4))
+        try:
+            while self.registrations:
+                await asyncio.sleep(period)
+                self.plan()
+        finally:
+            self._ticking = False
+
+    # -- planning ----------------------------------------------------------------------------
+    def before_pass(self) -> None:
+        """Called at the start of every scheduling pass (a cluster event happened)."""
+        if self.live:
+            self._guard_queue()  # even for services deregistered meanwhile
+        if self.registrations:
+            self._ensure_ticker()
+            self.plan()
+
+    def plan(self) -> list[ReplicaAction]:
+        self._guard_queue()
+        self._forget_lost()
+        snapshot = self.master.core.snapshot()
+        headroom = {
+            name: self.headroom.get(name, self.config.mbw_headroom_gbps)
+            for name, view in snapshot.nodes.items() if view.total_gpus > 0
+        }
+        actions = self.placer.plan(snapshot, self._now(), headroom)
+        for action in actions:
+            if isinstance(action, LaunchReplica):
+                self._launch(action)
+            elif isinstance(action, RetireReplica):
+                self._retire(action)
+            elif isinstance(action, Preempt):
+                self._preempt(action)
+        return actions
+
+    def _guard_queue(self) -> None:
+        """Cancel replica jobs a failed start put back in the queue (this runs before every
+        policy pass): a replica runs where the placer put it or not at all."""
+        core = self.master.core
+        for job_id in list(self.live):
+            job = core.jobs.get(job_id)
+            if job is None or job.state.terminal:
+                self.live.discard(job_id)
+            elif job.state is JobState.QUEUED:
+                self._cancel_queued(job)
+                self.live.discard(job_id)
+
+    def _forget_lost(self) -> None:
+        """Tell the placer about replicas whose jobs ended or were put back in the queue.
+
+        A replica that failed (never ran, or died within ``FAILED_RUN_S`` of starting) keeps
+        its place in the placer's books, shown as not ready, for a back-off that doubles with
+        each consecutive failure of the service: a node that refuses a service's replicas
+        must not turn every scheduling pass into another launch.
+        """
+        core, now = self.master.core, self.master.clock()
+        for service in list(self.registrations):
+            for replica in self.placer.replicas(service):
+                job = core.jobs.get(self.jobs.get(replica.id, ""))
+                if job is not None and job.state is JobState.RUNNING:
+                    self._failures.pop(service, None)
+                    continue
+                if job is not None and not job.state.terminal \
+                        and job.state is not JobState.QUEUED:
+                    continue  # starting
+                if job is not None and job.state is JobState.QUEUED:
+                    self._cancel_queued(job)
+                if job is not None and replica.id not in self._ended:
+                    self._ended[replica.id] = now
+                    ran = (job.start_time is not None and job.end_time is not None
+                           and job.end_time - job.start_time >= FAILED_RUN_S)
+                    if ran:
+                        self._failures.pop(service, None)
+                    else:
+                        self._failures[service] = self._failures.get(service, 0) + 1
+                        log.warning("service=%s replica job=%s failed (%s); retrying in %.0fs",
+                                    service, job.id, job.reason or job.state.value,
+                                    self._backoff(service))
+                ended = self._ended.get(replica.id, now)
+                if self._failures.get(service) and now - ended < self._backoff(service):
+                    continue
+                self._ended.pop(replica.id, None)
+                self.placer.replica_lost(service, replica.id)
+                self.jobs.pop(replica.id, None)
+
+    def _backoff(self, service: str) -> float:
+        failures = self._failures.get(service, 0)
+        return min(MAX_BACKOFF_S, 2.0 ** max(0, failures - 1)) if failures else 0.0
+
+    def _cancel_queued(self, job: Job) -> None:
+        """A replica job must never run outside the placer's control: drop it from the queue."""
+        transition, _ = self.master.core.cancel(job.id, self.master.clock())
+        if transition is not None:
+            self.master._spawn(self.master._record(transition))
+
+    def _launch(self, action: LaunchReplica) -> None:
+        master, replica = self.master, action.replica
+        reg = self.registrations[replica.service]
+        seq = master.next_seq()
+        job_id = f"{replica.id}-{seq}"
+        number = replica.id.rsplit("-", 1)[-1]
+        port = reg.port + int(number) if reg.port and number.isdigit() else 0
+        env = dict(reg.env)
+        env.update({
+            SERVICE_ENV: reg.service, REPLICA_ENV: replica.id, KIND_ENV: replica.kind.value,
+            BATCH_ENV: str(reg.profile().capacity(replica.kind)),
+        })
+        if port:
+            env[PORT_ENV] = str(port)
+        try:
+            spec = JobSpec(
+                name=replica.id[:63], command=reg.command, user=reg.user,
+                kind=JobKind.INFERENCE, tenant=reg.tenant,
+                gpus=1 if replica.gpu is not None else 0, gpu_model=reg.gpu_model,
+                cpus=len(replica.cpus), memory_mib=replica.memory_mib, env=env,
+            )
+            job = Job(id=job_id, spec=spec, submit_time=master.clock(),
+                      state=JobState.STARTING, placement=replica.placement, attempts=1,
+                      node_states={replica.node: "preparing"})
+            master.core.cluster.allocate(job_id, replica.placement)
+        except (ValueError, RuntimeError) as exc:
+            log.error("service=%s replica=%s cannot be launched: %s", replica.service,
+                      replica.id, exc)
+            self.placer.replica_lost(replica.service, replica.id)
+            return
+        master.core.submit(job)
+        self.jobs[replica.id] = job_id
+        self.live.add(job_id)
+        master._launching.add(job_id)
+        master._spawn(self._start(seq, job, action.reason))
+
+    async def _start(self, seq: int, job: Job, reason: str) -> None:
+        master = self.master
+        try:
+            await master.journal.call(master.store.insert_jobs, [(seq, job)])
+        except Exception as exc:
+            log.error("replica job %s cannot be journalled: %s", job.id, exc)
+            master._launching.discard(job.id)
+            # Free its resources and end it (in memory: it never reached the journal); the
+            # next plan sees it ended and replaces it.
+            master.core.start_failed(job.id, f"not journalled: {exc}", master.clock())
+            if master.core.jobs[job.id].state is JobState.QUEUED:
+                master.core.cancel(job.id, master.clock())
+            return
+        log.info("service=%s replica job=%s launching reason=%r",
+                 job.spec.env.get(SERVICE_ENV), job.id, reason)
+        await master._launch(job)
+        if job.state is JobState.QUEUED:  # the node refused it: never let the policy run it
+            self._cancel_queued(job)
+            master.request_pass()
+
+    def _retire(self, action: RetireReplica) -> None:
+        job_id = self.jobs.pop(action.replica.id, None)
+        job = self.master.core.jobs.get(job_id or "")
+        if job is None or job.state.terminal:
+            return
+        log.info("service=%s replica job=%s retiring reason=%r", action.replica.service,
+                 job.id, action.reason)
+        self.master._spawn(self._cancel(job.id))
+
+    async def _cancel(self, job_id: str) -> None:
+        try:
+            await self.master.cancel(job_id)
+        except JobError as exc:  # it ended meanwhile
+            log.debug("replica job %s not cancelled: %s", job_id, exc)
+
+    def _preempt(self, decision: Preempt) -> None:
+        """The master's preemption path: mark the victim as the core does, stop its parts."""
+        if self.master.preempt(decision):
+            log.info("inference preempts job=%s reason=%r", decision.job_id, decision.reason)
+
+    # -- RPC ---------------------------------------------------------------------------------
+    def _service(self, name: str) -> RegisterServiceParams:
+        reg = self.registrations.get(name)
+        if reg is None:
+            raise JobError("unknown_service", f"inference service {name!r} is not registered")
+        return reg
+
+    async def register_service(self, p: RegisterServiceParams) -> dict[str, Any]:
+        try:
+            profile = p.profile()
+        except PlacerError as exc:
+            raise JobError("invalid_params", str(exc)) from None
+        if p.service not in self.registrations and \
+                len(self.registrations) >= self.config.max_services:
+            raise JobError("too_many_services",
+                           f"the master serves at most {self.config.max_services} services")
+        self.master.check_user(p.user)
+        await self.master.journal.call(save_service, self.master.store, p.service, encode(p),
+                                       self.master.clock())
+        new = p.service not in self.registrations
+        self.registrations[p.service] = p
+        self._generation[p.service] = self._generation.get(p.service, 0) + 1
+        self.placer.register(profile)
+        self._ensure_ticker()
+        self.plan()
+        return {"service": p.service, "registered": new, **self._place(p.service)}
+
+    async def report_load(self, p: ReportLoadParams) -> dict[str, Any]:
+        reg = self._service(p.service)
+        if (p.load is None) == (p.qps is None):
+            raise JobError("invalid_params", "give exactly one of load (queries per batching "
+                           "window) or qps (queries per second)")
+        value = p.load if p.load is not None else p.qps
+        assert value is not None
+        if not math.isfinite(value) or value < 0:
+            which = "load" if p.load is not None else "qps"
+            raise JobError("invalid_params",
+                           f"{which} for service {p.service} must be a finite number >= 0, "
+                           f"got {value!r}")
+        load = value if p.load is not None else load_from_qps(value, reg.profile())
+        try:
+            self.placer.report_load(p.service, load, self._now())
+        except UnknownServiceError as exc:
+            raise JobError("unknown_service", str(exc)) from None
+        except PlacerError as exc:
+            raise JobError("invalid_params", str(exc)) from None
+        self.plan()
+        return self._place(p.service)
+
+    async def place(self, p: ServiceParams) -> dict[str, Any]:
+        self._service(p.service)
+        return self._place(p.service)
+
+    def _place(self, service: str) -> dict[str, Any]:
+        """The cached reply: rebuilt only when the placer's version or readiness changed."""
+        version = self.placer.version(service)
+        jobs, core_jobs = self.jobs, self.master.core.jobs
+        ready = frozenset(
+            r.id for r in self.placer.replicas(service)
+            if (job := core_jobs.get(jobs.get(r.id, ""))) is not None
+            and job.state is JobState.RUNNING
+        )
+        reg = self.registrations[service]
+        key = (version, ready, self._generation.get(service, 0))
+        cached = self._cache.get(service)
+        if cached is not None and cached.key == key:
+            return cached.reply
+        answer = self.placer.place(service)
+        number = max(self._versions.get(service, 0) + 1, self._epoch)
+        self._versions[service] = number
+        endpoints = []
+        for e in answer.endpoints:
+            seq = e.replica_id.rsplit("-", 1)[-1]
+            endpoints.append({
+                "replica": e.replica_id, "job": jobs.get(e.replica_id), "kind": e.kind.value,
+                "node": e.node, "address": e.address,
+                "port": reg.port + int(seq) if reg.port and seq.isdigit() else None,
+                "gpu": e.gpu, "cpus": list(e.cpus), "ready": e.replica_id in ready,
+            })
+        reply = {"service": service, "version": number, "mode": answer.mode.value,
+                 "load": self.placer.load(service), "endpoints": endpoints}
+        self._cache[service] = _Cached(key, reply)
+        return reply
+
+    async def deregister_service(self, p: ServiceParams) -> dict[str, Any]:
+        self._service(p.service)
+        await self.master.journal.call(delete_service, self.master.store, p.service)
+        del self.registrations[p.service]
+        self._cache.pop(p.service, None)
+        self._failures.pop(p.service, None)
+        retired = self.placer.deregister(p.service)
+        for action in retired:
+            self._ended.pop(action.replica.id, None)
+            self._retire(action)
+        return {"service": p.service, "retired": [a.replica.id for a in retired]}
+
+    async def services(self, _: NoServiceParams) -> dict[str, Any]:
+        out = []
+        for name, reg in sorted(self.registrations.items()):
+            answer = self._place(name)
+            profile = {k: v for k, v in asdict(reg.profile()).items() if k != "service"}
+            out.append({
+                "service": name, "user": reg.user, "tenant": reg.tenant,
+                "mode": answer["mode"], "load": answer["load"], "version": answer["version"],
+                "replicas": len(answer["endpoints"]),
+                "ready": sum(1 for e in answer["endpoints"] if e["ready"]),
+                "profile": profile,
+            })
+        return {"services": out}
+
+    def set_headroom(self, node: str, gbps: float) -> None:
+        """The contention monitor's measured bandwidth headroom of a node (GB/s)."""
+        self.headroom[node] = max(0.0, float(gbps))
+
+
+def method_table(svc: InferenceService) -> Mapping[str, tuple[type, Any]]:
+    """The placement RPC's entries for :class:`masterd.rpc.Rpc`'s method table."""
+    return {
+        "register_service": (RegisterServiceParams, svc.register_service),
+        "report_load": (ReportLoadParams, svc.report_load),
+        "place": (ServiceParams, svc.place),
+        "deregister_service": (ServiceParams, svc.deregister_service),
+        "services": (NoServiceParams, svc.services),
+    }

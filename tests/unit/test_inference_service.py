@@ -1,0 +1,200 @@
+"""The master's inference driver: replica jobs, retirement, preemption, back-off, restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterd.core.scheduler import JobError
+from masterd.inference_service import (
+    RegisterServiceParams,
+    ReportLoadParams,
+    ServiceParams,
+)
+from shared.model import JobKind, JobSpec, JobState
+from tests.unit.master_fakes import Clock, exited, make_master, started, until
+
+SVC = RegisterServiceParams(service="resnet", command=("serve", "--model", "resnet50"),
+                            user="nobody", bs_gpu=10, cpu_batch=4, cpu_cores=1,
+                            cpu_mbw_gbps=1.0, port=9000, env={"MODEL": "r50"})
+INFERENCE = {"sustain_s": 0.0}
+
+
+def replica_jobs(master: Any) -> dict[str, Any]:
+    return {j.id: j for j in master.core.jobs.values() if j.spec.kind is JobKind.INFERENCE}
+
+
+async def test_a_replica_is_a_real_job_and_place_is_cached(tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    try:
+        reply = await master.inference.register_service(SVC)
+        [ep] = reply["endpoints"]
+        assert reply["mode"] == "cpu" and ep["kind"] == "cpu" and not ep["ready"]
+        job = master.core.jobs[ep["job"]]
+        # Allocated at once: the next pass must see the core taken.
+        assert master.core.cluster.node("g1").free_cpus == frozenset(range(4)) - set(ep["cpus"])
+        await until("the launch", lambda: sessions["g1"].commands("start_job"))
+        [prepare] = sessions["g1"].commands("prepare_job")
+        assert prepare.spec.kind is JobKind.INFERENCE and prepare.spec.command == SVC.command
+        env = prepare.spec.env
+        assert env["TRELLIS_SERVICE"] == "resnet" and env["TRELLIS_REPLICA_KIND"] == "cpu"
+        assert env["TRELLIS_BATCH"] == "4" and env["MODEL"] == "r50"
+        assert env["TRELLIS_SERVICE_PORT"] == str(ep["port"])
+        assert prepare.allocation.cpus == tuple(ep["cpus"]) and prepare.cores is None
+        # Journalled like any job.
+        stored = {j.id: j for j in master.store.load_jobs()}
+        assert stored[job.id].spec.kind is JobKind.INFERENCE
+
+        await started(master, "g1", job.id)
+        first = await master.inference.place(ServiceParams("resnet"))
+        assert first["endpoints"][0]["ready"] and first["version"] > reply["version"]
+        again = await master.inference.place(ServiceParams("resnet"))
+        assert again is first  # the cached reply, not a rebuild
+    finally:
+        await master.close()
+
+
+async def test_high_load_moves_to_gpus_and_retires_the_cpu_replica(tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    try:
+        await master.inference.register_service(SVC)
+        [cpu_job] = replica_jobs(master)
+        await until("the launch", lambda: sessions["g1"].commands("start_job"))
+        await started(master, "g1", cpu_job)
+        clock.now += 1
+        reply = await master.inference.report_load(ReportLoadParams("resnet", load=12.0))
+        assert reply["mode"] == "gpu"
+        assert sorted(e["gpu"] for e in reply["endpoints"]) == [0, 1]
+        await until("the CPU replica to be stopped", lambda: any(
+            s.job_id == cpu_job for s in sessions["g1"].commands("stop_job")))
+        await exited(master, "g1", cpu_job, None, 15)
+        assert master.core.jobs[cpu_job].state is JobState.CANCELLED
+        gpu_jobs = [j for j in replica_jobs(master).values() if j.spec.gpus == 1]
+        assert len(gpu_jobs) == 2 and all(j.state is JobState.STARTING for j in gpu_jobs)
+        with pytest.raises(JobError) as err:
+            await master.inference.report_load(ReportLoadParams("resnet", qps=-1.0))
+        assert err.value.code == "invalid_params" and "qps" in str(err.value)
+    finally:
+        await master.close()
+
+
+async def test_inference_preempts_the_newest_training_job_which_requeues_at_the_head(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    try:
+        older = await master.submit(JobSpec(name="older", command=("t",), user="nobody",
+                                            gpus=1, cpus=1))
+        clock.now += 1
+        newer = await master.submit(JobSpec(name="newer", command=("t",), user="nobody",
+                                            gpus=1, cpus=1))
+        await until("both trainers launched",
+                    lambda: len(sessions["g1"].commands("start_job")) == 2)
+        for job in (older, newer):
+            await started(master, "g1", job.id)
+        gpu_only = RegisterServiceParams(service="bert", command=("serve",), user="nobody",
+                                         bs_gpu=8)
+        await master.inference.register_service(gpu_only)
+        assert newer.reason.startswith("preempted: inference service bert")
+        assert older.state is JobState.RUNNING
+        await until("the victim stopped", lambda: any(
+            s.job_id == newer.id for s in sessions["g1"].commands("stop_job")))
+        await exited(master, "g1", newer.id, None, 15)
+        # The freed GPU went to the replica in the same pass, before the policy ran.
+        assert newer.state is JobState.QUEUED and newer.requeue_priority >= 1
+        [replica] = await until("the replica", lambda: [
+            j for j in replica_jobs(master).values()
+            if j.spec.env.get("TRELLIS_SERVICE") == "bert"])
+        assert not master._pass_pending
+        assert replica.placement is not None and replica.placement.gpu_count == 1
+        assert [j.id for j in master.core.queue()] == [newer.id]
+        events = master.store.events(newer.id)
+        assert any(e.kind == "preempted" for e in events)
+    finally:
+        await master.close()
+
+
+async def test_a_refused_replica_backs_off_instead_of_relaunching_every_pass(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    sessions["g1"].refuse_prepare = True
+    try:
+        await master.inference.register_service(SVC)
+        await until("a refused prepare", lambda: sessions["g1"].commands("prepare_job"))
+        [job] = replica_jobs(master).values()
+        await until("the replica cancelled", lambda: job.state is JobState.CANCELLED)
+        for _ in range(5):  # passes come and go; no new launch inside the back-off
+            master.request_pass()
+            await until("a pass", lambda: not master._pass_pending)
+        assert len(sessions["g1"].commands("prepare_job")) == 1
+        place = await master.inference.place(ServiceParams("resnet"))
+        assert len(place["endpoints"]) == 1 and not place["endpoints"][0]["ready"]
+        clock.now += 2  # past the first back-off (1 s)
+        master.request_pass()
+        await until("a second attempt",
+                    lambda: len(sessions["g1"].commands("prepare_job")) == 2)
+        # A refused replica is cancelled, never left in the queue for the policy to start.
+        await until("both attempts cancelled", lambda: all(
+            j.state is JobState.CANCELLED for j in replica_jobs(master).values()))
+        assert len(replica_jobs(master)) == 2 and list(master.core.queue()) == []
+    finally:
+        await master.close()
+
+
+async def test_a_restarted_master_keeps_services_and_adopts_replicas(tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    await master.inference.register_service(SVC)
+    [job_id] = replica_jobs(master)
+    await until("the launch", lambda: sessions["g1"].commands("start_job"))
+    await started(master, "g1", job_id)
+    before = await master.inference.place(ServiceParams("resnet"))
+    await master.close()
+
+    clock.now += 10
+    again, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    try:
+        listed = (await again.inference.services(None))["services"]  # type: ignore[arg-type]
+        assert [s["service"] for s in listed] == ["resnet"]
+        after = await again.inference.place(ServiceParams("resnet"))
+        assert [e["job"] for e in after["endpoints"]] == [job_id]
+        assert after["version"] > before["version"]
+        again.inference.plan()
+        assert list(replica_jobs(again)) == [job_id]  # adopted, not relaunched
+        # Replicas launched from now on are numbered past the adopted one.
+        await again.inference.report_load(ReportLoadParams("resnet", load=3.9))
+        ids = sorted(e["replica"] for e in
+                     (await again.inference.place(ServiceParams("resnet")))["endpoints"])
+        assert ids == ["resnet-cpu-1", "resnet-cpu-2"]
+    finally:
+        await again.close()
+
+
+async def test_unknown_services_and_deregistration(tmp_path: Path) -> None:
+    clock = Clock()
+    master, _sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
+    try:
+        for call in (master.inference.place(ServiceParams("nope")),
+                     master.inference.deregister_service(ServiceParams("nope")),
+                     master.inference.report_load(ReportLoadParams("nope", load=1.0))):
+            with pytest.raises(JobError) as err:
+                await call
+            assert err.value.code == "unknown_service" and "'nope'" in str(err.value)
+        await master.inference.register_service(SVC)
+        [job_id] = replica_jobs(master)
+        gone = await master.inference.deregister_service(ServiceParams("resnet"))
+        assert gone["retired"] == ["resnet-cpu-1"]
+        await until("the replica cancelled",
+                    lambda: master.core.jobs[job_id].reason == "cancelled")
+        assert (await master.inference.services(None))["services"] == []  # type: ignore[arg-type]
+        assert master.store.db.execute("SELECT COUNT(*) FROM inference_services").fetchone()[0] \
+            == 0
+    finally:
+        await master.close()
