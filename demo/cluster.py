@@ -216,7 +216,17 @@ class LocalCluster:
         for name in self.node_daemons:
             # Best effort: a test must not fail in its cleanup.
             with contextlib.suppress(Exception):
-                detect_cgroups(name, state_dir=self.root / name / "cgroups").remove_parent()
+                groups = detect_cgroups(name, state_dir=self.root / name / "cgroups")
+                # Job groups outlive a stopped noded by design; empty them, then remove them.
+                for job in groups.list_jobs():
+                    with contextlib.suppress(Exception):
+                        groups.signal_all(job, signal.SIGKILL)
+                        for _ in range(50):
+                            if not groups.pids(job):
+                                break
+                            time.sleep(0.02)
+                        groups.remove(job)
+                groups.remove_parent()
 
     def close(self) -> None:
         """Stop everything this cluster started, whatever state it is in."""
