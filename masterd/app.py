@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from masterd.authn import (
+    authorize_rpc,
+    check_node_identity,
+    node_may_connect,
+    principal_of,
+)
+from masterd.nodeguard import check_event
 from masterd.rpc import Rpc
 from masterd.service import Master
 from masterd.sessions import NodeSession
@@ -28,7 +36,8 @@ log = logging.getLogger("trellis.master.http")
 
 MSGPACK = "application/msgpack"
 STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
-             "frame_too_large": 413, "store_unavailable": 503}
+             "frame_too_large": 413, "store_unavailable": 503,
+             "unauthenticated": 401, "forbidden": 403}
 MASTER_KEY = web.AppKey("master", Master)
 RPC_KEY = web.AppKey("rpc", Rpc)
 
@@ -44,6 +53,7 @@ async def handle_rpc(request: web.Request) -> web.Response:
                 "frame_too_large", f"request body exceeds the {MAX_FRAME}-byte limit") from None
         req = decode_rpc_request(body)
         req_id = req.id
+        authorize_rpc(principal_of(request), req.method, req.params, rpc.master)
         result = await rpc.call(req.method, req.params)
     except ProtocolError as exc:
         status = STATUS_OF.get(exc.code, 400)
@@ -68,8 +78,18 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
     command and waits for its ack cannot deadlock the connection.
     """
     master = request.app[MASTER_KEY]
+    principal = principal_of(request)
+    if not node_may_connect(principal):
+        return web.Response(  # type: ignore[return-value]
+            body=encode_rpc_error(None, "forbidden", "only node credentials may open a node "
+                                  "session"), status=403, content_type=MSGPACK)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=10.0)
     await ws.prepare(request)
+    # A peer that never says hello must not hold the connection.
+    hello_timer = asyncio.get_running_loop().call_later(
+        master.config.hello_timeout_s,
+        lambda: session is None and asyncio.ensure_future(
+            ws.close(code=1008, message=b"no hello in time")))
     session: NodeSession | None = None
     inbox: asyncio.Queue[tuple[int, str, object]] = asyncio.Queue()
     worker: asyncio.Task[None] | None = None
@@ -117,6 +137,8 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 if session is None:
                     if not isinstance(body, Hello):
                         raise ProtocolError("not_registered", "send hello first")
+                    check_node_identity(principal, body.inventory.name)
+                    hello_timer.cancel()
                     session = NodeSession(body.inventory.name, ws,
                                           master.config.command_timeout_s)
                     worker = asyncio.get_running_loop().create_task(work())
@@ -124,11 +146,13 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 elif isinstance(body, Hello):
                     raise ProtocolError("already_registered", "hello was already received")
                 else:
+                    check_event(master.core, session.name, body)
                     inbox.put_nowait((frame.id, frame.type, body))
             except ProtocolError as exc:
                 await ws.send_bytes(
                     encode_frame("error", frame.id, error_body(exc.code, exc.message)))
     finally:
+        hello_timer.cancel()
         if worker is not None:
             worker.cancel()
         if session is not None:
@@ -141,8 +165,8 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def make_app(master: Master) -> web.Application:
-    app = web.Application(client_max_size=MAX_FRAME)
+def make_app(master: Master, middlewares: tuple[Any, ...] = ()) -> web.Application:
+    app = web.Application(client_max_size=MAX_FRAME, middlewares=middlewares)
     app[MASTER_KEY] = master
     app[RPC_KEY] = Rpc(master)
     app.router.add_post("/v1/rpc", handle_rpc)

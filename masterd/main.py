@@ -11,8 +11,11 @@ import sys
 from aiohttp import web
 
 from masterd.app import make_app
+from masterd.authn import auth_middleware, build_authenticator, build_ssl, warn_if_open
+from masterd.limits import GuardedSite, PeerLimits, limits_middleware
 from masterd.service import Master
 from masterd.store import StoreError
+from shared.auth import AuthError
 from shared.config import ConfigError, MasterConfig, load_config
 from shared.logs import setup_logging
 
@@ -34,11 +37,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def serve(config: MasterConfig, stop: asyncio.Event) -> None:
+    auth, ssl_context = build_authenticator(config), build_ssl(config)
+    warn_if_open(auth, config)
+    limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
     master = Master(config)
     master.restore()
-    runner = web.AppRunner(make_app(master), access_log=None)
+    runner = web.AppRunner(
+        make_app(master, (limits_middleware(limits), auth_middleware(auth))), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.listen_host, config.listen_port)
+    site = GuardedSite(runner, config.listen_host, config.listen_port, limits=limits,
+                       ssl_context=ssl_context)
     await site.start()
     log.info("listening on %s:%d policy=%s state=%s", config.listen_host, config.listen_port,
              config.policy, config.state_dir)
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
+    except AuthError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     except (StoreError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
