@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from control.client import MasterClient, RpcError, Unreachable
+from control.credentials import add_arguments, credentials
 from control.tables import render_table
+from shared.auth import AuthError
 
 CONFIG_PATHS = (Path("~/.config/trellis/trellisctl.toml").expanduser(),
                 Path("/etc/trellis/trellisctl.toml"))
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="output format")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the master")
+    add_arguments(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("nodes", help="list nodes")
@@ -178,7 +181,8 @@ def show_job(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    client = MasterClient(master_url(args.master), timeout=args.timeout)
+    url = master_url(args.master)
+    client = MasterClient(url, timeout=args.timeout, **credentials(args, url, CONFIG_PATHS))
     cmd = args.command
     if cmd == "nodes":
         result = client.call("nodes")
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except UsageError as exc:
+    except (UsageError, AuthError) as exc:
         print(f"trellisctl: {exc}", file=sys.stderr)
         return 2
     except Unreachable as exc:

@@ -18,6 +18,7 @@ from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.jobs import JobRunner
+from noded.master_auth import master_credentials
 from shared.config import ConfigError, NodeConfig, load_config
 from shared.logs import setup_logging
 from shared.model import NodeInventory
@@ -69,8 +70,10 @@ class NodeDaemon:
             allow_root_jobs=config.allow_root_jobs, allowed_users=config.allowed_users,
             numa_of={c.id: c.numa_node for c in self.cpus},
         )
+        headers, ssl_context = master_credentials(config)
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
-                               config.sample_interval_s, config.reconnect_max_s)
+                               config.sample_interval_s, config.reconnect_max_s,
+                               headers=headers, ssl_context=ssl_context)
         log.info("node=%s cgroups=%s gpus=%s cpus=%d", config.name, self.cgroups.kind,
                  self.gpus.name, len(self.cpus))
 
