@@ -129,6 +129,8 @@ class Master:
             raise JobError("unknown_user", f"Unix user {user!r} does not exist")
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+        if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
+            check_name(job_id, "job id")
         self.check_user(spec.user)
         self.core.check_submittable(spec)
         seq = self._seq
