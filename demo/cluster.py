@@ -139,17 +139,16 @@ class LocalCluster:
 
     def start_master(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        settings = dict(self.extra_master)
+        settings: dict[str, Any] = {
+            "listen_host": self.listen_host, "listen_port": self.port,
+            "state_dir": str(self.root / "master"), "policy": self.policy,
+            "node_grace_s": self.node_grace_s, "command_timeout_s": 10, "stop_grace_s": 3,
+        }
         if self.auth:
-            settings = {**self.make_tokens(max(self.nodes, 8)), **settings}
+            settings.update(self.make_tokens(max(self.nodes, 8)))
+        settings.update(self.extra_master)
         extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
-        cfg = self._write("master.toml", (
-            "[master]\n"
-            f'listen_host = "{self.listen_host}"\nlisten_port = {self.port}\n'
-            f'state_dir = "{self.root / "master"}"\npolicy = "{self.policy}"\n'
-            f"node_grace_s = {self.node_grace_s}\ncommand_timeout_s = 10\n"
-            f"stop_grace_s = 3\n{extra}"
-        ))
+        cfg = self._write("master.toml", "[master]\n" + extra)
         self.master = Daemon("master", [sys.executable, "-m", "masterd.main", "-c", str(cfg)],
                              self.root / "master.log")
         self.master.start(self._env())
