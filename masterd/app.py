@@ -83,7 +83,7 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
         return web.Response(  # type: ignore[return-value]
             body=encode_rpc_error(None, "forbidden", "only node credentials may open a node "
                                   "session"), status=403, content_type=MSGPACK)
-    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=10.0)
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=master.config.node_heartbeat_s)
     await ws.prepare(request)
     # A peer that never says hello must not hold the connection.
     hello_timer = asyncio.get_running_loop().call_later(

@@ -50,6 +50,9 @@ class MasterConfig:
     request_timeout_s: float = bounded(10.0, min=0.05, max=3600)
     hello_timeout_s: float = bounded(10.0, min=0.05, max=3600)
     max_connections_per_ip: int = bounded(1024, min=1, max=1_000_000)
+    # WebSocket ping period on node sessions: a silent (partitioned) node is noticed within
+    # about 1.5 times this, and marked unreachable node_grace_s later.
+    node_heartbeat_s: float = bounded(10.0, min=0.1, max=3600)
 
 
 @dataclass(frozen=True)
