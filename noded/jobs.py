@@ -151,9 +151,12 @@ class JobRunner:
         return {"port": port}
 
     def _group_limits(self, cmd: PrepareJob) -> GroupLimits:
-        mems = sorted({self.numa_of.get(c, 0) for c in cmd.allocation.cpus}) or [0]
+        # A GPU job given no dedicated cores shares the cores this node offers (an empty
+        # cpuset could run nothing).
+        cpus = tuple(cmd.allocation.cpus) or tuple(sorted(self.numa_of))
+        mems = sorted({self.numa_of.get(c, 0) for c in cpus}) or [0]
         return GroupLimits(
-            cpus=tuple(cmd.allocation.cpus),
+            cpus=cpus,
             mems=tuple(mems),
             memory_bytes=cmd.allocation.memory_mib * 1024 * 1024 or None,
         )
