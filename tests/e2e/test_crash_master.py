@@ -98,6 +98,7 @@ def test_kill_9_during_a_submission_burst(make_cluster, shared_dir: Path) -> Non
         client.call("submit", {"job": job_spec(job_id, marker), "id": job_id})
     wait_for(lambda: all(j["state"] == "running" for j in client.call("jobs")["jobs"]), 30,
              "the long jobs to run")
+    wait_for(lambda: all((starts / j).exists() for j in long_ids), 10, "start markers")
     pids = {j: (starts / j).read_text().split() for j in long_ids}
 
     ids = [f"burst-{i:04d}" for i in range(SUBMISSIONS)]
