@@ -281,7 +281,7 @@ class Master:
     # -- persistence ---------------------------------------------------------------------
     async def _persist(self, jobs: list[Job], events: list[tuple]) -> None:
         try:
-            await self.journal.call(self.store.update_jobs, jobs, events)
+            await self.journal.update(jobs, events)
         except StoreError as exc:
             log.error("store write failed: %s", exc)
             raise
