@@ -103,8 +103,8 @@ async def run_clients(url: str, first: int, count: int, rate: float, seconds: fl
                     elif kind == 0:
                         own.append(job_id)
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    name = type(exc).__name__
-                    errors[name] = errors.get(name, 0) + 1
+                    err = type(exc).__name__
+                    errors[err] = errors.get(err, 0) + 1
                 latencies.append(time.perf_counter() - due)
                 by_kind[name].append(latencies[-1])
                 k += 1

@@ -7,12 +7,13 @@ which
 
 * refuses a connection beyond ``max_per_ip`` concurrent ones from the same address (503);
 * gives each HTTP request ``request_timeout_s`` from its first byte to arrive whole, headers
-  and body (408, then close);
+  and body (408, then close) -- timed on the bytes as they arrive, so a master too busy to
+  get round to a request quickly never blames the client for it;
 * gives each WebSocket frame from a node the same time from its first byte (close);
 * closes a keep-alive connection idle for ``idle_timeout_s``.
 
 A slow sender costs one timer and never blocks anyone else: everything here is callbacks on the
-event loop. :func:`limits_middleware` tells the guard when a request's body is in.
+event loop. :func:`limits_middleware` tells the guard when handlers run.
 """
 
 from __future__ import annotations
@@ -102,25 +103,85 @@ class _FrameClock:
             self._payload_left = size
 
 
+class _RequestClock:
+    """Finds where HTTP/1.1 requests end in the client's byte stream (headers, then
+    Content-Length bytes of body), so the guard times what the *peer* sends, not how soon a
+    busy event loop gets round to the handler."""
+
+    MAX_HEAD = 64 * 1024  # aiohttp refuses longer headers itself
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._body_left = 0
+        self.completed = 0  # requests received whole so far
+
+    @property
+    def partial(self) -> bool:
+        return bool(self._head) or self._body_left > 0
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._body_left:
+                step = min(self._body_left, len(view))
+                self._body_left -= step
+                view = view[step:]
+                if not self._body_left:
+                    self.completed += 1
+                continue
+            scan_from = max(0, len(self._head) - 3)
+            self._head += view
+            view = memoryview(b"")
+            end = self._head.find(b"\r\n\r\n", scan_from)
+            if end < 0:
+                if len(self._head) > self.MAX_HEAD:
+                    self._head.clear()  # aiohttp answers 431 and closes; stop timing it
+                return
+            head, rest = bytes(self._head[:end]), bytes(self._head[end + 4:])
+            self._head.clear()
+            self._body_left = _content_length(head)
+            if not self._body_left:
+                self.completed += 1
+            view = memoryview(rest)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                return max(0, int(value.strip()))
+            except ValueError:
+                return 0  # aiohttp answers 400
+    return 0  # no body (chunked bodies are timed only up to their headers)
+
+
 class GuardedProtocol(asyncio.Protocol):
-    """Wraps aiohttp's per-connection protocol; see the module docstring."""
+    """Wraps aiohttp's per-connection protocol; see the module docstring.
+
+    The clock is driven by bytes arriving: it runs while a request (or a WebSocket frame) is
+    partly received, stops when it is whole, and an idle timer runs between requests.
+    """
 
     def __init__(self, inner_factory: Callable[[], asyncio.Protocol],
                  limits: PeerLimits) -> None:
         self._factory = inner_factory
         self.limits = limits
         self.inner: asyncio.Protocol | None = None
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
         self.peer = ""
-        self.state = "receiving"  # receiving | handling | idle | websocket
+        self.websocket_mode = False
+        self.busy = 0  # requests whose handler is running
+        self.started = 0  # requests whose handler has started
         self._timer: asyncio.TimerHandle | None = None
-        self._data_while_handling = False
-        self._frames: _FrameClock | None = None
+        self._timer_kind = ""
+        self._requests = _RequestClock()
+        self._frames = _FrameClock()
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         # uvloop's transports quack like asyncio.Transport without subclassing it.
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         limits = self.limits
@@ -141,23 +202,21 @@ class GuardedProtocol(asyncio.Protocol):
         limits.guards[id(transport)] = self
         self.inner = self._factory()
         self.inner.connection_made(transport)
-        self._arm(limits.request_timeout_s, self._request_too_slow)
+        # Waiting for the first request counts as receiving it: a silent peer is cut off.
+        self._arm("request", self.limits.request_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         if self.inner is None:
             return
-        if self.state == "idle":
-            self.state = "receiving"
-            self._arm(self.limits.request_timeout_s, self._request_too_slow)
-        elif self.state == "handling":
-            self._data_while_handling = True
-        elif self.state == "websocket" and self._frames is not None:
-            was_partial = self._frames.partial
-            self._frames.feed(data)
-            if self._frames.partial and not was_partial:
-                self._arm(self.limits.request_timeout_s, self._frame_too_slow)
-            elif not self._frames.partial:
-                self._disarm()
+        clock: _RequestClock | _FrameClock = (
+            self._frames if self.websocket_mode else self._requests)
+        was_partial = clock.partial
+        clock.feed(data)
+        if clock.partial:
+            if not was_partial or self._timer_kind != "request":
+                self._arm("request", self.limits.request_timeout_s)
+        elif self._timer_kind in ("request", "idle"):
+            self._disarm()
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -185,63 +244,62 @@ class GuardedProtocol(asyncio.Protocol):
             self.inner.resume_writing()
 
     # -- driven by the middleware ----------------------------------------------------------
-    def request_in(self) -> None:
-        """The request's headers and body have arrived: the handler's time is not the
-        peer's fault, so the clock stops."""
-        self._disarm()
-        self.state = "handling"
-        self._data_while_handling = False
+    def request_started(self) -> None:
+        self.busy += 1
+        self.started += 1
 
     def websocket(self) -> None:
-        self._disarm()
-        self.state = "websocket"
-        self._frames = _FrameClock()
+        """After the upgrade the stream carries WebSocket frames: time those instead."""
+        self.websocket_mode = True
+        if not self._frames.partial:
+            self._disarm()
 
     def request_done(self) -> None:
-        if self.state != "handling":
-            return
-        if self._data_while_handling:  # a pipelined request is already on its way
-            self.state = "receiving"
-            self._arm(self.limits.request_timeout_s, self._request_too_slow)
-        else:
-            self.state = "idle"
-            self._arm(self.limits.idle_timeout_s, self._idle_too_long)
+        self.busy = max(0, self.busy - 1)
+        if not self.busy and not self._requests.partial and not self.websocket_mode:
+            self._arm("idle", self.limits.idle_timeout_s)
 
     # -- timers --------------------------------------------------------------------------
-    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+    def _arm(self, kind: str, delay: float) -> None:
         self._disarm()
+        callback = self._too_slow if kind == "request" else self._idle_too_long
         self._timer = asyncio.get_running_loop().call_later(delay, callback)
+        self._timer_kind = kind
 
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._timer_kind = ""
 
-    def _request_too_slow(self) -> None:
+    def _too_slow(self) -> None:
         self._timer = None
-        if self.state != "receiving" or self.transport is None:
+        self._timer_kind = ""
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
         self.limits.stats.timed_out += 1
+        if self.websocket_mode:
+            log.warning("peer=%s WebSocket frame not received within %.1f s; closing",
+                        self.peer, self.limits.request_timeout_s)
+            transport.abort()
+            return
+        if self.busy and self.started <= self._requests.completed:
+            # A handler is answering a request that arrived whole; the partial bytes are a
+            # pipelined one, which is cut off once the answer is out.
+            self._arm("request", 0.5)
+            return
         log.warning("peer=%s request not received within %.1f s; closing", self.peer,
                     self.limits.request_timeout_s)
-        if not self.transport.is_closing():
-            self.transport.write(_http_error(
-                408, "Request Timeout", "request_timeout",
-                f"the request did not arrive within {self.limits.request_timeout_s:g} s"))
-            self.transport.close()
-
-    def _frame_too_slow(self) -> None:
-        self._timer = None
-        if self.transport is None or self.transport.is_closing():
-            return
-        self.limits.stats.timed_out += 1
-        log.warning("peer=%s WebSocket frame not received within %.1f s; closing", self.peer,
-                    self.limits.request_timeout_s)
-        self.transport.abort()
+        transport.write(_http_error(
+            408, "Request Timeout", "request_timeout",
+            f"the request did not arrive within {self.limits.request_timeout_s:g} s"))
+        transport.close()
 
     def _idle_too_long(self) -> None:
         self._timer = None
-        if self.state == "idle" and self.transport is not None:
+        self._timer_kind = ""
+        if not self.busy and self.transport is not None:
             self.transport.close()
 
 
@@ -268,7 +326,8 @@ class GuardedSite(web.TCPSite):
 
 
 def limits_middleware(limits: PeerLimits) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Reads a request's body under the guard's clock, then stops the clock for the handler."""
+    """Tells the connection's guard when a handler runs and when a connection turns into a
+    WebSocket."""
 
     @web.middleware
     async def middleware(request: web.Request,
@@ -280,18 +339,24 @@ def limits_middleware(limits: PeerLimits) -> Callable[..., Awaitable[web.StreamR
         if request.headers.get("Upgrade", "").lower() == "websocket":
             guard.websocket()
             return await handler(request)
-        if request.can_read_body:
-            try:
-                await request.read()  # cached: the handler's read() returns the same bytes
-            except web.HTTPRequestEntityTooLarge:
-                guard.request_in()
-                guard.request_done()
-                return web.Response(
-                    body=encode_rpc_error(None, "frame_too_large",
-                                          f"request body exceeds the {MAX_FRAME}-byte limit"),
-                    status=413, content_type="application/msgpack")
-        guard.request_in()
+        guard.request_started()
         try:
+            if request.can_read_body:
+                # Read here, under the guard's clock, so a body cut off for slowness ends
+                # this request quietly (the handler's read() returns these cached bytes).
+                try:
+                    await request.read()
+                except web.HTTPRequestEntityTooLarge:
+                    return web.Response(
+                        body=encode_rpc_error(None, "frame_too_large",
+                                              f"request body exceeds the {MAX_FRAME}-byte "
+                                              "limit"),
+                        status=413, content_type="application/msgpack")
+                except ConnectionError:
+                    return web.Response(
+                        body=encode_rpc_error(None, "request_timeout",
+                                              "the request body did not arrive in time"),
+                        status=408, content_type="application/msgpack")
             return await handler(request)
         finally:
             guard.request_done()

@@ -302,6 +302,13 @@ def test_hostile_node_names(master: LocalCluster, frame: bytes, fragment: str) -
     assert all(".." not in n and "/" not in n for n in names)
 
 
+def test_master_logged_no_traceback(master: LocalCluster) -> None:
+    """Runs after the tests above on the same master: all of that was handled, not crashed."""
+    log = master.log("master")
+    assert "Traceback" not in log and "Error handling request" not in log, log
+    assert "request not received within" in log  # the slow senders were logged
+
+
 # -- noded facing a hostile master ------------------------------------------------------------
 
 
