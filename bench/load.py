@@ -12,10 +12,11 @@ events at ``--events``/s each; they also carry out the master's commands (ack pr
 report the job started, exited ``--job-s`` later), so submissions really churn through the
 scheduler, the journal and the node channel.
 
-Phase 2 raises the offered rate by 1.5× per step (``--step-seconds`` each) until p99 passes
-100 ms; ``capacity_rps`` is the highest completed rate of a step with p99 ≤ 100 ms and no
-errors. If phase 1 already misses the target, the steps go down by 1.5× instead until one
-meets it, so capacity_rps is then the highest passing rate below the target load.
+Every step runs against a fresh master. Phase 2 raises the offered rate by 1.5× per step
+(``--step-seconds`` each) until p99 passes 100 ms; ``capacity_rps`` is the highest
+completed rate of a step with p99 ≤ 100 ms and no errors. If phase 1 already misses the
+target, the steps go down by 1.5× instead until one meets it, so capacity_rps is then the
+highest passing rate below the target load.
 
 Latency is measured from each request's *scheduled* send time, so a stalled master cannot hide
 behind clients that fell behind. Load generators run in separate processes from the master
@@ -143,6 +144,7 @@ async def run_nodes(url: str, count: int, events_per_s: float, seconds: float,
                                                                    fake_inventory(name)}))
 
             pending: set[asyncio.Future[None]] = set()
+            util_ids: set[int] = set()  # gpu_util frames awaiting their ack
 
             async def later(delay: float, type_: str, body: dict) -> None:
                 await asyncio.sleep(delay)
@@ -155,7 +157,9 @@ async def run_nodes(url: str, count: int, events_per_s: float, seconds: float,
                     frame = msgpack.unpackb(msg.data)
                     type_ = frame["type"]
                     if type_ == "ack":
-                        acked += 1
+                        if frame["id"] in util_ids:
+                            util_ids.discard(frame["id"])
+                            acked += 1
                         continue
                     if type_ == "error":
                         code = frame["body"].get("code", "error")
@@ -188,7 +192,9 @@ async def run_nodes(url: str, count: int, events_per_s: float, seconds: float,
                 pct = float((k * 37 + index) % 100)
                 band = "idle" if pct < 5 else "low" if pct < 30 else "medium" if pct < 70 \
                     else "high"
-                await ws.send_bytes(encode_frame("gpu_util", next(ids), {
+                util_id = next(ids)
+                util_ids.add(util_id)
+                await ws.send_bytes(encode_frame("gpu_util", util_id, {
                     "index": k % 4, "utilization_pct": pct, "band": band}))
                 k += 1
                 due += period
@@ -314,36 +320,43 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
     root = Path(tempfile.mkdtemp(prefix="trellis-bench-load-"))
-    cluster = LocalCluster(root, nodes=0, prefix="trellis-bench-load", extra_master={
-        "max_connections_per_ip": 4 * (args.clients + args.nodes), "node_grace_s": 30,
-        "command_timeout_s": 30})
     steps: list[dict[str, Any]] = []
+
+    def measured(rate: float, seconds: float, tag: str) -> dict[str, Any]:
+        """One step against a fresh master, so no step inherits another's backlog."""
+        cluster = LocalCluster(root / tag, nodes=0, prefix="trellis-bench-load", extra_master={
+            "max_connections_per_ip": 4 * (args.clients + args.nodes), "node_grace_s": 30,
+            "command_timeout_s": 30})
+        try:
+            cluster.start_master()
+            step = run_step(cluster.url, args, rate, seconds, tag, True, root)
+            jobs = cluster.client(timeout=120).call("jobs", {"limit": 100_000})["jobs"]
+            step["jobs_submitted"] = len(jobs)
+            step["jobs_finished"] = sum(1 for j in jobs if j["state"] == "finished")
+            step["master_alive"] = cluster.master is not None and cluster.master.running
+        finally:
+            cluster.close()
+        return step
+
+    def ok(step: dict[str, Any]) -> bool:
+        return step["p99_ms"] <= P99_TARGET_MS and not step["errors"]
+
     try:
-        cluster.start_master()
-        url = cluster.url
-        first = run_step(url, args, args.rate, args.seconds, "p1", True, root)
+        first = measured(args.rate, args.seconds, "target")
         first["phase"] = "target"
         steps.append(first)
         print(f"target: {json.dumps(first)}", file=sys.stderr)
         rate = args.rate
-
-        def ok(step: dict[str, Any]) -> bool:
-            return step["p99_ms"] <= P99_TARGET_MS and not step["errors"]
-
         going_up = ok(first)
         for i in range(args.max_steps):
             if ok(steps[-1]) != going_up:
                 break
             rate = rate * 1.5 if going_up else rate / 1.5
-            step = run_step(url, args, rate, args.step_seconds, f"s{i}", True, root)
+            step = measured(rate, args.step_seconds, f"step{i + 1}")
             step["phase"] = f"step{i + 1}"
             steps.append(step)
             print(f"step {i + 1}: {json.dumps(step)}", file=sys.stderr)
-        jobs = cluster.client(timeout=60).call("jobs", {"limit": 100_000})["jobs"]
-        finished = sum(1 for j in jobs if j["state"] == "finished")
-        alive = cluster.master is not None and cluster.master.running
     finally:
-        cluster.close()
         shutil.rmtree(root, ignore_errors=True)
     passing = [s for s in steps if s["p99_ms"] <= P99_TARGET_MS and not s["errors"]]
     result = {
@@ -356,9 +369,9 @@ def main() -> int:
         "achieved_rps": first["achieved_rps"],
         "capacity_rps": max((s["achieved_rps"] for s in passing), default=None),
         "capacity_limited_by_steps": bool(passing) and passing[-1] is steps[-1],
-        "jobs_submitted": len(jobs),
-        "jobs_finished": finished,
-        "master_alive": alive,
+        "jobs_submitted": first["jobs_submitted"],
+        "jobs_finished": first["jobs_finished"],
+        "master_alive": all(s["master_alive"] for s in steps),
         "cpus": os.cpu_count(),
         "rpc_mix": "submit, jobs (list), ping, job; place is not in the master yet",
         "steps": steps,
