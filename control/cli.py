@@ -20,7 +20,9 @@ from typing import Any
 
 from control.client import MasterClient, RpcError, Unreachable
 from control.completion import bash_script
+from control.credentials import add_arguments, credentials
 from control.tables import render_table
+from shared.auth import AuthError
 from shared.cpulist import format_cpu_list
 
 CONFIG_PATHS = (Path("~/.config/trellis/trellisctl.toml").expanduser(),
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table",
                    help="output format: table, wide (more columns) or json")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the master")
+    add_arguments(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     nodes = sub.add_parser("nodes", help="list nodes")
@@ -379,6 +382,11 @@ def events(client: MasterClient, args: argparse.Namespace,
         cursor = result["last"]
 
 
+def make_client(args: argparse.Namespace) -> MasterClient:
+    url = master_url(args.master)
+    return MasterClient(url, timeout=args.timeout, **credentials(args, url, CONFIG_PATHS))
+
+
 def completion(args: argparse.Namespace) -> int:
     if args.what == "bash":
         if args.source is not None:
@@ -387,7 +395,7 @@ def completion(args: argparse.Namespace) -> int:
         return 0
     if args.source is None:
         raise UsageError("completion words needs jobs or nodes")
-    client = MasterClient(master_url(args.master), timeout=args.timeout)
+    client = make_client(args)
     if args.source == "nodes":
         words = [n["name"] for n in client.call("nodes")["nodes"]]
     else:
@@ -402,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         return completion(args)
     if args.timeout <= 0:
         raise UsageError("--timeout must be more than 0 seconds")
-    client = MasterClient(master_url(args.master), timeout=args.timeout)
+    client = make_client(args)
     if cmd in ("nodes", "node", "jobs"):
         if args.watch:
             try:
@@ -439,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 with a usage message on bad usage
     try:
         return run(args)
-    except UsageError as exc:
+    except (UsageError, AuthError) as exc:
         print(f"trellisctl: {exc}", file=sys.stderr)
         return 2
     except Unreachable as exc:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
 
+from shared.auth import Secret, bearer_header
 from shared.protocol import ProtocolError, encode_rpc_request, unpack
 
 # Replies list whole job tables; requests stay bounded by the master's frame limit.
@@ -27,19 +29,23 @@ class Unreachable(Exception):
 
 
 class MasterClient:
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, token: Secret | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/") + "/v1/rpc"
         self.timeout = timeout
         self._ids = itertools.count(1)
+        self._headers = {"Content-Type": "application/msgpack", **bearer_header(token)}
+        self._ssl = ssl_context
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         body = encode_rpc_request(method, params or {}, next(self._ids))
         request = urllib.request.Request(
             self.url, data=body, method="POST",
-            headers={"Content-Type": "application/msgpack"},
+            headers=self._headers,
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout,
+                                        context=self._ssl) as response:
                 data = response.read()
         except urllib.error.HTTPError as exc:
             data = exc.read()

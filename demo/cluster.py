@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from control.client import MasterClient, Unreachable
+from shared.auth import Secret
 
 
 def free_port() -> int:
@@ -77,16 +79,57 @@ class LocalCluster:
     # Extra node configuration by section for every node: "gpu" keys join [gpu], any other
     # name becomes its own section, e.g. {"tuner": {"window_s": 1.0}}.
     node_sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Extra [node] keys for every node.
+    node_settings: dict[str, Any] = field(default_factory=dict)
+    # Bearer tokens for every role (files of mode 0600 under root); off = open loopback access.
+    auth: bool = False
+    listen_host: str = "127.0.0.1"
+    # How nodes reach the master, and a command prefix per node (e.g. ip netns exec NS).
+    node_master_host: str | None = None
+    node_wrapper: dict[str, list[str]] = field(default_factory=dict)
+    scheme: str = "http"  # https when the master has TLS configured
+    client_ssl: Any = None  # ssl.SSLContext the cluster's own client uses
     port: int = field(default_factory=free_port)
     master: Daemon | None = None
     node_daemons: dict[str, Daemon] = field(default_factory=dict)
 
+    tokens: dict[str, str] = field(default_factory=dict, repr=False)
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = "127.0.0.1" if self.listen_host in ("127.0.0.1", "0.0.0.0") else self.listen_host
+        return f"{self.scheme}://{host}:{self.port}"
 
-    def client(self, timeout: float = 10.0) -> MasterClient:
-        return MasterClient(self.url, timeout=timeout)
+    def client(self, timeout: float = 10.0, role: str = "admin") -> MasterClient:
+        token = Secret(self.tokens[role]) if role in self.tokens else None
+        return MasterClient(self.url, timeout=timeout, token=token, ssl_context=self.client_ssl)
+
+    def _secret_file(self, name: str, text: str) -> Path:
+        path = self.root / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+
+    def make_tokens(self, nodes: int) -> dict[str, Any]:
+        """Token files for every role; returns the master's config keys for them."""
+        for role in ("admin", "client"):
+            self.tokens.setdefault(role, secrets.token_urlsafe(24))
+        for i in range(1, nodes + 1):
+            self.tokens.setdefault(self.node_name(i), secrets.token_urlsafe(24))
+        node_lines = "".join(f"{self.node_name(i)} {self.tokens[self.node_name(i)]}\n"
+                             for i in range(1, nodes + 1))
+        return {
+            "admin_token_file": str(self._secret_file("admin.token",
+                                                      self.tokens["admin"] + "\n")),
+            "client_token_file": str(self._secret_file(
+                "clients.tokens", f"{default_job_user()} {self.tokens['client']}\n")),
+            "node_token_file": str(self._secret_file("nodes.tokens", node_lines or "#\n")),
+        }
+
+    def token_file(self, role: str) -> Path:
+        """A client-side token file (one token) for ``role`` or a node name."""
+        return self._secret_file(f"{role}.own.token", self.tokens[role] + "\n")
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -102,14 +145,16 @@ class LocalCluster:
 
     def start_master(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        extra = "".join(f"{k} = {_toml(v)}\n" for k, v in self.extra_master.items())
-        cfg = self._write("master.toml", (
-            "[master]\n"
-            f'listen_host = "127.0.0.1"\nlisten_port = {self.port}\n'
-            f'state_dir = "{self.root / "master"}"\npolicy = "{self.policy}"\n'
-            f"node_grace_s = {self.node_grace_s}\ncommand_timeout_s = 10\n"
-            f"stop_grace_s = 3\n{extra}"
-        ))
+        settings: dict[str, Any] = {
+            "listen_host": self.listen_host, "listen_port": self.port,
+            "state_dir": str(self.root / "master"), "policy": self.policy,
+            "node_grace_s": self.node_grace_s, "command_timeout_s": 10, "stop_grace_s": 3,
+        }
+        if self.auth:
+            settings.update(self.make_tokens(max(self.nodes, 8)))
+        settings.update(self.extra_master)
+        extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
+        cfg = self._write("master.toml", "[master]\n" + extra)
         self.master = Daemon("master", [sys.executable, "-m", "masterd.main", "-c", str(cfg)],
                              self.root / "master.log")
         self.master.start(self._env())
@@ -139,19 +184,25 @@ class LocalCluster:
             f"[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
             for section, keys in extra.items()
         )
+        settings = {**self.node_settings, **self.extra_node.get(i, {})}
+        if self.auth and name in self.tokens:
+            settings.setdefault("token_file", str(self.token_file(name)))
+        node_keys = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
+        url = self.url
+        if self.node_master_host:
+            url = f"{self.scheme}://{self.node_master_host}:{self.port}"
         cfg = self._write(f"{name}.toml", (
             "[node]\n"
-            f'name = "{name}"\nmaster_url = "{self.url}"\n'
+            f'name = "{name}"\nmaster_url = "{url}"\n{node_keys}'
             f'state_dir = "{self.root / name}"\ncgroup_parent = "{name}"\n'
             f'cgroup_mode = "{self.cgroup_mode}"\nsample_interval_s = 0.5\n'
             f"reconnect_max_s = 1.0\n"
-            + "".join(f"{k} = {_toml(v)}\n" for k, v in self.extra_node.get(i, {}).items())
-            + "[gpu]\n"
+            "[gpu]\n"
             f'backend = "emulated"\ncount = {self.gpus_per_node}\nmodel = "A100-SXM4-40GB"\n'
             f"{gpu_extra}{sections}"
         ))
-        daemon = Daemon(name, [sys.executable, "-m", "noded.main", "-c", str(cfg)],
-                        self.root / f"{name}.log")
+        daemon = Daemon(name, [*self.node_wrapper.get(name, []), sys.executable, "-m",
+                               "noded.main", "-c", str(cfg)], self.root / f"{name}.log")
         daemon.start(self._env())
         self.node_daemons[name] = daemon
 

@@ -7,11 +7,19 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from masterd.authn import (
+    authorize_rpc,
+    check_node_identity,
+    node_may_connect,
+    principal_of,
+)
 from masterd.metrics import MasterMetrics
+from masterd.nodeguard import check_event
 from masterd.rpc import VERSION, Rpc
 from masterd.service import Master
 from masterd.sessions import NodeSession
@@ -34,7 +42,8 @@ log = logging.getLogger("trellis.master.http")
 MSGPACK = "application/msgpack"
 STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
              "unknown_service": 404,
-             "frame_too_large": 413, "store_unavailable": 503}
+             "frame_too_large": 413, "store_unavailable": 503,
+             "unauthenticated": 401, "forbidden": 403}
 SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
                  "is back")
 
@@ -116,6 +125,7 @@ async def _serve_rpc(request: web.Request, rpc: Rpc, outcome: RpcOutcome) -> web
         req_id = req.id
         # A metric label per known method only: arbitrary names must not grow the series.
         outcome.method = req.method if req.method in rpc.methods else "unknown"
+        authorize_rpc(principal_of(request), req.method, req.params, rpc.master)
         result = await rpc.call(req.method, req.params)
     except ProtocolError as exc:
         outcome.error = exc.code
@@ -140,8 +150,18 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
     master = request.app[MASTER_KEY]
     if request.app[GATE_KEY].closed:
         raise web.HTTPServiceUnavailable(text=SHUTTING_DOWN)
-    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=10.0)
+    principal = principal_of(request)
+    if not node_may_connect(principal):
+        return web.Response(  # type: ignore[return-value]
+            body=encode_rpc_error(None, "forbidden", "only node credentials may open a node "
+                                  "session"), status=403, content_type=MSGPACK)
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=master.config.node_heartbeat_s)
     await ws.prepare(request)
+    # A peer that never says hello must not hold the connection.
+    hello_timer = asyncio.get_running_loop().call_later(
+        master.config.hello_timeout_s,
+        lambda: session is None and asyncio.ensure_future(
+            ws.close(code=1008, message=b"no hello in time")))
     session: NodeSession | None = None
     inbox: asyncio.Queue[tuple[int, str, object]] = asyncio.Queue()
     worker: asyncio.Task[None] | None = None
@@ -189,6 +209,8 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 if session is None:
                     if not isinstance(body, Hello):
                         raise ProtocolError("not_registered", "send hello first")
+                    check_node_identity(principal, body.inventory.name)
+                    hello_timer.cancel()
                     session = NodeSession(body.inventory.name, ws,
                                           master.config.command_timeout_s)
                     worker = asyncio.get_running_loop().create_task(work())
@@ -196,11 +218,13 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 elif isinstance(body, Hello):
                     raise ProtocolError("already_registered", "hello was already received")
                 else:
+                    check_event(master.core, session.name, body)
                     inbox.put_nowait((frame.id, frame.type, body))
             except ProtocolError as exc:
                 await ws.send_bytes(
                     encode_frame("error", frame.id, error_body(exc.code, exc.message)))
     finally:
+        hello_timer.cancel()
         if worker is not None:
             worker.cancel()
         if session is not None:
@@ -220,8 +244,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(master: Master) -> web.Application:
-    app = web.Application(client_max_size=MAX_FRAME)
+def make_app(master: Master, middlewares: tuple[Any, ...] = ()) -> web.Application:
+    app = web.Application(client_max_size=MAX_FRAME, middlewares=middlewares)
     metrics = MasterMetrics(master, VERSION, master.clock)
     # Master._run_pass reports each pass here (see masterd.service).
     master.observe_pass = metrics.observe_pass

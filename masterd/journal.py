@@ -7,7 +7,7 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from masterd.store import NewJobRows, Store, new_job_rows
+from masterd.store import NewJobRows, Store, new_job_rows, update_rows
 from shared.model import Job
 
 T = TypeVar("T")
@@ -27,6 +27,10 @@ class Journal:
         self._pending: list[tuple[NewJobRows, asyncio.Future[None]]] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
+        self._updates: list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]],
+                                  asyncio.Future[None]]] = []
+        self._updating = False
+        self._updater: asyncio.Task[None] | None = None
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -41,6 +45,41 @@ class Journal:
             self._flushing = True
             self._flusher = loop.create_task(self._flush())
         await fut
+
+    async def update(self, jobs: list[Job], events: list[tuple]) -> None:
+        """Persist job state changes and events; concurrent callers share one commit.
+
+        Without this every state change cost an fsync of its own, and under load (hundreds
+        of jobs a second churning through placed/running/finished) the single store thread
+        fell seconds behind, delaying every RPC that waited on it.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        job_rows, event_rows = update_rows(jobs, events)
+        self._updates.append((job_rows, event_rows, fut))
+        if not self._updating:
+            self._updating = True
+            self._updater = loop.create_task(self._flush_updates())
+        await fut
+
+    async def _flush_updates(self) -> None:
+        try:
+            while self._updates:
+                batch, self._updates = self._updates, []
+                job_rows = [r for rows, _, _ in batch for r in rows]
+                event_rows = [r for _, rows, _ in batch for r in rows]
+                try:
+                    await self.call(self.store.apply_updates, job_rows, event_rows)
+                except Exception as exc:
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_result(None)
+        finally:
+            self._updating = False
 
     async def _flush(self) -> None:
         try:

@@ -22,8 +22,11 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from masterd.app import GATE_KEY, make_app
+from masterd.authn import auth_middleware, build_authenticator, build_ssl, warn_if_open
+from masterd.limits import GuardedSite, PeerLimits, limits_middleware
 from masterd.service import Master
 from masterd.store import StoreError
+from shared.auth import AuthError
 from shared.config import ConfigError, MasterConfig, load_config
 from shared.logs import set_level, setup_logging
 from shared.sdnotify import Notifier
@@ -86,9 +89,15 @@ class MasterDaemon:
         self.notifier.status(f"opening the journal in {config.state_dir}")
         self.master = master = Master(config)
         master.restore()
-        self.runner = web.AppRunner(make_app(master), access_log=None, shutdown_timeout=5.0)
+        auth, ssl_context = build_authenticator(config), build_ssl(config)
+        warn_if_open(auth, config)
+        limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
+        self.runner = web.AppRunner(
+            make_app(master, (limits_middleware(limits), auth_middleware(auth))),
+            access_log=None, shutdown_timeout=5.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, config.listen_host, config.listen_port)
+        site = GuardedSite(self.runner, config.listen_host, config.listen_port, limits=limits,
+                           ssl_context=ssl_context)
         await site.start()
         log.info("listening host=%s port=%d policy=%s state_dir=%s", config.listen_host,
                  config.listen_port, config.policy, config.state_dir)
@@ -212,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
+    except AuthError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     except (StoreError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1

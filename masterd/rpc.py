@@ -147,7 +147,12 @@ class Rpc:
 
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         out = []
-        for job in self.master.core.jobs.values():
+        # Starting/running jobs are a small index of their own; scanning every job ever
+        # submitted for them made each such list cost O(all jobs).
+        pool = (self.master.core.running().values()
+                if p.state in ("active", "starting", "running")
+                else self.master.core.jobs.values())
+        for job in pool:
             if p.state == "active":
                 if job.state.terminal or job.state is JobState.QUEUED:
                     continue

@@ -38,6 +38,9 @@ from shared.model import Job, JobSpec, JobState, NodeInventory, check_name
 
 log = logging.getLogger("trellis.master")
 
+# Node refusals that no retry can cure: the job fails instead of being re-queued forever.
+PERMANENT_REFUSALS = frozenset({"user_refused", "unknown_user"})
+
 
 class UserCache:
     """Remembers which Unix users exist for a short while: a getpwnam per submission reads the
@@ -141,6 +144,8 @@ class Master:
             raise JobError("unknown_user", f"Unix user {user!r} does not exist")
 
     async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+        if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
+            check_name(job_id, "job id")
         self.check_user(spec.user)
         self.core.check_submittable(spec)
         self.adaptive.check(spec)
@@ -230,7 +235,11 @@ class Master:
             results = await asyncio.gather(*prepares, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
-                await self._abort_launch(job, str(failures[0]))
+                # A node that refuses the job's user will refuse it on every retry.
+                permanent = [f for f in failures if isinstance(f, CommandFailed)
+                             and f.code in PERMANENT_REFUSALS]
+                await self._abort_launch(job, str((permanent or failures)[0]),
+                                         permanent=bool(permanent))
                 return
             rank0 = placement.allocations[0].node
             view = self.core.cluster.node(rank0)
@@ -248,7 +257,7 @@ class Master:
         finally:
             self._launching.discard(job.id)
 
-    async def _abort_launch(self, job: Job, reason: str) -> None:
+    async def _abort_launch(self, job: Job, reason: str, permanent: bool = False) -> None:
         log.warning("job=%s launch failed: %s", job.id, reason)
         placement = job.placement
         nodes = placement.nodes if placement else ()
@@ -257,6 +266,12 @@ class Master:
             return_exceptions=True,
         )
         transition = self.core.start_failed(job.id, reason, self.clock())
+        if transition and permanent:
+            # Re-queued by the core; take it out again and record it as failed.
+            self.core.cancel(job.id, self.clock())
+            job.state = JobState.FAILED
+            job.reason = f"refused by the node: {reason}"
+            transition = Transition(job.id, JobState.FAILED, job.reason)
         if transition:
             await self._record(transition)
         self.request_pass()
@@ -309,7 +324,7 @@ class Master:
     # -- persistence ---------------------------------------------------------------------
     async def _persist(self, jobs: list[Job], events: list[tuple]) -> None:
         try:
-            await self.journal.call(self.store.update_jobs, jobs, events)
+            await self.journal.update(jobs, events)
         except StoreError as exc:
             log.error("store write failed: %s", exc)
             raise

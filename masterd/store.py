@@ -111,6 +111,17 @@ def _job_from_row(row: sqlite3.Row) -> Job:
     )
 
 
+def update_rows(jobs: Iterable[Job], events: Iterable[tuple]
+                ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Encode job updates and events now, on the caller's thread: the Job objects keep
+    changing on the event loop while a write waits for the store thread."""
+    return (
+        [(job.state.value, _job_data(job), job.id) for job in jobs],
+        [(t, job_id, node, kind, json.dumps(detail, default=str))
+         for t, job_id, node, kind, detail in events],
+    )
+
+
 @dataclass(frozen=True)
 class NewJobRows:
     job: tuple[Any, ...]
@@ -205,6 +216,18 @@ class Store:
                 )
 
         self._tx(run, list(jobs), list(events))
+
+    def apply_updates(self, job_rows: list[tuple[Any, ...]],
+                      event_rows: list[tuple[Any, ...]]) -> None:
+        """Rows made by :func:`update_rows`, many callers' worth in one transaction."""
+
+        def run() -> None:
+            self.db.executemany("UPDATE jobs SET state=?, data=? WHERE id=?", job_rows)
+            self.db.executemany(
+                "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
+                event_rows)
+
+        self._tx(run)
 
     def load_jobs(self) -> list[Job]:
         rows = self.db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()

@@ -48,8 +48,12 @@ class NodeAgent:
         gpus: GpuBackend,
         sample_interval_s: float = 1.0,
         reconnect_max_s: float = 30.0,
+        headers: dict[str, str] | None = None,
+        ssl_context: Any = None,
     ) -> None:
         self.url = master_url.rstrip("/") + "/v1/node"
+        self._headers = headers or {}  # the bearer token: never logged
+        self._ssl = ssl_context if ssl_context is not None else True
         self.inventory = inventory
         self.runner = runner
         self.gpus = gpus
@@ -98,7 +102,8 @@ class NodeAgent:
                 await monitor
 
     async def _session(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
-        async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0) as ws:
+        async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0,
+                                   headers=self._headers, ssl=self._ssl) as ws:
             self.ws = ws
             hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()))
             await self._send("hello", encode(hello))

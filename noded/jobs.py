@@ -136,12 +136,7 @@ class JobRunner:
         if jobdir.exists():  # left from an earlier attempt the master already settled
             shutil.rmtree(jobdir)
         jobdir.mkdir()
-        mems = sorted({self.numa_of.get(c, 0) for c in cmd.allocation.cpus}) or [0]
-        limits = GroupLimits(
-            cpus=tuple(cmd.allocation.cpus),
-            mems=tuple(mems),
-            memory_bytes=cmd.allocation.memory_mib * 1024 * 1024 or None,
-        )
+        limits = self._group_limits(cmd)
         try:
             self.cgroups.create(job_id, limits)
         except (OSError, ValueError) as exc:
@@ -154,6 +149,37 @@ class JobRunner:
         log.info("job=%s prepared gpus=%s cpus=%s", job_id, list(cmd.allocation.gpus),
                  list(cmd.allocation.cpus))
         return {"port": port}
+
+    def _group_limits(self, cmd: PrepareJob) -> GroupLimits:
+        # A GPU job given no dedicated cores shares the cores this node offers (an empty
+        # cpuset could run nothing).
+        cpus = tuple(cmd.allocation.cpus) or tuple(sorted(self.numa_of))
+        mems = sorted({self.numa_of.get(c, 0) for c in cpus}) or [0]
+        return GroupLimits(
+            cpus=cpus,
+            mems=tuple(mems),
+            memory_bytes=cmd.allocation.memory_mib * 1024 * 1024 or None,
+        )
+
+    def _repin(self, part: JobPart) -> None:
+        """Re-apply a re-adopted part's confinement from its allocation: whatever drifted while
+        noded was down (a group rewritten or lost, a process re-pinned) is put back."""
+        try:
+            self.cgroups.create(part.job_id, self._group_limits(part.prepare))
+            members = set(self.cgroups.pids(part.job_id))
+            for pid in _job_processes(part):
+                if pid not in members:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.cgroups.add_pid(part.job_id, pid)
+            cpus = part.prepare.allocation.cpus
+            if cpus:
+                # The shim pinned the job by affinity too; a cgroup that did not change leaves
+                # a drifted affinity alone, so set it again on every process of the job.
+                for pid in _job_processes(part):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.sched_setaffinity(pid, cpus)
+        except (OSError, ValueError, LookupError, RuntimeError) as exc:
+            log.warning("job=%s pinning not re-applied: %s", part.job_id, exc)
 
     def _port(self, part: JobPart) -> int:
         try:
@@ -337,9 +363,11 @@ class JobRunner:
                 continue
             part.state = "running"
             alloc = prepare.allocation
+            self._repin(part)
             self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
             part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
-            log.info("job=%s re-adopted shim_pid=%d", part.job_id, part.shim_pid)
+            log.info("job=%s re-adopted shim_pid=%d cpus=%s", part.job_id, part.shim_pid,
+                     list(alloc.cpus))
 
     async def shutdown(self) -> None:
         """noded is stopping: leave jobs running (their shims keep them), stop watching."""
@@ -362,6 +390,24 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _child_pid(jobdir: Path) -> int | None:
     data = _read_json(jobdir / "child.json")
     return int(data["pid"]) if data else None
+
+
+def _job_processes(part: JobPart) -> list[int]:
+    """The job's processes (its process group and their descendants), not the shim."""
+    pgid = _child_pid(part.dir)
+    if pgid is None:
+        return []
+    found: list[int] = []
+    try:
+        leader = psutil.Process(pgid)
+        found = [leader.pid, *(c.pid for c in leader.children(recursive=True))]
+    except psutil.Error:
+        pass
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if proc.pid not in found and os.getpgid(proc.pid) == pgid:
+                found.append(proc.pid)
+    return found
 
 
 def _ctime(pid: int) -> float | None:

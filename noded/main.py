@@ -32,6 +32,7 @@ from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.jobs import JobRunner
+from noded.master_auth import master_credentials
 from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
 from noded.rdt_setup import open_node_resctrl
@@ -152,8 +153,10 @@ class NodeDaemon:
             allow_root_jobs=config.allow_root_jobs, allowed_users=config.allowed_users,
             numa_of={c.id: c.numa_node for c in self.cpus},
         )
+        headers, ssl_context = master_credentials(config)
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
-                               config.sample_interval_s, config.reconnect_max_s)
+                               config.sample_interval_s, config.reconnect_max_s,
+                               headers=headers, ssl_context=ssl_context)
         self.tuning = CoreTuning(
             self.runner, self.gpus, self.cgroups, config.tuner, self.agent.send_event,
             numa_of={c.id: c.numa_node for c in self.cpus}, connected=self.agent.connected,

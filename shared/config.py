@@ -58,6 +58,27 @@ class MasterConfig:
     adaptive_cpus: bool = False
     inference: InferenceConfig = field(default_factory=InferenceConfig)
 
+    # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),
+    # mode 0600; with none of these and no TLS client CA the master serves loopback only.
+    admin_token_file: str = bounded("", max_len=4096)
+    client_token_file: str = bounded("", max_len=4096)
+    node_token_file: str = bounded("", max_len=4096)
+    tls_cert_file: str = bounded("", max_len=4096)
+    tls_key_file: str = bounded("", max_len=4096)
+    tls_ca_file: str = bounded("", max_len=4096)  # verifies client certificates (mTLS)
+    tls_admin_cns: tuple[str, ...] = bounded(default_factory=tuple, max_len=10_000)
+    tls_client_cns: tuple[str, ...] = bounded(default_factory=tuple, max_len=10_000)
+    tls_node_cns: tuple[str, ...] = bounded(default_factory=tuple, max_len=10_000)
+    # Clients may submit jobs, each only as the Unix user named by its identity.
+    clients_may_submit: bool = False
+    # Hostile-peer limits: a request (headers and body) or a node frame must arrive within
+    # request_timeout_s of its first byte; a node must say hello within hello_timeout_s.
+    request_timeout_s: float = bounded(10.0, min=0.05, max=3600)
+    hello_timeout_s: float = bounded(10.0, min=0.05, max=3600)
+    max_connections_per_ip: int = bounded(1024, min=1, max=1_000_000)
+    # WebSocket ping period on node sessions: a silent (partitioned) node is noticed within
+    # about 1.5 times this, and marked unreachable node_grace_s later.
+    node_heartbeat_s: float = bounded(10.0, min=0.1, max=3600)
 
 @dataclass(frozen=True)
 class TunerConfig:
@@ -179,6 +200,11 @@ class NodeConfig:
     rdt: RdtConfig = field(default_factory=RdtConfig)
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
+    # Authentication to the master: a token file (one token, mode 0600) and/or TLS.
+    token_file: str = bounded("", max_len=4096)
+    tls_ca_file: str = bounded("", max_len=4096)
+    tls_cert_file: str = bounded("", max_len=4096)
+    tls_key_file: str = bounded("", max_len=4096)
 
     def __post_init__(self) -> None:
         import re

@@ -21,6 +21,10 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a node inventory of 1,024 GPUs fits many times over
+MAX_METHOD = 64
+MAX_NESTING = 32  # containers inside containers; real messages use fewer than 8
+MAX_MESSAGE = 2000  # characters of an error message sent back
+MAX_ID = 128
 
 
 class ProtocolError(Exception):
@@ -43,7 +47,7 @@ def unpack(data: bytes, *, max_size: int = MAX_FRAME) -> Any:
             "frame_too_large", f"frame of {len(data)} bytes exceeds the {max_size}-byte limit"
         )
     try:
-        return msgpack.unpackb(
+        obj = msgpack.unpackb(
             data,
             raw=False,
             strict_map_key=True,
@@ -53,12 +57,32 @@ def unpack(data: bytes, *, max_size: int = MAX_FRAME) -> Any:
             max_map_len=100_000,
             max_ext_len=0,
         )
+    except msgpack.StackError:
+        raise ProtocolError("too_deep", "frame is nested too deeply to parse") from None
     except ProtocolError:
         raise
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
         raise ProtocolError("bad_frame", f"frame is not valid msgpack: {exc}") from None
     except Exception as exc:  # msgpack raises assorted types on hostile input
         raise ProtocolError("bad_frame", f"frame is not valid msgpack: {exc}") from None
+    check_nesting(obj)
+    return obj
+
+
+def check_nesting(obj: Any, limit: int = MAX_NESTING) -> None:
+    """Refuse data nested deeper than ``limit``: deep values break ``repr`` and recursive code
+    later (Python's recursion limit), so they are stopped at the door. Iterative, O(size)."""
+    if not isinstance(obj, dict | list):
+        return
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise ProtocolError("too_deep", f"frame is nested deeper than {limit} levels")
+        children = value.values() if isinstance(value, dict) else value
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
 
 
 def _check_version(obj: dict[str, Any]) -> None:
@@ -101,6 +125,8 @@ def decode_frame(data: bytes) -> Frame:
 
 
 def error_body(code: str, message: str) -> dict[str, str]:
+    if len(message) > MAX_MESSAGE:  # messages quote bad input: keep the echo bounded
+        message = message[:MAX_MESSAGE - 20] + f"... ({len(message)} chars)"
     return {"code": code, "message": message}
 
 
@@ -124,8 +150,15 @@ def decode_rpc_request(data: bytes) -> RpcRequest:
         raise ProtocolError("bad_request", "request field 'method' must be a non-empty string")
     if not isinstance(params, dict):
         raise ProtocolError("bad_request", "request field 'params' must be a map")
+    if len(method) > MAX_METHOD:
+        raise ProtocolError("bad_request", f"request field 'method' is {len(method)} characters "
+                            f"long, at most {MAX_METHOD} allowed")
     if not (id_ is None or isinstance(id_, int | str)) or isinstance(id_, bool):
         raise ProtocolError("bad_request", "request field 'id' must be an integer or a string")
+    if isinstance(id_, str) and len(id_) > MAX_ID:
+        # The id is echoed in the reply: a long one would be an amplifier.
+        raise ProtocolError("bad_request", f"request field 'id' is {len(id_)} characters long, "
+                            f"at most {MAX_ID} allowed")
     return RpcRequest(id_, method, params)
 
 
