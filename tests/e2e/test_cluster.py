@@ -199,7 +199,7 @@ def test_multi_node_job_starts_everywhere_or_nowhere(make_cluster, shared_dir: P
     job = submit(cluster, "--name", "split", "--gpus", "8", "--", "sh", "-c",
                  f"touch {marker}-$RANK")
     jobs = wait_states(cluster, [job], {"failed"}, timeout=60)
-    assert "gave up after 3 failed starts" in jobs[job]["reason"]
+    # A refused user fails at once: retrying cannot change the node's answer.
     assert "not allowed" in jobs[job]["reason"]
     assert not list(shared_dir.glob("ran-*")), "a rank ran although its peer refused"
     # The refused job freed everything: a job that fits node 1 alone runs there.
