@@ -4,6 +4,7 @@ model store, the profiler's fit, job metrics and the CLI's deadline parsing."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,6 @@ TRUTH = Coefficients(40.0, 12.0, -0.05, 0.8, 0.3)
 # -- profiling runs at the lowest priority ---------------------------------------------------------
 def profiling_job(job_id: str, d_node: int, d_gpn: int, submit: float = 0.0) -> Job:
     base = job(gpus=d_node * d_gpn, cpus=d_node, model="A100", submit=submit, job_id=job_id)
-    from dataclasses import replace
-
     return Job(id=job_id, spec=replace(base.spec, max_nodes=d_node), submit_time=submit)
 
 
@@ -310,8 +309,6 @@ class _FakeMaster:
 def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
     tmp_path: Path,
 ) -> None:
-    from dataclasses import asdict
-
     from masterd.profiler import create_tables, write_campaign
 
     store = Store(tmp_path / "master.db")
@@ -339,5 +336,53 @@ def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
         assert "while the master was down" in restored.runs[1].reason
         assert restored.state == "running" and not master.spawned  # r2 still runs
         assert profiler.view(restored)["runs_pending"] == 1
+    finally:
+        journal.close()
+
+
+def test_profile_requests_are_checked_against_the_cluster(tmp_path: Path) -> None:
+    from masterd.core.cluster import ClusterState
+    from masterd.core.scheduler import JobError
+    from masterd.profiler import ProfileRequest, plan_runs
+
+    store = Store(tmp_path / "master.db")
+    journal = Journal(store)
+    try:
+        master = _FakeMaster(store, journal, {})
+        cluster = ClusterState()
+        master.core.cluster = cluster  # type: ignore[attr-defined]
+        profiler = Profiler(master)  # type: ignore[arg-type]
+        req = ProfileRequest(model_type="net", command=("train",), user="nobody")
+        with pytest.raises(JobError, match="no GPU node"):
+            profiler.check(req)
+        cluster.upsert_node(gpu_node("n1", gpus=4, cores=2))
+        with pytest.raises(JobError, match="2 or more nodes of A100; the cluster has 1"):
+            profiler.check(req)
+        cluster.upsert_node(gpu_node("n2", gpus=4, cores=2))
+        checked, nodes, gpn, cores = profiler.check(req)
+        assert (checked.gpu_model, checked.global_batch, nodes, gpn, cores) == (
+            "A100", 64, 2, 4, 2)
+        assert [(p, n, g) for p, n, g, _ in plan_runs(checked, nodes, gpn)] == [
+            ("batch", 1, 1)] * 4 + [("gpus", 1, 2), ("gpus", 1, 3), ("gpus", 1, 4),
+                                    ("nodes", 2, 1)]
+        inference = replace(req, kind="inference")
+        assert [p for p, *_ in plan_runs(profiler.check(inference)[0], 2, 4)] == ["batch"] * 4
+        for bad, message in (
+            (replace(req, batches=(8, 8, 16)), "3 or more distinct"),
+            (replace(req, gpu_model="H100"), "no node with GPU model 'H100'"),
+            (replace(req, global_batch=2), "global_batch 2"),
+            (replace(req, max_gpus_per_node=1), "max_gpus_per_node allows 1"),
+            (replace(req, model_type="--"), "letter or digit"),
+        ):
+            with pytest.raises(JobError, match=message):
+                profiler.check(bad)
+        # Cores per run are capped at what a node has: <1, 4> fits a 2-core node.
+        campaign = Campaign(id="profile-9", model_type="net", gpu_model="A100",
+                            kind="training", family=None, params_m=None, batches=[8],
+                            global_batch=64, iterations=5, command=["x"], user="nobody",
+                            tenant="default", created=0.0)
+        spec = profiler._spec(checked, campaign, ProfileRun("r", "gpus", 1, 4, 64), cores)
+        assert (spec.gpus, spec.cpus, spec.max_nodes, spec.batch) == (4, 2, 1, 64)
+        assert spec.env["TRELLIS_BATCH"] == "64"
     finally:
         journal.close()
