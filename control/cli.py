@@ -8,6 +8,7 @@ Exit status: 0 success, 1 the master refused the request, 2 bad usage or input,
 from __future__ import annotations
 
 import argparse
+import datetime
 import getpass
 import json
 import os
@@ -105,8 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tenant")
     submit.add_argument("--qos", choices=("urgent", "prior", "normal"))
     submit.add_argument("--model-type")
+    submit.add_argument("--model-family", help="e.g. cnn, rnn: finds a similar profiled model")
+    submit.add_argument("--model-params-m", type=float, help="millions of parameters")
     submit.add_argument("--batch", type=int)
     submit.add_argument("--iterations", type=int)
+    submit.add_argument("--deadline", help="seconds from now (600, 90s, 10m, 2h, 1d) or an ISO "
+                                           "time (2030-01-31T18:00, local unless it has a zone)")
+    submit.add_argument("--max-nodes", type=int, help="most nodes the job may span")
     submit.add_argument("--workdir")
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     submit.add_argument("job_command", nargs=argparse.REMAINDER,
@@ -125,7 +131,42 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("what", choices=("bash", "words"), help="bash script, or words")
     comp.add_argument("source", nargs="?", choices=("jobs", "nodes"),
                       help="with words: job ids or node names")
+    add_genie_commands(sub)
     return p
+
+
+def add_genie_commands(sub: Any) -> None:
+    """GENIE's model database and profiler, SODA's pools."""
+    models = sub.add_parser("models", help="list prediction models, or load them from a file")
+    actions = models.add_subparsers(dest="models_action", metavar="ACTION")
+    load = actions.add_parser("load", help="load a .json/.toml model database (see README)")
+    load.add_argument("file")
+
+    prof = sub.add_parser("profile", help="profile a model type with B + N + G real runs")
+    # An option, not a positional: a positional before the command would swallow the options.
+    prof.add_argument("--model-type", required=True, help="the model type to profile")
+    prof.add_argument("--gpu-model", help="GPU model to profile on (default: the only one)")
+    prof.add_argument("--kind", choices=("training", "inference"), default="training")
+    prof.add_argument("--batches", help="single-GPU batch sizes, e.g. 8,16,32,64")
+    prof.add_argument("--global-batch", type=int, help="batch of the N + G multi-GPU runs")
+    prof.add_argument("--iterations", type=int, help="iterations per run (default 100)")
+    prof.add_argument("--max-nodes", type=int, help="most nodes of the N runs")
+    prof.add_argument("--max-gpus-per-node", type=int, help="most GPUs of the G runs")
+    prof.add_argument("--cpus-per-gpu", type=int)
+    prof.add_argument("--family", help="model family (cnn, rnn, ...) stored with the fit")
+    prof.add_argument("--params-m", type=float, help="millions of parameters, stored")
+    prof.add_argument("--user", help="Unix user the runs run as (default: you)")
+    prof.add_argument("--tenant")
+    prof.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    prof.add_argument("job_command", nargs=argparse.REMAINDER,
+                      help="-- then the command; {batch}, {iterations}, {d_node}, {d_gpn} "
+                           "are replaced per run")
+    profiles = sub.add_parser("profiles", help="list profiling campaigns, or show one")
+    profiles.add_argument("profile_id", nargs="?")
+
+    pools = sub.add_parser("pools", help="SODA's arrays: sizes, use, loans (soda-arrays)")
+    pools.add_argument("--resize", action="store_true",
+                       help="re-derive array sizes from recent demand now")
 
 
 def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,10 +186,13 @@ def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if command:
         job["command"] = command
     for key in ("name", "kind", "gpus", "cpus", "memory_mib", "gpu_model", "user", "tenant",
-                "qos", "model_type", "batch", "iterations", "workdir"):
+                "qos", "model_type", "model_family", "model_params_m", "batch", "iterations",
+                "workdir", "max_nodes"):
         value = getattr(args, key)
         if value is not None:
             job[key] = value
+    if args.deadline is not None:
+        job["deadline"] = parse_deadline(args.deadline, time.time())
     if args.env:
         env = dict(job.get("env", {}))
         for item in args.env:
@@ -164,6 +208,37 @@ def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if "kind" not in job:
         job["kind"] = "training" if job.get("gpus") else "cpu"
     return job
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """Seconds since the epoch from "600", "+600", "90s", "10m", "2h", "1d" (from now) or an
+    ISO 8601 time (local time unless it names a zone)."""
+    raw = text.strip()
+    body = raw[1:] if raw.startswith("+") else raw
+    unit = 1.0
+    if body and body[-1] in _UNITS:
+        unit, body = _UNITS[body[-1]], body[:-1]
+    try:
+        seconds = float(body) * unit
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+            raise UsageError(f"--deadline {text!r}: must be a positive number of seconds")
+        return now + seconds
+    try:
+        moment = datetime.datetime.fromisoformat(raw)
+    except ValueError:
+        raise UsageError(
+            f"--deadline {text!r}: not seconds from now (600, 10m, 2h) nor an ISO time "
+            "(2030-01-31T18:00)") from None
+    deadline = moment.timestamp()  # a naive time is local time
+    if deadline <= now:
+        raise UsageError(f"--deadline {text!r} is in the past")
+    return deadline
 
 
 def _fmt_time(t: float | None) -> str:
@@ -302,11 +377,191 @@ def show_job(result: dict[str, Any]) -> str:
     )]
     for a in j["placement"]:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={a['gpus']} cpus={a['cpus']}")
+    lines.extend(show_prediction(result.get("prediction")))
+    metrics = result.get("metrics") or {}
+    if metrics:
+        lines.append(f"{'Metrics:':<12}" + ", ".join(
+            f"{name}={m['last']:.6g} (mean {m['value']:.6g}, {m['count']} reports)"
+            for name, m in metrics.items()))
     lines.append("Events:")
     for e in result.get("events", []):
         detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v not in (None, ""))
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {e['node'] or '':<10} {detail}")
     return "\n".join(lines)
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def show_prediction(p: dict[str, Any] | None) -> list[str]:
+    """GENIE's view of the job: model, fallback, predicted latency, ECT and allowance."""
+    if not p:
+        return []
+    lines = ["Prediction:"]
+    model = p.get("model")
+    what = f"type {p['model_type'] or '(none)'}, batch {p['batch'] or '-'}, " \
+           f"{p['iterations'] or '-'} iterations ({p['kind']})"
+    lines.append(f"  {'Task:':<16}{what}")
+    if model:
+        lines.append(f"  {'Model:':<16}{model['model_type']} on {model['gpu_model']}; "
+                     f"source: {model['source'] or '-'}")
+        c = model["coefficients"]
+        lines.append(f"  {'Coefficients:':<16}k0={_num(c['k0'])} k1={_num(c['k1'])} "
+                     f"k2={_num(c['k2'])} gamma={_num(c['gamma'])} lambda={_num(c['lam'])} "
+                     f"nu={_num(c['nu'])}")
+    else:
+        lines.append(f"  {'Model:':<16}none")
+    fallback = "FALLBACK: " + p["fallback_reason"] if p["fallback"] else "no (profiled model)"
+    lines.append(f"  {'Fallback:':<16}{fallback}")
+    place = p.get("placement")
+    if place:
+        cer = f", CER {place['cer']:.4g}" if place.get("cer") is not None else ""
+        rate = f"{place['rate']:.1f} samples/s" if place.get("rate") else "infeasible"
+        lines.append(f"  {'Placement:':<16}{place['d_node']} node(s) x {place['d_gpn']} GPU(s)"
+                     f" of {place['gpu_model']}: {rate}{cer}")
+    lines.append(f"  {'Latency:':<16}{_num(p['predicted_latency_s'], '.1f')}s predicted "
+                 f"(one GPU: {_num(p['single_gpu_latency_s'], '.1f')}s)")
+    if "actual_latency_s" in p:
+        err = p.get("prediction_error")
+        lines.append(f"  {'Actual:':<16}{p['actual_latency_s']:.1f}s"
+                     + (f" (prediction off by {100 * err:+.1f}%)" if err is not None else ""))
+    deadline = "deadline" if p.get("deadline") is not None else f"ECT of QoS {p['qos']}"
+    lines.append(f"  {'Expected by:':<16}{_fmt_time(p['ect'])} ({deadline})")
+    if p.get("waiting_allowance_s") is not None:
+        meets = "meets its ECT" if p["meets_ect"] else "cannot meet its ECT"
+        lines.append(f"  {'Allowance:':<16}{p['waiting_allowance_s']:.1f}s "
+                     f"({meets}; {p['explained_by']} order)")
+    return lines
+
+
+def show_models(result: dict[str, Any]) -> str:
+    rows = [[m["model_type"], m["gpu_model"], m["kind"], m["family"] or "-", _num(m["k0"]),
+             _num(m["k1"]), _num(m["k2"]), _num(m["gamma"]), _num(m["lam"]), _num(m["nu"]),
+             ("stored: " if m["stored"] else "") + (m["source"] or "-")]
+            for m in result["models"]]
+    text = render_table(["MODEL TYPE", "GPU MODEL", "KIND", "FAMILY", "K0", "K1", "K2", "GAMMA",
+                         "LAMBDA", "NU", "SOURCE"], rows)
+    if result.get("default_gpu_model"):
+        text += f"\nUnprofiled GPU models fall back to {result['default_gpu_model']}."
+    return text
+
+
+def _fit_error(c: dict[str, Any]) -> str:
+    fit = c.get("fit")
+    if not fit:
+        return "-"
+    parts = [f"1-GPU {100 * fit['single_gpu_error']:.1f}%"]
+    if fit.get("placement_error") is not None:
+        parts.append(f"multi {100 * fit['placement_error']:.1f}%")
+    return ", ".join(parts)
+
+
+def show_profiles(result: dict[str, Any], detail: bool) -> str:
+    rows = [[c["id"], c["model_type"], c["gpu_model"], c["kind"], c["state"],
+             f"{c['runs_done']}/{len(c['runs'])}" + (f" ({c['runs_failed']} failed)"
+                                                     if c["runs_failed"] else ""),
+             _fit_error(c), c["error"] or "-"]
+            for c in result["profiles"]]
+    text = render_table(["ID", "MODEL TYPE", "GPU MODEL", "KIND", "STATE", "RUNS", "FIT ERROR",
+                         "ERROR"], rows)
+    if detail:
+        for c in result["profiles"]:
+            if c.get("fit"):
+                f = c["fit"]
+                text += (f"\nFit: k0={_num(f['k0'])} k1={_num(f['k1'])} k2={_num(f['k2'])} "
+                         f"gamma={_num(f['gamma'])} lambda={_num(f['lam'])} nu={_num(f['nu'])}")
+            runs = [[r["job_id"], r["phase"], f"<{r['d_node']}, {r['d_gpn']}>", str(r["batch"]),
+                     r["state"], _num(r["rate"], ".2f"), _num(r["seconds"], ".1f"),
+                     str(r["reports"]), r["reason"] or "-"] for r in c["runs"]]
+            text += "\n" + render_table(["RUN", "PHASE", "SHAPE", "BATCH", "STATE",
+                                          "SAMPLES/S", "SECONDS", "REPORTS", "REASON"], runs)
+    return text
+
+
+def show_pools(result: dict[str, Any]) -> str:
+    rows = [[a["name"], a["kind"], a["unit"], str(a["size"]), str(a["used"]),
+             str(a["borrowed_out"]), str(a["borrowed_in"]), str(a["queued"])]
+            for a in result["arrays"]]
+    text = render_table(["ARRAY", "KIND", "UNIT", "SIZE", "USED", "LENT", "BORROWED", "QUEUED"],
+                        rows)
+    last, change = result.get("last_resize"), result.get("last_change")
+    if last:
+        text += (f"\nLast re-size {_fmt_time(last['time'])} from {last['jobs']} job(s): "
+                 + ("changed" if last["changed"] else "unchanged"))
+    if change and change != last:
+        text += f"; sizes last changed {_fmt_time(change['time'])}"
+    return text
+
+
+def profile_params(args: argparse.Namespace) -> dict[str, Any]:
+    command = list(args.job_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("profile needs a command: trellisctl profile TYPE [options] -- CMD")
+    params: dict[str, Any] = {"model_type": args.model_type, "command": command,
+                              "user": args.user or getpass.getuser(), "kind": args.kind}
+    if args.batches:
+        try:
+            params["batches"] = [int(b) for b in args.batches.split(",") if b.strip()]
+        except ValueError:
+            raise UsageError(f"--batches {args.batches!r}: expected e.g. 8,16,32,64") from None
+    for key in ("gpu_model", "global_batch", "iterations", "max_nodes", "max_gpus_per_node",
+                "cpus_per_gpu", "family", "params_m", "tenant"):
+        value = getattr(args, key)
+        if value is not None:
+            params[key] = value
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    if env:
+        params["env"] = env
+    return params
+
+
+def model_rows(path: str) -> dict[str, Any]:
+    """A model database file, checked here so a typo is reported with its path."""
+    from masterd.core.genie.modeldb import ROW_FIELDS, ModelDB, ModelDBError
+
+    try:
+        db = ModelDB.load(path)
+    except ModelDBError as exc:
+        raise UsageError(str(exc)) from None
+    rows = [{k: v for k, v in zip(ROW_FIELDS, row, strict=True) if v is not None}
+            for row in db.to_rows()]
+    params: dict[str, Any] = {"rows": rows}
+    if db.default_gpu_model is not None:
+        params["default_gpu_model"] = db.default_gpu_model
+    return params
+
+
+def run_genie(client: MasterClient, args: argparse.Namespace) -> tuple[Any, str] | None:
+    cmd = args.command
+    if cmd == "models":
+        if args.models_action == "load":
+            result = client.call("load_models", model_rows(args.file))
+            return result, f"loaded {result['loaded']} model(s): {', '.join(result['models'])}"
+        result = client.call("models")
+        return result, show_models(result)
+    if cmd == "profile":
+        result = client.call("profile", profile_params(args))
+        c = result["profile"]
+        return result, (f"profiling {c['model_type']} on {c['gpu_model']} as {c['id']}: "
+                        f"{len(c['runs'])} runs ({', '.join(r['job_id'] for r in c['runs'])})")
+    if cmd == "profiles":
+        params = {"id": args.profile_id} if args.profile_id else {}
+        result = client.call("profiles", params)
+        return result, show_profiles(result, detail=bool(args.profile_id))
+    if cmd == "pools":
+        if args.resize:
+            client.call("resize_arrays")
+        result = client.call("pools")
+        return result, show_pools(result)
+    return None
 
 
 def emit(result: Any, text: str, output: str, stream_json: bool = False) -> None:
@@ -436,6 +691,8 @@ def run(args: argparse.Namespace) -> int:
     elif cmd in ("drain", "undrain"):
         result = client.call(cmd, {"node": args.node})
         text = f"node {result['node']} is {result['status']}"
+    elif (genie := run_genie(client, args)) is not None:
+        result, text = genie
     else:  # argparse rejects unknown commands before this
         raise UsageError(f"unknown command {cmd}")
     emit(result, text, args.output)

@@ -294,6 +294,9 @@ def _toml(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, dict):  # an inline table, e.g. policy_options
+        import json
+
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}"
+                                for k, v in value.items()) + " }"
     return str(value)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from masterd.core.scheduler import JobError
+from masterd.genie_rpc import job_extras
+from masterd.genie_rpc import method_table as genie_methods
 from masterd.inference_service import method_table as inference_methods
 from masterd.service import Master
 from masterd.store import EventRow
@@ -109,6 +111,8 @@ class Rpc:
         }
         # The placement RPC for inference services (SODA §V-D).
         self.methods.update(inference_methods(master.inference))
+        # GENIE's model database and profiler, SODA's pools.
+        self.methods.update(genie_methods(master))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -176,6 +180,7 @@ class Rpc:
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events
             ],
+            **job_extras(self.master, job),
         }
 
     async def nodes(self, _: NoParams) -> dict[str, Any]:

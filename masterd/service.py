@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from masterd.adaptive import AdaptiveCpus
+from masterd.arrays_live import ArraysLive
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
+from masterd.core.profiling import ProfilingPolicy
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
 from masterd.inference_service import InferenceService
+from masterd.jobmetrics import JobMetrics
 from masterd.journal import Journal
+from masterd.modelstore import ModelStore, build_policy
+from masterd.profiler import Profiler
 from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
 from shared.config import MasterConfig
@@ -28,6 +33,7 @@ from shared.messages import (
     GpuUtil,
     Hello,
     JobExited,
+    JobMetric,
     JobReport,
     JobStarted,
     PrepareJob,
@@ -92,6 +98,16 @@ class Master:
                                      clock, self._persist, self._spawn, self.request_pass)
         self.adaptive.load()
         self.inference = InferenceService(self)
+        # GENIE's model database (journalled) shared by every predicting policy, its
+        # profiler, the jobs' reported metrics, and SODA's pools (see those modules).
+        self.models = ModelStore.for_config(self.store, self.journal, config.policy,
+                                            config.policy_options)
+        self.profiler = Profiler(self)
+        self.core.policy = ProfilingPolicy(
+            build_policy(config.policy, config.policy_options, self.models.db),
+            self.profiler.is_run, self.profiler.any_runs)
+        self.job_metrics = JobMetrics(clock, self.profiler.on_metric)
+        self.arrays = ArraysLive(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -115,6 +131,8 @@ class Master:
             "restored jobs=%d queued=%d active=%d nodes=%d",
             len(jobs), len(self.core.queue()), active, len(self.core.cluster.node_names),
         )
+        self.profiler.restore()
+        self.arrays.start()
 
     async def close(self) -> None:
         for handle in self._grace.values():
@@ -335,6 +353,7 @@ class Master:
         if transition.state.terminal:
             detail.update(exit_code=job.exit_code, signal=job.signal)
         await self._persist([job], [(self.clock(), job.id, node, transition.state.value, detail)])
+        await self.profiler.on_transition(job, transition)
         log.info("job=%s state=%s%s", job.id, transition.state.value,
                  f" reason={transition.reason!r}" if transition.reason else "")
         if transition.state is not JobState.RUNNING:
@@ -469,6 +488,9 @@ class Master:
         elif type_ == "cores_changed":
             assert isinstance(body, CoresChanged)
             await self.adaptive.cores_changed(node, body)
+        elif type_ == "job_metric":
+            assert isinstance(body, JobMetric)
+            self.job_metrics.on_event(node, body, self.core.jobs.get(body.job_id))
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         view = self.core.cluster.node(node)

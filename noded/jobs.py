@@ -96,6 +96,9 @@ class JobRunner:
         self.numa_of = numa_of or {}
         self.on_exited = on_exited
         self.parts: dict[str, JobPart] = {}
+        # More channels a job gets in its environment, e.g. the metrics channel:
+        # (job id, owner uid) -> variables.
+        self.env_providers: list[Callable[[str, int], dict[str, str]]] = []
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -257,7 +260,13 @@ class JobRunner:
         })
         # The GPU backend may hand the job a channel of its own (the emulation's progress file).
         env.update(self.gpus.job_env(part.job_id, entry.pw_uid))
+        for provide in self.env_providers:
+            env.update(provide(part.job_id, entry.pw_uid))
         return env
+
+    def is_running(self, job_id: str) -> bool:
+        part = self.parts.get(job_id)
+        return part is not None and part.state == "running"
 
     def stop(self, job_id: str, grace_s: float, reason: str) -> None:
         part = self.parts.get(job_id)

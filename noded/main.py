@@ -35,6 +35,7 @@ from noded.jobs import JobRunner
 from noded.master_auth import master_credentials
 from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
+from noded.metrics_channel import MetricsChannel
 from noded.rdt_setup import open_node_resctrl
 from noded.tuning import CoreTuning
 from shared.config import ConfigError, NodeConfig, load_config
@@ -161,6 +162,11 @@ class NodeDaemon:
             self.runner, self.gpus, self.cgroups, config.tuner, self.agent.send_event,
             numa_of={c.id: c.numa_node for c in self.cpus}, connected=self.agent.connected,
         )
+        # What jobs report on TRELLIS_METRICS_FILE, relayed to the master as job_metric events.
+        self.metrics_channel = MetricsChannel(state / "metrics", self.agent.send_event,
+                                              self.runner.is_running,
+                                              config.job_metrics_interval_s)
+        self.runner.env_providers.append(self.metrics_channel.job_env)
         gpus, _ = self.gpus.inventory()
         self.metrics = NodeMetrics(config.name, self.agent, self.runner,
                                    {g.index: g.uuid for g in gpus})
@@ -245,6 +251,7 @@ class NodeDaemon:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.runner.adopt()
+        self.metrics_channel.adopt()
         loop = asyncio.get_running_loop()
         metrics: web.AppRunner | None = None
         background: list[asyncio.Task[None]] = []
@@ -252,6 +259,7 @@ class NodeDaemon:
         enforcer = (loop.create_task(self.contention.run(stop))
                     if self.contention is not None else None)
         tuning = loop.create_task(self.tuning.run(stop))
+        channel = loop.create_task(self.metrics_channel.run(stop))
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -269,10 +277,11 @@ class NodeDaemon:
         finally:
             stop.set()  # the agent closes its session and returns by itself
             tuning.cancel()
+            channel.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.gather(*background, agent, tuning,
+                await asyncio.wait_for(asyncio.gather(*background, agent, tuning, channel,
                                                       return_exceptions=True), 5.0)
             if enforcer is not None:
                 enforcer.cancel()

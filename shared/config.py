@@ -52,6 +52,10 @@ class MasterConfig:
     allowed_users: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000)
     allow_root_jobs: bool = False
     log_level: str = bounded("info", pattern=r"(?i)debug|info|warning|error")
+    # SODA's arrays: re-derive their sizes from recent demand this often (0 turns it off) ...
+    array_resize_interval_s: float = bounded(3600.0, min=0, max=30 * 86400)
+    # ... looking back this many days (None: the policy's own ``history_days``).
+    array_history_days: float | None = bounded(None, min=0.001, max=3650)
     # SODA's adaptive CPU allocator for training jobs (§V-B): spec.cpus becomes the most cores
     # a job may hold, it starts at N_start and its node tunes it down to the best fit. A job's
     # TRELLIS_ADAPTIVE_CPUS environment variable (1/0) overrides this per job.
@@ -192,6 +196,9 @@ class NodeConfig:
     sample_interval_s: float = bounded(1.0, min=0.05, max=3600)
     reconnect_max_s: float = bounded(30.0, min=0.1, max=3600)
     log_level: str = bounded("info", pattern=r"(?i)debug|info|warning|error")
+    # How often jobs' metrics files are read and relayed (at most one event per job and
+    # metric name per period; see noded/metrics_channel.py).
+    job_metrics_interval_s: float = bounded(1.0, min=0.05, max=3600)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     # Prometheus /metrics listener; 0 = off. Loopback by default: a scraper on the node (or a
     # deliberate address here) reads it, nothing else can.

@@ -1,7 +1,7 @@
 """Bodies of the messages on the node channel; each is decoded with :func:`shared.schema.decode`.
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
-``contention``, ``cores_changed``.
+``contention``, ``cores_changed``, ``job_metric``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
 """
 
@@ -149,6 +149,25 @@ class ForgetJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
 
 
+# What a job may report on its metrics channel (noded/metrics_channel.py): lower-case names.
+METRIC_NAME_PATTERN = r"[a-z][a-z0-9_]{0,31}"
+
+
+@dataclass(frozen=True)
+class JobMetric:
+    """Values a job reported on its metrics channel since the last event of this name.
+
+    ``value`` is their mean, ``last`` the newest, ``count`` how many lines they came from. The
+    node sends at most one event per job and name per ``job_metrics_interval_s``.
+    """
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    name: str = bounded(pattern=METRIC_NAME_PATTERN)
+    value: float = bounded(min=0, max=1e15)
+    last: float = bounded(min=0, max=1e15)
+    count: int = bounded(1, min=1, max=1 << 32)
+
+
 NODE_EVENTS = {
     "hello": Hello,
     "job_started": JobStarted,
@@ -157,6 +176,7 @@ NODE_EVENTS = {
     "gpu_health": GpuHealth,
     "contention": Contention,
     "cores_changed": CoresChanged,
+    "job_metric": JobMetric,
 }
 NODE_COMMANDS = {
     "prepare_job": PrepareJob,

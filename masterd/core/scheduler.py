@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -74,6 +74,8 @@ class SchedulingCore:
         # O(n log n) per event on a queue of thousands.
         self._order: dict[str, tuple[int, float, int]] = {}
         self._ordered: list[tuple[tuple[int, float, int], str]] = []
+        # Queued jobs whose reason is a policy's note from the last pass (see schedule()).
+        self._noted: set[str] = set()
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -155,7 +157,15 @@ class SchedulingCore:
     def schedule(self, now: float) -> list[Decision]:
         if not self._queued:
             return []
-        decisions = self.policy.decide(self.snapshot(), self.queue(), now)
+        # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
+        # arrays); those notes become the jobs' reasons, so operators see them.
+        plan = getattr(self.policy, "plan", None)
+        notes: Mapping[str, str] = {}
+        if plan is not None:
+            result = plan(self.snapshot(), self.queue(), now)
+            decisions, notes = result.decisions, result.notes
+        else:
+            decisions = self.policy.decide(self.snapshot(), self.queue(), now)
         applied: list[Decision] = []
         for decision in decisions:
             if isinstance(decision, Start):
@@ -172,7 +182,7 @@ class SchedulingCore:
                 job.placement = decision.placement
                 job.attempts += 1
                 job.node_states = {n: "preparing" for n in decision.placement.nodes}
-                job.reason = ""
+                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
                 self._active[job.id] = job
                 applied.append(decision)
             elif isinstance(decision, Preempt):
@@ -182,6 +192,18 @@ class SchedulingCore:
                 job.stopping = True
                 job.reason = f"preempted: {decision.reason}"
                 applied.append(decision)
+        if notes or self._noted:
+            # A note from an earlier pass that no longer applies is dropped, not left stale.
+            for job_id in self._noted.difference(notes):
+                stale = self._queued.get(job_id)
+                if stale is not None:
+                    stale.reason = ""
+            self._noted = set()
+            for job_id, note in notes.items():
+                waiting = self._queued.get(job_id)
+                if waiting is not None:
+                    waiting.reason = note
+                    self._noted.add(job_id)
         return applied
 
     # -- events from nodes ---------------------------------------------------------------

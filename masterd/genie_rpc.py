@@ -1,0 +1,122 @@
+"""RPC methods for GENIE's model database and profiler and SODA's pools.
+
+``models`` · ``load_models {path | rows, default_gpu_model?}`` · ``profile {...}`` ·
+``profiles {id?}`` · ``pools`` · ``resize_arrays``; plus the ``prediction`` and ``metrics`` of
+a job added to the ``job`` method's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from masterd.core.scheduler import JobError
+from masterd.prediction import predict
+from masterd.profiler import ProfileRequest
+from shared.model import NAME_PATTERN, UNIX_USER_PATTERN, Job
+from shared.schema import bounded
+
+if TYPE_CHECKING:
+    from masterd.service import Master
+
+Handler = tuple[type, Callable[[Any], Awaitable[Any]]]
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+@dataclass(frozen=True)
+class LoadModelsParams:
+    # A .json/.toml model database on the master's host ...
+    path: str | None = bounded(None, max_len=4096)
+    # ... or its rows: tables with the keys of ModelDB.ROW_FIELDS.
+    rows: tuple[dict[str, Any], ...] | None = bounded(None, max_len=10_000)
+    default_gpu_model: str | None = bounded(None, max_len=128)
+
+
+@dataclass(frozen=True)
+class ProfileParams:
+    model_type: str = bounded(max_len=128)
+    command: tuple[str, ...] = bounded(max_len=1024)
+    user: str = bounded(pattern=UNIX_USER_PATTERN)
+    gpu_model: str | None = bounded(None, max_len=128)
+    kind: str = bounded("training", pattern="training|inference")
+    batches: tuple[int, ...] = bounded((8, 16, 32, 64), min=1, max=1 << 24, max_len=64)
+    global_batch: int | None = bounded(None, min=1, max=1 << 24)
+    iterations: int = bounded(100, min=1, max=1 << 24)
+    max_nodes: int | None = bounded(None, min=1, max=64)
+    max_gpus_per_node: int | None = bounded(None, min=1, max=64)
+    cpus_per_gpu: int = bounded(1, min=0, max=256)
+    memory_mib: int = bounded(0, min=0, max=1 << 30)
+    tenant: str = bounded("default", pattern=NAME_PATTERN)
+    family: str | None = bounded(None, max_len=64)
+    params_m: float | None = bounded(None, min=0)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfilesParams:
+    id: str | None = bounded(None, max_len=256)
+
+
+def method_table(master: Master) -> dict[str, Handler]:
+    async def models(_: NoParams) -> dict[str, Any]:
+        return {"models": master.models.listing(),
+                "default_gpu_model": master.models.db.default_gpu_model}
+
+    async def load_models(p: LoadModelsParams) -> dict[str, Any]:
+        if (p.path is None) == (p.rows is None):
+            raise JobError("invalid_params", "give either path (a .json/.toml file on the "
+                           "master's host) or rows")
+        if p.path is not None:
+            entries = await master.models.load_file(p.path)
+        else:
+            assert p.rows is not None
+            entries = await master.models.load_rows(p.rows, "rpc", p.default_gpu_model)
+        master.request_pass()
+        return {"loaded": len(entries),
+                "models": [f"{e.model_type}/{e.gpu_model}/{e.kind}" for e in entries]}
+
+    async def profile(p: ProfileParams) -> dict[str, Any]:
+        request = ProfileRequest(
+            model_type=p.model_type, command=p.command, user=p.user, gpu_model=p.gpu_model,
+            kind=p.kind, batches=p.batches, global_batch=p.global_batch,
+            iterations=p.iterations, max_nodes=p.max_nodes,
+            max_gpus_per_node=p.max_gpus_per_node, cpus_per_gpu=p.cpus_per_gpu,
+            memory_mib=p.memory_mib, tenant=p.tenant, family=p.family, params_m=p.params_m,
+            env=p.env,
+        )
+        campaign = await master.profiler.start(request)
+        return {"profile": master.profiler.view(campaign)}
+
+    async def profiles(p: ProfilesParams) -> dict[str, Any]:
+        if p.id is not None:
+            return {"profiles": [master.profiler.view(master.profiler.get(p.id))]}
+        return {"profiles": [master.profiler.view(c) for c in master.profiler.campaigns.values()]}
+
+    async def pools(_: NoParams) -> dict[str, Any]:
+        return master.arrays.summary()
+
+    async def resize_arrays(_: NoParams) -> dict[str, Any]:
+        master.arrays._require()
+        return await master.arrays.resize_now()
+
+    return {
+        "models": (NoParams, models),
+        "load_models": (LoadModelsParams, load_models),
+        "profile": (ProfileParams, profile),
+        "profiles": (ProfilesParams, profiles),
+        "pools": (NoParams, pools),
+        "resize_arrays": (NoParams, resize_arrays),
+    }
+
+
+def job_extras(master: Master, job: Job) -> dict[str, Any]:
+    """The ``prediction`` and ``metrics`` parts of a ``job`` result."""
+    return {
+        "prediction": predict(master, job, master.clock()),
+        "metrics": master.job_metrics.of(job.id),
+    }
