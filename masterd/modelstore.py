@@ -109,7 +109,7 @@ def write_rows(
                 (t, job_id, node, kind, json.dumps(detail, default=str)),
             )
 
-    store._tx(run)
+    store.transaction(run)
 
 
 # -- the policy, sharing the live database -------------------------------------------------------

@@ -151,7 +151,7 @@ def write_campaign(store: Store, data: dict[str, Any], event: tuple[Any, ...] | 
                 (t, job_id, node, kind, json.dumps(detail, default=str)),
             )
 
-    store._tx(run)
+    store.transaction(run)
 
 
 def substitute(command: tuple[str, ...], run: ProfileRun, iterations: int) -> tuple[str, ...]:

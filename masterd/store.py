@@ -12,16 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.model import Job, JobSpec, JobState, NodeAllocation, NodeInventory, Placement
 from shared.protocol import pack, unpack
 from shared.schema import decode, encode
 
 log = logging.getLogger("trellis.store")
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -156,6 +157,10 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def transaction(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` inside one write transaction (for tables other modules own)."""
+        return self._tx(fn, *args)
 
     def _tx(self, fn, *args):  # type: ignore[no-untyped-def]
         try:
