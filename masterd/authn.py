@@ -2,7 +2,7 @@
 
 Every HTTP request and every node WebSocket is authenticated in :func:`auth_middleware`
 (bearer token or client certificate) and carries its :class:`Principal` in
-``request["principal"]``. RPC methods are then authorised by role in :func:`authorize_rpc`;
+``request[PRINCIPAL_KEY]``. RPC methods are then authorised by role in :func:`authorize_rpc`;
 node sessions are bound to the node name the credential names (:func:`check_node_identity`).
 """
 
@@ -28,7 +28,7 @@ from shared.protocol import ProtocolError, encode_rpc_error
 
 log = logging.getLogger("trellis.master.auth")
 
-PRINCIPAL_KEY = "principal"
+PRINCIPAL_KEY = web.RequestKey("principal", Principal)
 # Reachable without credentials: liveness probes carry none and learn nothing from it.
 OPEN_PATHS = frozenset({"/healthz"})
 
