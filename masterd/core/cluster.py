@@ -48,6 +48,9 @@ ANY_MODEL = AnyModel.ANY
 # Which nodes a search covers: one GPU model (None: nodes without GPUs) or all of them.
 ModelScope = str | None | AnyModel
 
+# GPU model (None: no GPUs) -> GPUs per node -> number of nodes.
+NodeSizes = Mapping[str | None, Mapping[int, int]]
+
 # One node in a bucket: (free cores, name) is the order ``realise`` ranks nodes with the
 # same number of free GPUs, so a bucket kept sorted needs no sorting at search time.
 _Entry = tuple[int, str]
@@ -191,6 +194,7 @@ class ClusterSnapshot:
     _schedulable: Mapping[str, NodeView] | None = field(
         default=None, init=False, repr=False, compare=False)
     _free_index: FreeIndex | None = field(default=None, init=False, repr=False, compare=False)
+    _sizes: NodeSizes | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def indexed(
@@ -199,11 +203,13 @@ class ClusterSnapshot:
         running: Mapping[str, Job],
         schedulable: Mapping[str, NodeView],
         free_index: FreeIndex,
+        sizes: NodeSizes,
     ) -> ClusterSnapshot:
-        """A snapshot whose schedulable nodes and free index are already known."""
+        """A snapshot whose derived views (see the fields above) are already known."""
         snapshot = cls(nodes=nodes, running=running)
         object.__setattr__(snapshot, "_schedulable", schedulable)
         object.__setattr__(snapshot, "_free_index", free_index)
+        object.__setattr__(snapshot, "_sizes", sizes)
         return snapshot
 
     @property
@@ -223,22 +229,49 @@ class ClusterSnapshot:
         assert self._free_index is not None
         return self._free_index
 
+    def node_sizes(self) -> NodeSizes:
+        """Every node, schedulable or not: GPU model -> GPUs per node -> how many nodes.
+
+        What a platform description (nodes and GPUs per node of each model) needs, without
+        a pass over the nodes.
+        """
+        if self._sizes is None:
+            sizes: dict[str | None, dict[int, int]] = {}
+            for view in self.nodes.values():
+                _count_size(sizes, view, +1)
+            object.__setattr__(self, "_sizes", sizes)
+        assert self._sizes is not None
+        return self._sizes
+
     def schedulable_nodes(self) -> list[NodeView]:
         return list(self.schedulable.values())
 
     @property
     def total_gpus(self) -> int:
-        return sum(n.total_gpus for n in self.nodes.values())
+        return sum(
+            gpus * count for by_size in self.node_sizes().values()
+            for gpus, count in by_size.items()
+        )
 
     def max_gpus_per_node(self, gpu_model: str | None = None) -> int:
         return max(
             (
-                n.total_gpus
-                for n in self.nodes.values()
-                if gpu_model is None or n.gpu_model == gpu_model
+                gpus
+                for model, by_size in self.node_sizes().items()
+                if gpu_model is None or model == gpu_model
+                for gpus in by_size
             ),
             default=0,
         )
+
+
+def _count_size(sizes: dict[str | None, dict[int, int]], view: NodeView, sign: int) -> None:
+    by_size = sizes.setdefault(view.gpu_model, {})
+    by_size[view.total_gpus] = by_size.get(view.total_gpus, 0) + sign
+    if not by_size[view.total_gpus]:
+        del by_size[view.total_gpus]
+        if not by_size:
+            del sizes[view.gpu_model]
 
 
 def _index_view(index: FreeIndex, view: NodeView) -> None:
@@ -264,6 +297,7 @@ class ClusterState:
         self._schedulable: dict[str, NodeView] = {}  # same order as _views
         self._index = FreeIndex()
         self._index_shared = False  # a snapshot holds _index: copy it before changing it
+        self._sizes: dict[str | None, dict[int, int]] = {}  # of every node, see node_sizes
         self._allocations: dict[str, Placement] = {}
 
     def _writable_index(self) -> FreeIndex:
@@ -276,6 +310,10 @@ class ClusterState:
         name = view.name
         old = self._views.get(name)
         self._views[name] = view
+        if old is None or old.inventory is not view.inventory:
+            if old is not None:
+                _count_size(self._sizes, old, -1)
+            _count_size(self._sizes, view, +1)
         if old is not None and old.schedulable and view.schedulable and (
             old.inventory is view.inventory
         ):
@@ -299,6 +337,8 @@ class ClusterState:
 
     def _drop(self, name: str) -> None:
         old = self._views.pop(name, None)
+        if old is not None:
+            _count_size(self._sizes, old, -1)
         if old is not None and old.schedulable:
             _unindex_view(self._writable_index(), old)
             del self._schedulable[name]
@@ -451,7 +491,8 @@ class ClusterState:
             else MappingProxyType(dict(self._schedulable))
         )
         self._index_shared = True
-        return ClusterSnapshot.indexed(nodes, running, schedulable, self._index)
+        sizes = {model: dict(by_size) for model, by_size in self._sizes.items()}  # tiny
+        return ClusterSnapshot.indexed(nodes, running, schedulable, self._index, sizes)
 
     def free_index(self) -> FreeIndex:
         """The live index of schedulable nodes by free GPUs (read-only; for tests)."""

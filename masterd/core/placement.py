@@ -78,6 +78,10 @@ class FreePool:
         self.views: Mapping[str, NodeView] = snapshot.schedulable
         self._index = snapshot.free_index
         self._own_index = False  # the snapshot's until the first change
+        # Nodes changed since the index was last brought up to date, with their free
+        # (GPUs, cores) then. Re-filing waits for the next search, so a pass that places jobs
+        # through its own index (SWAF) does not pay for keeping this one current.
+        self._stale: dict[str, tuple[int, int]] = {}
         self.gpus: _NodeValues[frozenset[int]] = _NodeValues(
             self, "free_gpus", lambda node, gpus: self.assign(node, gpus=gpus))
         self.cpus: _NodeValues[frozenset[int]] = _NodeValues(
@@ -86,8 +90,17 @@ class FreePool:
 
     @property
     def index(self) -> FreeIndex:
-        """The pool's nodes by free GPUs (read-only)."""
+        """The pool's nodes by free GPUs, as of now (read-only)."""
+        if self._stale:
+            self._refile()
         return self._index
+
+    def _refile(self) -> None:
+        if not self._own_index:
+            self._index, self._own_index = self._index.copy(), True
+        for node, before in self._stale.items():
+            self._index.move(node, self.views[node].gpu_model, before, self.counts(node))
+        self._stale.clear()
 
     def counts(self, node: str) -> tuple[int, int]:
         """Free (GPUs, cores) of a node: its key in the index."""
@@ -96,18 +109,14 @@ class FreePool:
     def assign(
         self, node: str, gpus: AbstractSet[int] | None = None, cpus: AbstractSet[int] | None = None
     ) -> None:
-        """Set a node's free GPUs and/or cores, re-filing it in the index."""
-        before = self.counts(node)  # also rejects a node the pool does not hold
+        """Set a node's free GPUs and/or cores (the index re-files it before its next use)."""
+        if node not in self._stale:
+            self._stale[node] = self.counts(node)  # also rejects a node the pool does not hold
         # Frozen, so no one can change a value in place behind the index's back.
         if gpus is not None:
             self.gpus.store(node, frozenset(gpus))
         if cpus is not None:
             self.cpus.store(node, frozenset(cpus))
-        after = self.counts(node)
-        if after != before:
-            if not self._own_index:
-                self._index, self._own_index = self._index.copy(), True
-            self._index.move(node, self.views[node].gpu_model, before, after)
 
     def _set_memory(self, node: str, mib: int) -> None:
         self.memory.store(node, mib)  # memory is not indexed: realise checks it per node
@@ -117,7 +126,7 @@ class FreePool:
             node = alloc.node
             self.assign(node, gpus=self.gpus[node].difference(alloc.gpus),
                         cpus=self.cpus[node].difference(alloc.cpus))
-            self.memory[node] -= alloc.memory_mib
+            self.memory.store(node, self.memory[node] - alloc.memory_mib)
 
     def free_gpu_count(self, node: str) -> int:
         return len(self.gpus[node])
@@ -134,7 +143,7 @@ class FreePool:
         """Nodes of ``scope`` with enough free GPUs, cores and memory, best fit first (fewest
         free GPUs, then fewest free cores, then name)."""
         memory = self.memory
-        for name in self._index.ranked(scope, min_gpus, min_cpus):
+        for name in self.index.ranked(scope, min_gpus, min_cpus):
             if memory[name] >= min_memory:
                 yield name
 

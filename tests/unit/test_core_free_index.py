@@ -110,6 +110,13 @@ def test_state_index_equals_one_rebuilt_from_the_views(data: st.DataObject) -> N
         assert state.free_index().contents() == rebuilt(views)
         snapshot = state.snapshot({})
         assert list(snapshot.schedulable) == [v.name for v in views if v.schedulable]
+        by_hand = ClusterSnapshot(nodes=snapshot.nodes, running={})
+        assert snapshot.node_sizes() == by_hand.node_sizes()
+        assert snapshot.total_gpus == sum(v.total_gpus for v in views)
+        for model in (*MODELS, None):
+            assert snapshot.max_gpus_per_node(model) == max(
+                (v.total_gpus for v in views if model is None or v.gpu_model == model),
+                default=0)
         assert snapshot.schedulable_nodes() == [v for v in views if v.schedulable]
         if data.draw(st.booleans()):
             kept.append((snapshot, rebuilt(views), list(snapshot.schedulable)))
@@ -180,6 +187,7 @@ def test_snapshot_built_by_hand_indexes_itself() -> None:
     state.set_schedulable("c", False)
     by_hand = ClusterSnapshot(nodes=dict(state.snapshot({}).nodes), running={})
     assert list(by_hand.schedulable) == ["a", "b"]
+    assert by_hand.node_sizes() == {"A100": {4: 2}, "V100": {4: 1}}  # drained nodes count
     index = by_hand.free_index
     assert list(index.ranked("A100", 1, 0)) == ["a"]
     assert sorted(index.ranked(ANY_MODEL, 0, 0)) == ["a", "b"]
