@@ -96,6 +96,12 @@ class _Buckets:
             raise AssertionError(f"free index has no node {name} with {gpus} GPUs/{cpus} cores")
         del bucket[i]
 
+    def move(self, name: str, old: tuple[int, int], new: tuple[int, int]) -> None:
+        # Every allocation and release lands here, twice (model and ANY_MODEL): kept to the
+        # two bucket edits.
+        self.remove(old[0], old[1], name)
+        bisect.insort(self._writable(new[0]), (new[1], name))
+
     def ranked(self, min_gpus: int, min_cpus: int) -> Iterator[str]:
         """Names with at least ``min_gpus`` free GPUs and ``min_cpus`` free cores, best fit
         first: fewest free GPUs, then fewest free cores, then name."""
@@ -160,10 +166,8 @@ class FreeIndex:
         """A node's free (GPUs, cores) changed from ``old`` to ``new``."""
         if old == new:
             return
-        for scope in (model, ANY_MODEL):
-            buckets = self._buckets[scope]
-            buckets.remove(old[0], old[1], name)
-            buckets.add(new[0], new[1], name)
+        self._buckets[model].move(name, old, new)
+        self._buckets[ANY_MODEL].move(name, old, new)
 
     def ranked(self, scope: ModelScope, min_gpus: int, min_cpus: int) -> Iterator[str]:
         """Nodes of ``scope`` with enough free GPUs and cores, best fit first."""
