@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+import bisect
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from shared.model import Job, NodeInventory, Placement
@@ -36,39 +38,314 @@ class NodeView:
         return len(self.inventory.gpus)
 
 
+class AnyModel(enum.Enum):
+    """The scope "nodes of every GPU model" (CPU-only jobs and jobs that name no model)."""
+
+    ANY = "any"
+
+
+ANY_MODEL = AnyModel.ANY
+# Which nodes a search covers: one GPU model (None: nodes without GPUs) or all of them.
+ModelScope = str | None | AnyModel
+
+# GPU model (None: no GPUs) -> GPUs per node -> number of nodes.
+NodeSizes = Mapping[str | None, Mapping[int, int]]
+
+# One node in a bucket: (free cores, name) is the order ``realise`` ranks nodes with the
+# same number of free GPUs, so a bucket kept sorted needs no sorting at search time.
+_Entry = tuple[int, str]
+
+
+class _Buckets:
+    """Nodes by free GPU count, each bucket sorted by (free cores, name).
+
+    Copy-on-write per bucket: ``copy`` shares every bucket list, and whichever copy changes a
+    bucket first gives itself a private list. A snapshot per scheduling pass then costs
+    O(GPUs per node), and a change costs one bucket copy at most once per snapshot.
+    """
+
+    __slots__ = ("_lists", "_owned")
+
+    def __init__(self) -> None:
+        self._lists: list[list[_Entry]] = []
+        self._owned: set[int] = set()  # buckets no other copy shares
+
+    def copy(self) -> _Buckets:
+        other = _Buckets()
+        other._lists = list(self._lists)
+        self._owned.clear()  # every bucket is shared now, by both copies
+        return other
+
+    def _writable(self, gpus: int) -> list[_Entry]:
+        while len(self._lists) <= gpus:
+            self._owned.add(len(self._lists))
+            self._lists.append([])
+        if gpus not in self._owned:
+            self._lists[gpus] = list(self._lists[gpus])
+            self._owned.add(gpus)
+        return self._lists[gpus]
+
+    def add(self, gpus: int, cpus: int, name: str) -> None:
+        bisect.insort(self._writable(gpus), (cpus, name))
+
+    def remove(self, gpus: int, cpus: int, name: str) -> None:
+        bucket = self._writable(gpus)
+        i = bisect.bisect_left(bucket, (cpus, name))
+        if i == len(bucket) or bucket[i] != (cpus, name):
+            # The index lost step with the free sets: a bug, never a user error.
+            raise AssertionError(f"free index has no node {name} with {gpus} GPUs/{cpus} cores")
+        del bucket[i]
+
+    def move(self, name: str, old: tuple[int, int], new: tuple[int, int]) -> None:
+        # Every allocation and release lands here, twice (model and ANY_MODEL): kept to the
+        # two bucket edits.
+        self.remove(old[0], old[1], name)
+        bisect.insort(self._writable(new[0]), (new[1], name))
+
+    def ranked(self, min_gpus: int, min_cpus: int) -> Iterator[str]:
+        """Names with at least ``min_gpus`` free GPUs and ``min_cpus`` free cores, best fit
+        first: fewest free GPUs, then fewest free cores, then name."""
+        for bucket in self._lists[min_gpus:]:
+            # Names sort after "", so this skips exactly the entries with too few cores.
+            for i in range(bisect.bisect_left(bucket, (min_cpus, "")), len(bucket)):
+                yield bucket[i][1]
+
+    def contents(self) -> list[list[_Entry]]:
+        """The buckets without trailing empty ones (for comparing two indexes)."""
+        lists = [list(b) for b in self._lists]
+        while lists and not lists[-1]:
+            lists.pop()
+        return lists
+
+
+class FreeIndex:
+    """Schedulable nodes by GPU model and free GPU count: what best-fit placement searches.
+
+    ``ClusterState`` keeps one current as resources come and go and hands a copy to every
+    snapshot; a ``FreePool`` copies the snapshot's and keeps it current as a pass places jobs.
+    So a search touches only the nodes it may pick, instead of every node of the cluster.
+    Every node is filed under its own model and under ``ANY_MODEL``.
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[ModelScope, _Buckets] = {}
+        # scope -> total GPUs of a node -> how many schedulable nodes have that many: pack's
+        # largest GPUs-per-node and node count, without a pass over the nodes.
+        self._sizes: dict[ModelScope, dict[int, int]] = {}
+
+    @classmethod
+    def build(cls, views: Iterable[NodeView]) -> FreeIndex:
+        """An index of ``views`` (which should all be schedulable) from scratch."""
+        index = cls()
+        for view in views:
+            _index_view(index, view)
+        return index
+
+    def copy(self) -> FreeIndex:
+        other = FreeIndex()
+        other._buckets = {scope: b.copy() for scope, b in self._buckets.items()}
+        other._sizes = {scope: dict(sizes) for scope, sizes in self._sizes.items()}
+        return other
+
+    def add(self, name: str, model: str | None, total_gpus: int, gpus: int, cpus: int) -> None:
+        for scope in (model, ANY_MODEL):
+            self._buckets.setdefault(scope, _Buckets()).add(gpus, cpus, name)
+            sizes = self._sizes.setdefault(scope, {})
+            sizes[total_gpus] = sizes.get(total_gpus, 0) + 1
+
+    def remove(self, name: str, model: str | None, total_gpus: int, gpus: int, cpus: int) -> None:
+        for scope in (model, ANY_MODEL):
+            self._buckets[scope].remove(gpus, cpus, name)
+            sizes = self._sizes[scope]
+            sizes[total_gpus] -= 1
+            if not sizes[total_gpus]:
+                del sizes[total_gpus]
+
+    def move(self, name: str, model: str | None, old: tuple[int, int],
+             new: tuple[int, int]) -> None:
+        """A node's free (GPUs, cores) changed from ``old`` to ``new``."""
+        if old == new:
+            return
+        self._buckets[model].move(name, old, new)
+        self._buckets[ANY_MODEL].move(name, old, new)
+
+    def ranked(self, scope: ModelScope, min_gpus: int, min_cpus: int) -> Iterator[str]:
+        """Nodes of ``scope`` with enough free GPUs and cores, best fit first."""
+        buckets = self._buckets.get(scope)
+        return buckets.ranked(min_gpus, min_cpus) if buckets is not None else iter(())
+
+    def max_gpus_per_node(self, scope: ModelScope) -> int:
+        return max(self._sizes.get(scope, ()), default=0)
+
+    def node_count(self, scope: ModelScope) -> int:
+        return sum(self._sizes.get(scope, {}).values())
+
+    def contents(self) -> dict[ModelScope, tuple[list[list[_Entry]], dict[int, int]]]:
+        """Everything the index holds, comparable with ``==`` (for tests and debugging)."""
+        return {
+            scope: (buckets.contents(), dict(self._sizes[scope]))
+            for scope, buckets in self._buckets.items()
+            if buckets.contents() or self._sizes[scope]
+        }
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     nodes: Mapping[str, NodeView]
     running: Mapping[str, Job]
+    # Derived from ``nodes``: ``ClusterState.snapshot`` fills them from what it keeps
+    # current; a snapshot built by hand (array views, tests) computes them on first use.
+    _schedulable: Mapping[str, NodeView] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    _free_index: FreeIndex | None = field(default=None, init=False, repr=False, compare=False)
+    _sizes: NodeSizes | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def indexed(
+        cls,
+        nodes: Mapping[str, NodeView],
+        running: Mapping[str, Job],
+        schedulable: Mapping[str, NodeView],
+        free_index: FreeIndex,
+        sizes: NodeSizes,
+    ) -> ClusterSnapshot:
+        """A snapshot whose derived views (see the fields above) are already known."""
+        snapshot = cls(nodes=nodes, running=running)
+        object.__setattr__(snapshot, "_schedulable", schedulable)
+        object.__setattr__(snapshot, "_free_index", free_index)
+        object.__setattr__(snapshot, "_sizes", sizes)
+        return snapshot
+
+    @property
+    def schedulable(self) -> Mapping[str, NodeView]:
+        """The schedulable nodes, by name, in the order of ``nodes``."""
+        if self._schedulable is None:
+            object.__setattr__(self, "_schedulable", MappingProxyType(
+                {name: v for name, v in self.nodes.items() if v.schedulable}))
+        assert self._schedulable is not None
+        return self._schedulable
+
+    @property
+    def free_index(self) -> FreeIndex:
+        """The schedulable nodes by free GPUs (read-only: ``copy()`` it to change it)."""
+        if self._free_index is None:
+            object.__setattr__(self, "_free_index", FreeIndex.build(self.schedulable.values()))
+        assert self._free_index is not None
+        return self._free_index
+
+    def node_sizes(self) -> NodeSizes:
+        """Every node, schedulable or not: GPU model -> GPUs per node -> how many nodes.
+
+        What a platform description (nodes and GPUs per node of each model) needs, without
+        a pass over the nodes.
+        """
+        if self._sizes is None:
+            sizes: dict[str | None, dict[int, int]] = {}
+            for view in self.nodes.values():
+                _count_size(sizes, view, +1)
+            object.__setattr__(self, "_sizes", sizes)
+        assert self._sizes is not None
+        return self._sizes
 
     def schedulable_nodes(self) -> list[NodeView]:
-        return [n for n in self.nodes.values() if n.schedulable]
+        return list(self.schedulable.values())
 
     @property
     def total_gpus(self) -> int:
-        return sum(n.total_gpus for n in self.nodes.values())
+        return sum(
+            gpus * count for by_size in self.node_sizes().values()
+            for gpus, count in by_size.items()
+        )
 
     def max_gpus_per_node(self, gpu_model: str | None = None) -> int:
         return max(
             (
-                n.total_gpus
-                for n in self.nodes.values()
-                if gpu_model is None or n.gpu_model == gpu_model
+                gpus
+                for model, by_size in self.node_sizes().items()
+                if gpu_model is None or model == gpu_model
+                for gpus in by_size
             ),
             default=0,
         )
+
+
+def _count_size(sizes: dict[str | None, dict[int, int]], view: NodeView, sign: int) -> None:
+    by_size = sizes.setdefault(view.gpu_model, {})
+    by_size[view.total_gpus] = by_size.get(view.total_gpus, 0) + sign
+    if not by_size[view.total_gpus]:
+        del by_size[view.total_gpus]
+        if not by_size:
+            del sizes[view.gpu_model]
+
+
+def _index_view(index: FreeIndex, view: NodeView) -> None:
+    index.add(view.name, view.gpu_model, view.total_gpus,
+              len(view.free_gpus), len(view.free_cpus))
+
+
+def _unindex_view(index: FreeIndex, view: NodeView) -> None:
+    index.remove(view.name, view.gpu_model, view.total_gpus,
+                 len(view.free_gpus), len(view.free_cpus))
 
 
 class ClusterState:
     """Node inventories plus the allocations of running jobs.
 
     Free sets are kept as frozensets replaced per node on every change, so taking a snapshot
-    costs one dict copy whatever the cluster size.
+    costs one dict copy whatever the cluster size. Every change goes through ``_put`` and
+    ``_drop``, which keep the schedulable nodes and the free index in step with the views.
     """
 
     def __init__(self) -> None:
         self._views: dict[str, NodeView] = {}
+        self._schedulable: dict[str, NodeView] = {}  # same order as _views
+        self._index = FreeIndex()
+        self._index_shared = False  # a snapshot holds _index: copy it before changing it
+        self._sizes: dict[str | None, dict[int, int]] = {}  # of every node, see node_sizes
         self._allocations: dict[str, Placement] = {}
+
+    def _writable_index(self) -> FreeIndex:
+        if self._index_shared:
+            self._index, self._index_shared = self._index.copy(), False
+        return self._index
+
+    def _put(self, view: NodeView) -> None:
+        """Add or replace one node's view."""
+        name = view.name
+        old = self._views.get(name)
+        self._views[name] = view
+        if old is None or old.inventory is not view.inventory:
+            if old is not None:
+                _count_size(self._sizes, old, -1)
+            _count_size(self._sizes, view, +1)
+        if old is not None and old.schedulable and view.schedulable and (
+            old.inventory is view.inventory
+        ):
+            # Only free units changed (allocate, release): the common case, one move.
+            self._writable_index().move(
+                name, view.gpu_model, (len(old.free_gpus), len(old.free_cpus)),
+                (len(view.free_gpus), len(view.free_cpus)))
+            self._schedulable[name] = view
+            return
+        if old is not None and old.schedulable:
+            _unindex_view(self._writable_index(), old)
+        if view.schedulable:
+            _index_view(self._writable_index(), view)
+            if old is None or old.schedulable:
+                self._schedulable[name] = view  # new nodes go last in both dicts
+            else:
+                # Back from drained: rebuild so the order stays that of _views (rare).
+                self._schedulable = {n: v for n, v in self._views.items() if v.schedulable}
+        elif old is not None and old.schedulable:
+            del self._schedulable[name]
+
+    def _drop(self, name: str) -> None:
+        old = self._views.pop(name, None)
+        if old is not None:
+            _count_size(self._sizes, old, -1)
+        if old is not None and old.schedulable:
+            _unindex_view(self._writable_index(), old)
+            del self._schedulable[name]
 
     # -- nodes ---------------------------------------------------------------------------
     def upsert_node(self, inventory: NodeInventory) -> None:
@@ -85,21 +362,21 @@ class ClusterState:
                     held_mem += alloc.memory_mib
         usable_gpus = {g.index for g in inventory.gpus if g.healthy}
         old = self._views.get(name)
-        self._views[name] = NodeView(
+        self._put(NodeView(
             inventory=inventory,
             free_gpus=frozenset(usable_gpus - held_gpus),
             free_cpus=frozenset({c.id for c in inventory.cpus} - held_cpus),
             free_memory_mib=max(0, inventory.memory_mib - held_mem),
             schedulable=old.schedulable if old else True,
-        )
+        ))
 
     def remove_node(self, name: str) -> None:
-        self._views.pop(name, None)
+        self._drop(name)
 
     def set_schedulable(self, name: str, schedulable: bool) -> None:
         view = self._views[name]
         if view.schedulable != schedulable:
-            self._views[name] = replace(view, schedulable=schedulable)
+            self._put(replace(view, schedulable=schedulable))
 
     def node(self, name: str) -> NodeView | None:
         return self._views.get(name)
@@ -137,7 +414,8 @@ class ClusterState:
                 free_cpus=view.free_cpus - cpus,
                 free_memory_mib=view.free_memory_mib - alloc.memory_mib,
             )
-        self._views.update(updated)
+        for view in updated.values():
+            self._put(view)
         self._allocations[job_id] = placement
 
     def adopt(self, job_id: str, placement: Placement) -> None:
@@ -160,14 +438,14 @@ class ClusterState:
             if view is None:
                 continue
             healthy = {g.index for g in view.inventory.gpus if g.healthy}
-            self._views[alloc.node] = replace(
+            self._put(replace(
                 view,
                 free_gpus=view.free_gpus | (set(alloc.gpus) & healthy),
                 free_cpus=view.free_cpus | set(alloc.cpus),
                 free_memory_mib=min(
                     view.inventory.memory_mib, view.free_memory_mib + alloc.memory_mib
                 ),
-            )
+            ))
         return placement
 
     def resize_cpus(self, job_id: str, node: str, cpus: tuple[int, ...]) -> None:
@@ -193,7 +471,7 @@ class ClusterState:
                 f"job {job_id}: cores {sorted(taken - view.free_cpus)} on {node} are not free")
         allocations[i] = replace(alloc, cpus=tuple(sorted(new)))
         self._allocations[job_id] = Placement(tuple(allocations))
-        self._views[node] = replace(view, free_cpus=(view.free_cpus - taken) | (old - new))
+        self._put(replace(view, free_cpus=(view.free_cpus - taken) | (old - new)))
 
     def allocation(self, job_id: str) -> Placement | None:
         return self._allocations.get(job_id)
@@ -210,7 +488,19 @@ class ClusterState:
         ]
 
     def snapshot(self, running: Mapping[str, Job]) -> ClusterSnapshot:
-        return ClusterSnapshot(nodes=MappingProxyType(dict(self._views)), running=running)
+        nodes = MappingProxyType(dict(self._views))
+        # With no node drained (the usual case) both mappings hold the same, in the same order.
+        schedulable = (
+            nodes if len(self._schedulable) == len(self._views)
+            else MappingProxyType(dict(self._schedulable))
+        )
+        self._index_shared = True
+        sizes = {model: dict(by_size) for model, by_size in self._sizes.items()}  # tiny
+        return ClusterSnapshot.indexed(nodes, running, schedulable, self._index, sizes)
+
+    def free_index(self) -> FreeIndex:
+        """The live index of schedulable nodes by free GPUs (read-only; for tests)."""
+        return self._index
 
     def views(self) -> Iterable[NodeView]:
         return self._views.values()

@@ -2,40 +2,131 @@
 
 Policies decide shapes; this module realises them with the best locality a node offers:
 GPUs behind one PCIe switch first, then on one NUMA node (socket), then across sockets, and
-CPU cores on the NUMA nodes of the chosen GPUs. ``FreePool`` is the scratch copy of free
-resources a policy consumes while it places several jobs within one pass.
+CPU cores on the NUMA nodes of the chosen GPUs. ``FreePool`` is the copy-on-write view of free
+resources a policy consumes while it places several jobs within one pass; its ``FreeIndex``
+lets a search look at the best-fitting nodes only, not at every node of the cluster.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import chain, islice
+from typing import TypeVar
 
-from masterd.core.cluster import ClusterSnapshot, NodeView
+from masterd.core.cluster import ANY_MODEL, ClusterSnapshot, FreeIndex, ModelScope, NodeView
 from shared.model import JobSpec, NodeAllocation, Placement
+
+V = TypeVar("V")
+
+
+class _NodeValues(MutableMapping[str, V]):
+    """One kind of free resource of every node of a pool, copied on write.
+
+    Reads fall through to the snapshot's view until the pass changes the node, so creating a
+    pool copies nothing. Values are immutable (frozensets, ints): change a node by assigning
+    (``pool.gpus[n] -= taken`` works), which lets the pool keep its index in step.
+    """
+
+    def __init__(self, pool: FreePool, attr: str, on_set: Callable[[str, V], None]) -> None:
+        self._pool = pool
+        self._attr = attr  # the NodeView field read for nodes the pass has not changed
+        self._on_set = on_set
+        self._changed: dict[str, V] = {}
+
+    def __getitem__(self, node: str) -> V:
+        changed = self._changed
+        if node in changed:  # cheaper than catching KeyError for the many unchanged nodes
+            return changed[node]
+        value: V = getattr(self._pool.views[node], self._attr)
+        return value
+
+    def __setitem__(self, node: str, value: V) -> None:
+        if node not in self._pool.views:
+            raise KeyError(node)  # a pool holds the schedulable nodes, no others
+        self._on_set(node, value)
+
+    def store(self, node: str, value: V) -> None:
+        """Record a node's new value (for the pool, which keeps the index itself)."""
+        self._changed[node] = value
+
+    def __delitem__(self, node: str) -> None:
+        raise TypeError("nodes cannot be removed from a FreePool")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pool.views)
+
+    def __len__(self) -> int:
+        return len(self._pool.views)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._pool.views
 
 
 class FreePool:
-    """Free resources per schedulable node, consumed as a pass places jobs."""
+    """Free resources per schedulable node, consumed as a pass places jobs.
+
+    ``gpus``, ``cpus`` and ``memory`` map every schedulable node to what is free on it;
+    nothing is copied until the pass changes a node. The pool keeps the snapshot's
+    ``FreeIndex`` (its own copy once it changes a node) in step, so ``realise`` and ``pack``
+    search only the nodes they may pick.
+    """
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
-        self.views: dict[str, NodeView] = {
-            name: view for name, view in snapshot.nodes.items() if view.schedulable
-        }
-        self.gpus: dict[str, set[int]] = {}
-        self.cpus: dict[str, set[int]] = {}
-        self.memory: dict[str, int] = {}
-        for name, view in self.views.items():
-            self.gpus[name] = set(view.free_gpus)
-            self.cpus[name] = set(view.free_cpus)
-            self.memory[name] = view.free_memory_mib
+        self.views: Mapping[str, NodeView] = snapshot.schedulable
+        self._index = snapshot.free_index
+        self._own_index = False  # the snapshot's until the first change
+        # Nodes changed since the index was last brought up to date, with their free
+        # (GPUs, cores) then. Re-filing waits for the next search, so a pass that places jobs
+        # through its own index (SWAF) does not pay for keeping this one current.
+        self._stale: dict[str, tuple[int, int]] = {}
+        self.gpus: _NodeValues[frozenset[int]] = _NodeValues(
+            self, "free_gpus", lambda node, gpus: self.assign(node, gpus=gpus))
+        self.cpus: _NodeValues[frozenset[int]] = _NodeValues(
+            self, "free_cpus", lambda node, cpus: self.assign(node, cpus=cpus))
+        self.memory: _NodeValues[int] = _NodeValues(self, "free_memory_mib", self._set_memory)
+
+    @property
+    def index(self) -> FreeIndex:
+        """The pool's nodes by free GPUs, as of now (read-only)."""
+        if self._stale:
+            self._refile()
+        return self._index
+
+    def _refile(self) -> None:
+        if not self._own_index:
+            self._index, self._own_index = self._index.copy(), True
+        for node, before in self._stale.items():
+            self._index.move(node, self.views[node].gpu_model, before, self.counts(node))
+        self._stale.clear()
+
+    def counts(self, node: str) -> tuple[int, int]:
+        """Free (GPUs, cores) of a node: its key in the index."""
+        return len(self.gpus[node]), len(self.cpus[node])
+
+    def assign(
+        self, node: str, gpus: AbstractSet[int] | None = None, cpus: AbstractSet[int] | None = None
+    ) -> None:
+        """Set a node's free GPUs and/or cores (the index re-files it before its next use)."""
+        if node not in self._stale:
+            self._stale[node] = self.counts(node)  # also rejects a node the pool does not hold
+        # Frozen, so no one can change a value in place behind the index's back.
+        if gpus is not None:
+            self.gpus.store(node, frozenset(gpus))
+        if cpus is not None:
+            self.cpus.store(node, frozenset(cpus))
+
+    def _set_memory(self, node: str, mib: int) -> None:
+        self.memory.store(node, mib)  # memory is not indexed: realise checks it per node
 
     def take(self, placement: Placement) -> None:
         for alloc in placement.allocations:
-            self.gpus[alloc.node].difference_update(alloc.gpus)
-            self.cpus[alloc.node].difference_update(alloc.cpus)
-            self.memory[alloc.node] -= alloc.memory_mib
+            node = alloc.node
+            self.assign(node, gpus=self.gpus[node].difference(alloc.gpus),
+                        cpus=self.cpus[node].difference(alloc.cpus))
+            self.memory.store(node, self.memory[node] - alloc.memory_mib)
 
     def free_gpu_count(self, node: str) -> int:
         return len(self.gpus[node])
@@ -46,12 +137,29 @@ class FreePool:
             return list(self.views)
         return [n for n, v in self.views.items() if v.gpu_model == spec.gpu_model]
 
+    def ranked(
+        self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int
+    ) -> Iterator[str]:
+        """Nodes of ``scope`` with enough free GPUs, cores and memory, best fit first (fewest
+        free GPUs, then fewest free cores, then name)."""
+        memory = self.memory
+        for name in self.index.ranked(scope, min_gpus, min_cpus):
+            if memory[name] >= min_memory:
+                yield name
+
+
+def model_scope(spec: JobSpec) -> ModelScope:
+    """The nodes a job may use: its GPU model's, or all for CPU-only and any-model jobs."""
+    if spec.gpus == 0 or spec.gpu_model is None:
+        return ANY_MODEL
+    return spec.gpu_model
+
 
 def per_node_share(total: int, d_node: int) -> int:
     return math.ceil(total / d_node) if total else 0
 
 
-def choose_gpus(view: NodeView, free: set[int], count: int) -> tuple[int, ...] | None:
+def choose_gpus(view: NodeView, free: AbstractSet[int], count: int) -> tuple[int, ...] | None:
     """Pick ``count`` free GPUs with the tightest locality, or None if too few are free."""
     if count == 0:
         return ()
@@ -83,7 +191,7 @@ def choose_gpus(view: NodeView, free: set[int], count: int) -> tuple[int, ...] |
 
 
 def choose_cpus(
-    view: NodeView, free: set[int], count: int, numa_nodes: Iterable[int] = ()
+    view: NodeView, free: AbstractSet[int], count: int, numa_nodes: Iterable[int] = ()
 ) -> tuple[int, ...] | None:
     """Pick ``count`` free cores, preferring the given NUMA nodes and whole physical cores."""
     if count == 0:
@@ -112,24 +220,24 @@ def realise(
     """Place ``spec`` as ``d_node`` nodes × ``d_gpn`` GPUs, best-fit by free GPUs per node.
 
     CPU cores and memory are split evenly across the nodes (rounded up). Returns None when the
-    shape does not fit the pool.
+    shape does not fit the pool. Without ``candidates`` the job's nodes are searched through
+    the pool's index; with them, only those nodes are considered.
     """
     cpus_per_node = per_node_share(spec.cpus, d_node)
     mem_per_node = per_node_share(spec.memory_mib, d_node)
-    names = candidates if candidates is not None else pool.nodes_for(spec)
-    fitting = [
-        n
-        for n in names
-        if len(pool.gpus[n]) >= d_gpn
-        and len(pool.cpus[n]) >= cpus_per_node
-        and pool.memory[n] >= mem_per_node
-    ]
-    if len(fitting) < d_node:
+    if candidates is None:
+        ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node)
+    else:
+        ranked = _rank(pool, candidates, d_gpn, cpus_per_node, mem_per_node)
+    # Know that enough nodes fit before choosing GPUs and cores on any of them.
+    first = list(islice(ranked, d_node))
+    if len(first) < d_node:
         return None
-    # Fewest free GPUs first (best fit keeps whole nodes free for large jobs); name breaks ties.
-    fitting.sort(key=lambda n: (len(pool.gpus[n]), len(pool.cpus[n]), n))
     allocations: list[NodeAllocation] = []
-    for name in fitting:
+    # choose_gpus/choose_cpus cannot fail on a node that passed the filter, so the first
+    # d_node nodes are the answer; the rest of ``ranked`` is there only so that the outcome
+    # would stay that of a full best-fit scan if they ever could.
+    for name in chain(first, ranked):
         view = pool.views[name]
         gpus = choose_gpus(view, pool.gpus[name], d_gpn)
         if gpus is None:
@@ -142,6 +250,22 @@ def realise(
         if len(allocations) == d_node:
             return Placement(tuple(allocations))
     return None
+
+
+def _rank(
+    pool: FreePool, names: Iterable[str], min_gpus: int, min_cpus: int, min_memory: int
+) -> Iterator[str]:
+    """``names`` that fit, best fit first: the index's order, for a caller's own node list."""
+    fitting = [
+        n
+        for n in names
+        if len(pool.gpus[n]) >= min_gpus
+        and len(pool.cpus[n]) >= min_cpus
+        and pool.memory[n] >= min_memory
+    ]
+    # Fewest free GPUs first (best fit keeps whole nodes free for large jobs); name breaks ties.
+    fitting.sort(key=lambda n: (len(pool.gpus[n]), len(pool.cpus[n]), n))
+    return iter(fitting)
 
 
 def shapes(gpus: int, max_gpn: int, max_nodes: int) -> list[tuple[int, int]]:
@@ -157,11 +281,12 @@ def pack(spec: JobSpec, pool: FreePool) -> Placement | None:
     """Packing placement: the fewest nodes that fit, best-fit node choice inside a shape."""
     if spec.gpus == 0:
         return realise(spec, pool, 1, 0)
-    names = pool.nodes_for(spec)
-    max_gpn = max((pool.views[n].total_gpus for n in names), default=0)
-    limit = spec.max_nodes or len(names)
+    scope = model_scope(spec)
+    index = pool.index
+    max_gpn = index.max_gpus_per_node(scope)
+    limit = spec.max_nodes or index.node_count(scope)
     for d_node, d_gpn in shapes(spec.gpus, max_gpn, limit):
-        placement = realise(spec, pool, d_node, d_gpn, names)
+        placement = realise(spec, pool, d_node, d_gpn)
         if placement is not None:
             return placement
     return None

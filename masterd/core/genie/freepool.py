@@ -1,48 +1,24 @@
 """Fast free-resource views for a scheduling pass over a large cluster.
 
-``LazyFreePool`` is a :class:`~masterd.core.placement.FreePool` that copies a node's free sets
-only when the pass touches that node, so a pass that starts a few jobs on a 1,000-node cluster
-does not copy 1,000 nodes' worth of sets. ``FreeIndex`` buckets the schedulable nodes of one
-GPU model by free GPUs, each bucket in the order ``realise`` ranks nodes (fewest free GPUs,
-then fewest free cores, then name), so a pass can tell in O(G) whether any ``<d_node, d_gpn>``
-can fit and hand ``realise`` just the nodes it would pick.
+``LazyFreePool`` is the name SWAF knows :class:`~masterd.core.placement.FreePool` by: the core's
+pool now copies a node's free sets only when the pass changes that node, which is what this
+subclass used to add. ``FreeIndex`` buckets the schedulable nodes of one GPU model by free
+GPUs, each bucket in the order ``realise`` ranks nodes (fewest free GPUs, then fewest free
+cores, then name), so a pass can tell in O(G) whether any ``<d_node, d_gpn>`` can fit and hand
+``realise`` just the nodes it would pick.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
-from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import FreePool
 from shared.model import Placement
 
-V = TypeVar("V")
-
-
-class _Lazy(dict[str, V]):
-    """A dict that fills a missing key from a loader (used for per-node free sets)."""
-
-    def __init__(self, loader: Callable[[str], V]) -> None:
-        super().__init__()
-        self._loader = loader
-
-    def __missing__(self, key: str) -> V:
-        value = self._loader(key)
-        self[key] = value
-        return value
-
 
 class LazyFreePool(FreePool):
-    """Same contents and behaviour as ``FreePool(snapshot)``, copied on first touch per node."""
-
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
-        self.views = {name: v for name, v in snapshot.nodes.items() if v.schedulable}
-        views = self.views
-        self.gpus = _Lazy(lambda n: set(views[n].free_gpus))
-        self.cpus = _Lazy(lambda n: set(views[n].free_cpus))
-        self.memory = _Lazy(lambda n: views[n].free_memory_mib)
+    """``FreePool(snapshot)``, which is copy-on-write itself now."""
 
 
 class FreeIndex:
