@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from masterd.store import NewJobRows, Store, new_job_rows, update_rows
+from masterd.wire import WireCache
 from shared.model import Job
 
 T = TypeVar("T")
@@ -23,6 +24,8 @@ class Journal:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # Encoded specs and placements, shared with the node commands (see masterd.wire).
+        self.wire = WireCache()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
         self._pending: list[tuple[NewJobRows, asyncio.Future[None]]] = []
         self._flushing = False
@@ -40,7 +43,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         # Encode here, on the loop thread, so the store thread runs only sqlite's C code.
-        self._pending.append((new_job_rows(seq, job), fut))
+        self._pending.append((new_job_rows(seq, job, self.wire.spec(job)), fut))
         if not self._flushing:
             self._flushing = True
             self._flusher = loop.create_task(self._flush())
@@ -55,7 +58,7 @@ class Journal:
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        job_rows, event_rows = update_rows(jobs, events)
+        job_rows, event_rows = update_rows(jobs, events, self.wire.placement)
         self._updates.append((job_rows, event_rows, fut))
         if not self._updating:
             self._updating = True

@@ -7,7 +7,7 @@ import logging
 import pwd
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from masterd.modelstore import ModelStore, build_policy
 from masterd.profiler import Profiler
 from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
+from masterd.wire import encode
 from shared.config import MasterConfig
 from shared.messages import (
     Contention,
@@ -46,6 +47,13 @@ log = logging.getLogger("trellis.master")
 
 # Node refusals that no retry can cure: the job fails instead of being re-queued forever.
 PERMANENT_REFUSALS = frozenset({"user_refused", "unknown_user"})
+
+
+def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
+    """``message`` in wire form with its spec given already encoded (the spec is most of
+    the message, and the same on every node and every retry)."""
+    return {f.name: spec if f.name == "spec" else encode(getattr(message, f.name))
+            for f in fields(message)}
 
 
 class UserCache:
@@ -246,10 +254,11 @@ class Master:
             ], "attempt": job.attempts}
             await self._persist([job], [(now, job.id, None, "placed", detail)])
             nnodes = len(placement.allocations)
+            spec = self.journal.wire.spec(job)  # encoded at submission, reused here
             prepares = [
-                self._command(a.node, "prepare_job", PrepareJob(
+                self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.adaptive.plan(job, a)))
+                    cores=self.adaptive.plan(job, a)), spec))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -355,6 +364,8 @@ class Master:
         if transition.state.terminal:
             detail.update(exit_code=job.exit_code, signal=job.signal)
         await self._persist([job], [(self.clock(), job.id, node, transition.state.value, detail)])
+        if transition.state.terminal:
+            self.journal.wire.forget(job.id)
         await self.profiler.on_transition(job, transition)
         log.info("job=%s state=%s%s", job.id, transition.state.value,
                  f" reason={transition.reason!r}" if transition.reason else "")

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
+from masterd.wire import encode
 from shared.protocol import ProtocolError, encode_frame, error_body
-from shared.schema import encode
 
 log = logging.getLogger("trellis.master.session")
 
@@ -35,14 +35,18 @@ class NodeSession:
         self.closed = False
 
     async def request(self, type_: str, body: Any) -> dict[str, Any]:
-        """Send a command and wait for the node's ack (or raise CommandFailed)."""
+        """Send a command and wait for the node's ack (or raise CommandFailed).
+
+        ``body`` is a message dataclass, or a dict already in wire form (the master encodes
+        a job's spec once and reuses it; see masterd.wire)."""
         if self.closed:
             raise CommandFailed(self.name, type_, "node_unreachable", "the node is not connected")
         id_ = next(self._ids) * 2  # even ids: master-initiated, so they never clash with node ids
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[id_] = fut
         try:
-            await self.ws.send_bytes(encode_frame(type_, id_, encode(body)))
+            wire = body if isinstance(body, dict) else encode(body)
+            await self.ws.send_bytes(encode_frame(type_, id_, wire))
             return await asyncio.wait_for(fut, self.timeout_s)
         except TimeoutError:
             raise CommandFailed(

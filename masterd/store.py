@@ -67,10 +67,13 @@ class EventRow:
     detail: dict[str, Any]
 
 
-def _job_data(job: Job) -> bytes:
+def _job_data(job: Job, placement: dict[str, Any] | None = None) -> bytes:
+    """``placement``: the job's placement already encoded (see masterd.wire), if known."""
+    if placement is None and job.placement:
+        placement = encode(job.placement)
     return pack(
         {
-            "placement": encode(job.placement) if job.placement else None,
+            "placement": placement,
             "start_time": job.start_time,
             "end_time": job.end_time,
             "exit_code": job.exit_code,
@@ -112,12 +115,16 @@ def _job_from_row(row: sqlite3.Row) -> Job:
     )
 
 
-def update_rows(jobs: Iterable[Job], events: Iterable[tuple]
+def update_rows(jobs: Iterable[Job], events: Iterable[tuple],
+                placement_of: Callable[[Job], dict[str, Any] | None] | None = None,
                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Encode job updates and events now, on the caller's thread: the Job objects keep
-    changing on the event loop while a write waits for the store thread."""
+    changing on the event loop while a write waits for the store thread. ``placement_of``
+    returns a job's encoded placement from a cache (masterd.wire) instead of encoding it."""
     return (
-        [(job.state.value, _job_data(job), job.id) for job in jobs],
+        [(job.state.value,
+          _job_data(job, placement_of(job) if placement_of is not None else None), job.id)
+         for job in jobs],
         [(t, job_id, node, kind, json.dumps(detail, default=str))
          for t, job_id, node, kind, detail in events],
     )
@@ -129,9 +136,11 @@ class NewJobRows:
     event: tuple[Any, ...]
 
 
-def new_job_rows(seq: int, job: Job) -> NewJobRows:
+def new_job_rows(seq: int, job: Job, spec: dict[str, Any] | None = None) -> NewJobRows:
+    """``spec``: the job's spec already encoded (see masterd.wire), if known."""
     return NewJobRows(
-        job=(job.id, seq, pack(encode(job.spec)), job.state.value, job.submit_time,
+        job=(job.id, seq, pack(spec if spec is not None else encode(job.spec)),
+             job.state.value, job.submit_time,
              _job_data(job)),
         event=(job.submit_time, job.id, None, "submitted",
                json.dumps({"tenant": job.spec.tenant})),
