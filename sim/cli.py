@@ -7,13 +7,17 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Policy
+from sim import results
 from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_cluster_file
 from sim.engine import FailureConfig, Outage, SimConfig, SimulationError, simulate
+from sim.partition import simulate_partitioned
 from sim.progress import ProgressBar
 from sim.report import Run, comparison_table, make_run, write_outputs, write_plots
 from sim.truth import TruthConfig, TruthModel
@@ -126,10 +130,21 @@ def build_workload(
             workload.jobs = workload.jobs[: args.limit]
         return workload
     if args.workload == "philly":
-        return philly.load(resolve_trace(args.trace), options, truth, nodes_override=args.nodes)
+        if args.per_vc and args.nodes is not None:
+            raise UsageError("--per-vc sizes each VC from philly-vcs.csv: drop --nodes")
+        if args.vc_scale != 1.0 and not args.per_vc:
+            raise UsageError("--vc-scale needs --per-vc")
+        return philly.load(
+            resolve_trace(args.trace), options, truth, nodes_override=args.nodes,
+            per_vc=args.per_vc, since=_date_arg(args.since, "--since"),
+            until=_date_arg(args.until, "--until"), vc_scale=args.vc_scale,
+        )
     if args.workload == "openb":
         node_list = Path(args.node_list) if args.node_list else None
-        return openb.load(resolve_trace(args.trace), options, truth, nodes_file=node_list)
+        since = None if args.since_day is None else args.since_day * 86400.0
+        return openb.load(resolve_trace(args.trace), options, truth, nodes_file=node_list,
+                          arrival_scale=args.arrival_scale, node_stride=args.node_stride,
+                          since=since)
     if not args.trace:
         raise UsageError(f"--workload {args.workload} needs --trace FILE")
     nodes = explicit_cluster(args)
@@ -150,6 +165,18 @@ def build_workload(
     workload.notes["sacct_jobs"] = count
     workload.notes["sacct_skipped"] = len(skipped)
     return workload
+
+
+def _date_arg(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected a date, YYYY-MM-DD[ HH:MM:SS] (UTC)") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
 
 
 def parse_outage(item: str) -> Outage:
@@ -195,6 +222,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.density != "10":
             log.warning("density_ignored workload=%s", args.workload)
         densities = [None]
+    if args.workload != "philly":
+        for flag, value, default in (("--per-vc", args.per_vc, False),
+                                     ("--since", args.since, None),
+                                     ("--until", args.until, None),
+                                     ("--vc-scale", args.vc_scale, 1.0)):
+            if value != default:
+                raise UsageError(f"{flag} applies to --workload philly only")
+    if args.workload != "openb":
+        for flag, value, default in (("--arrival-scale", args.arrival_scale, 1.0),
+                                     ("--node-stride", args.node_stride, 1),
+                                     ("--since-day", args.since_day, None)):
+            if value != default:
+                raise UsageError(f"{flag} applies to --workload openb only")
     for value, flag in ((args.noise, "--noise"), (args.prediction_error, "--prediction-error"),
                         (args.start_delay, "--start-delay")):
         if value < 0:
@@ -216,7 +256,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar = None
                 if not args.no_progress:
                     bar = ProgressBar(f"{label} {name} seed {seed}")
-                result = simulate(workload, policy, config, bar)
+                if args.per_vc:
+                    # One core per VC (its own queue), as Helios schedules Philly.
+                    result = simulate_partitioned(
+                        workload,
+                        lambda name=name: build_policy(name, policy_options[name]),
+                        config, bar,
+                    )
+                else:
+                    result = simulate(workload, policy, config, bar)
                 if bar is not None:
                     done = sum(r.state != "unfinished" for r in result.records)
                     bar.close(result.end_time, done, len(result.records))
@@ -226,6 +274,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plots:
         written += write_plots(runs, out)
     print()
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def report_config(args: argparse.Namespace, argv_text: str) -> results.ReportConfig:
+    out, trace = Path(args.out), resolve_trace(args.trace)
+    notes = Path(args.notes) if args.notes else results.NOTES_DIR
+    if args.tiny:
+        config = results.tiny_config(out, trace, notes)
+    else:
+        config = results.ReportConfig(out=out, trace_dir=trace, notes_dir=notes)
+    chosen = [s.strip() for s in args.studies.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in results.STUDIES]
+    if unknown or not chosen:
+        raise UsageError(f"--studies: expected some of {', '.join(results.STUDIES)}, "
+                         f"got {args.studies!r}")
+    genie_study, philly_study, openb_study = config.genie, config.philly, config.openb
+    if genie_study is not None:
+        if args.genie_seeds:
+            genie_study = replace(genie_study, seeds=tuple(
+                _csv_list(args.genie_seeds, int, "--genie-seeds")))
+        if args.genie_densities:
+            genie_study = replace(genie_study, densities=tuple(
+                _csv_list(args.genie_densities, float, "--genie-densities")))
+    if philly_study is not None:
+        if args.philly_since:
+            philly_study = replace(philly_study, since=args.philly_since)
+        if args.philly_until:
+            philly_study = replace(philly_study, until=args.philly_until)
+        if args.philly_vc_scales:
+            philly_study = replace(philly_study, vc_scales=tuple(
+                _csv_list(args.philly_vc_scales, float, "--philly-vc-scales")))
+        if args.philly_others is not None:
+            others = tuple(t.strip() for t in args.philly_others.split(",") if t.strip())
+            philly_study = replace(philly_study, other_policies=others)
+        if args.no_philly_full:
+            philly_study = replace(philly_study, full_trace_pair=False)
+    if openb_study is not None:
+        for attr, value in (("arrival_scale", args.openb_arrival_scale),
+                            ("node_stride", args.openb_node_stride),
+                            ("since_day", args.openb_since_day)):
+            if value is not None:
+                openb_study = replace(openb_study, **{attr: value})
+    return replace(
+        config,
+        genie=genie_study if "genie" in chosen else None,
+        philly=philly_study if "philly" in chosen else None,
+        openb=openb_study if "openb" in chosen else None,
+        progress=not args.no_progress and not args.tiny,
+        command=argv_text,
+    )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    config = report_config(args, "trellis-sim " + " ".join(args.argv))
+    try:
+        written = results.run_report(config)
+    except results.ReportError as exc:
+        raise UsageError(str(exc)) from None
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -275,6 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-list", help="node list CSV in openb format (sn,cpu_milli,...)")
     run.add_argument("--nodes", type=int, help="node count (genie/file: with --gpus-per-node; "
                      "philly: overrides the size from philly-vcs.csv)")
+    run.add_argument("--per-vc", action="store_true",
+                     help="philly: every VC on its own nodes with its own scheduling core")
+    run.add_argument("--vc-scale", type=float, default=1.0,
+                     help="philly --per-vc: multiply every VC's node count (heavier load)")
+    run.add_argument("--since", help="philly: keep jobs submitted from this UTC date on")
+    run.add_argument("--until", help="philly: keep jobs submitted before this UTC date")
+    run.add_argument("--arrival-scale", type=float, default=1.0,
+                     help="openb: divide pod creation times by this factor (compress time)")
+    run.add_argument("--node-stride", type=int, default=1,
+                     help="openb: keep every k-th node of the node list")
+    run.add_argument("--since-day", type=float,
+                     help="openb: keep pods created from this trace day on")
     run.add_argument("--gpus-per-node", type=int)
     run.add_argument("--gpu-model")
     run.add_argument("--noise", type=float, default=0.03,
@@ -300,6 +420,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=cmd_run)
 
+    rep = sub.add_parser(
+        "report", help="run the GENIE, Philly and openb studies; write results.md and plots"
+    )
+    rep.add_argument("--out", default="docs",
+                     help="directory for results.md (plots and JSON go to OUT/results/)")
+    rep.add_argument("--trace", help="trace directory (default ../shared/traces)")
+    rep.add_argument("--studies", default=",".join(results.STUDIES),
+                     help="comma-separated subset of " + ", ".join(results.STUDIES))
+    rep.add_argument("--notes", help="directory of the hand-written explanations "
+                     "(<study>.md; default docs/results-notes)")
+    rep.add_argument("--tiny", action="store_true",
+                     help="a configuration that runs in seconds (checks the pipeline)")
+    rep.add_argument("--genie-seeds", help="comma-separated seeds (default 1,2,3)")
+    rep.add_argument("--genie-densities", help="comma-separated tasks/hour (default 5,10,20)")
+    rep.add_argument("--philly-since", help="first submission date kept (default 2017-10-01)")
+    rep.add_argument("--philly-until", help="end of the window (default 2017-12-01)")
+    rep.add_argument("--philly-vc-scales", help="comma-separated VC scales (default 1,0.5,0.25)")
+    rep.add_argument("--philly-others", help="policies replayed besides FIFO and SJF "
+                     "(comma-separated; empty for none)")
+    rep.add_argument("--no-philly-full", action="store_true",
+                     help="skip the full-trace FIFO/SJF pair")
+    rep.add_argument("--openb-arrival-scale", type=float)
+    rep.add_argument("--openb-node-stride", type=int)
+    rep.add_argument("--openb-since-day", type=float)
+    rep.add_argument("--no-progress", action="store_true")
+    rep.set_defaults(func=cmd_report)
+
     pol = sub.add_parser("policies", help="list registered scheduling policies")
     pol.set_defaults(func=cmd_policies)
 
@@ -314,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s %(message)s",

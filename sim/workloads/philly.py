@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,6 +52,16 @@ def philly_node_group(nodes: int) -> NodeGroup:
         nic_mbps=100000,
         prefix="philly",
     )
+
+
+def vc_gpu_model(vc: str) -> str:
+    """The GPU model label of a VC's nodes under per-VC sizing: pins jobs to their VC."""
+    return f"P40-vc{vc}"
+
+
+def vc_node_group(vc: str, nodes: int) -> NodeGroup:
+    """A VC's own nodes: Philly's node group with the VC's GPU model label and name prefix."""
+    return replace(philly_node_group(nodes), gpu_model=vc_gpu_model(vc), prefix=f"vc{vc}")
 
 
 @dataclass(frozen=True)
@@ -118,9 +128,30 @@ def load(
     options: LoadOptions,
     truth: TruthModel,
     nodes_override: int | None = None,
+    per_vc: bool = False,
+    since: float | None = None,
+    until: float | None = None,
+    vc_scale: float = 1.0,
 ) -> Workload:
+    """Load the trace; ``since``/``until`` (epoch seconds, UTC) keep the jobs submitted in
+    [since, until). ``per_vc`` gives every VC its own nodes, as Helios schedules Philly: each
+    VC's nodes carry the GPU model label ``P40-vc<id>`` and each job asks for its VC's label, so
+    the core places a job only on its VC's nodes (docs/simulator.md). ``vc_scale`` multiplies
+    every VC's node count (rounded, at least one node) to study heavier load; jobs larger than
+    their (scaled) VC are counted in the notes and rejected by the core as never fitting."""
+    if not vc_scale > 0:
+        raise ValueError(f"VC scale must be positive, got {vc_scale:g}")
+    if vc_scale != 1.0 and not per_vc:
+        raise ValueError("a VC scale needs per-VC sizing")
+    if per_vc and nodes_override is not None:
+        raise ValueError("per-VC sizing comes from philly-vcs.csv: it cannot be combined "
+                         "with a node count override")
+    if since is not None and until is not None and until <= since:
+        raise ValueError(f"the time window is empty: until {until:g} <= since {since:g}")
     skipped: list[str] = []
     vcs = load_vcs(trace_dir / VCS_FILE, options, skipped)
+    if vc_scale != 1.0:
+        vcs = {vc: max(1, round(count * vc_scale)) for vc, count in vcs.items()}
     node_count = nodes_override or sum(vcs.values())
     rows = list(
         read_csv_rows(
@@ -133,10 +164,22 @@ def load(
     )
     if not rows:
         raise TraceError(trace_dir / JOBS_FILE, None, "no jobs")
-    nodes = build_cluster([philly_node_group(node_count)])
+    in_trace = len(rows)
+    rows = [
+        r for r in rows
+        if (since is None or r.submit >= since) and (until is None or r.submit < until)
+    ]
+    if not rows:
+        raise TraceError(trace_dir / JOBS_FILE, None, "no jobs in the requested time window")
+    if per_vc:
+        nodes = build_cluster([vc_node_group(vc, count) for vc, count in vcs.items()])
+    else:
+        nodes = build_cluster([philly_node_group(node_count)])
     topo = NodeTopology.of(nodes)
     jobs: list[SimJob] = []
     unknown_vcs: set[str] = set()
+    unsized_jobs = 0
+    too_large = 0
     for row in rows:
         key = f"philly-{row.line:06d}"
         fill = pick_model(options.seed, key)
@@ -145,6 +188,9 @@ def load(
         )
         if row.vc not in vcs:
             unknown_vcs.add(row.vc)
+            unsized_jobs += 1
+        elif row.gpus > vcs[row.vc] * GPUS_PER_NODE:
+            too_large += 1
         spec = JobSpec(
             name=key,
             command=("philly-job",),
@@ -153,6 +199,7 @@ def load(
             tenant=row.vc,
             qos=pick_qos(options.seed, key),
             gpus=row.gpus,
+            gpu_model=vc_gpu_model(row.vc) if per_vc else None,
             cpus=0,
             model_type=fill.model_type,
             batch=fill.batch,
@@ -172,11 +219,23 @@ def load(
         origin=0.0,
         skipped=skipped,
         notes={
-            "nodes": node_count,
-            "gpus": node_count * GPUS_PER_NODE,
+            "nodes": len(nodes),
+            "gpus": len(nodes) * GPUS_PER_NODE,
             "virtual_clusters": len(vcs),
-            # VCs that submit jobs but are missing from philly-vcs.csv share the one pool.
+            "per_vc": per_vc,
+            "vc_scale": vc_scale,
+            "jobs_in_trace": in_trace,
+            "jobs_in_window": len(rows),
+            # Whole-pool sizing: VCs missing from philly-vcs.csv share the one pool. Per-VC
+            # sizing: they have no nodes, so the core rejects their jobs as never fitting.
             "vcs_without_size": sorted(unknown_vcs),
+            "jobs_in_vcs_without_size": unsized_jobs,
+            # Per-VC: rejected by the core as never fitting (their VC is too small).
+            "jobs_larger_than_vc": too_large,
         },
     )
+    if since is not None:
+        workload.notes["since"] = datetime.fromtimestamp(since, UTC).isoformat()
+    if until is not None:
+        workload.notes["until"] = datetime.fromtimestamp(until, UTC).isoformat()
     return finish(workload, options)
