@@ -16,7 +16,7 @@ from typing import Any
 from masterd.service import Master
 from masterd.sessions import CommandFailed
 from shared.config import MasterConfig
-from shared.messages import JobExited, JobStarted
+from shared.messages import NODE_COMMANDS, JobExited, JobStarted
 from shared.schema import decode
 from tests.unit.helpers import inventory
 
@@ -36,6 +36,9 @@ class FakeSession:
         self.sent: list[tuple[str, Any]] = []
 
     async def request(self, type_: str, body: Any) -> dict[str, Any]:
+        if isinstance(body, dict):
+            # Already in wire form (the master pre-encodes specs): decode it as a node would.
+            body = decode(NODE_COMMANDS[type_], body)
         self.sent.append((type_, body))
         if type_ == "prepare_job" and self.refuse_prepare:
             raise CommandFailed(self.name, type_, "cgroup_failed", "refused by the test")
