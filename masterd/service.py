@@ -24,7 +24,6 @@ from masterd.modelstore import ModelStore, build_policy
 from masterd.profiler import Profiler
 from masterd.sessions import CommandFailed, NodeSession
 from masterd.store import Store, StoreError
-from masterd.wire import encode
 from shared.config import MasterConfig
 from shared.messages import (
     Contention,
@@ -42,6 +41,7 @@ from shared.messages import (
     StopJob,
 )
 from shared.model import Job, JobSpec, JobState, NodeInventory, check_name
+from shared.schema import encode
 
 log = logging.getLogger("trellis.master")
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from masterd.wire import encode
 from shared.protocol import ProtocolError, encode_frame, error_body
+from shared.schema import encode
 
 log = logging.getLogger("trellis.master.session")
 

@@ -296,10 +296,29 @@ def _kind(data: Any) -> str:
     }.get(type(data), type(data).__name__)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A dataclass's field names, looked up once per class (None: not a dataclass)."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def encode(obj: Any) -> Any:
-    """Turn dataclasses/enums/tuples into plain msgpack-able values (the inverse of decode)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    """Turn dataclasses/enums/tuples into plain msgpack-able values (the inverse of decode).
+
+    Field names are looked up once per class and scalars (most leaves) return at the first
+    test: on the master's hot path a job spec is encoded per submission and per node command.
+    """
+    kind = type(obj)
+    if kind in _SCALARS:
+        return obj
+    names = _field_names(kind)
+    if names is not None:
+        return {name: encode(getattr(obj, name)) for name in names}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, list | tuple):

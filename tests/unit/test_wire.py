@@ -1,12 +1,15 @@
-"""masterd.wire: the fast encoder gives exactly shared.schema.encode's values, and the per-job
-cache hands back the same encoding until the job holds a different spec or placement."""
+"""shared.schema.encode gives exactly what an obvious independent encoder gives, and the
+per-job wire cache hands back the same encoding until the job holds another spec or placement."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from dataclasses import dataclass, replace
+from typing import Any
 
 from masterd.service import prepare_wire
-from masterd.wire import WireCache, encode
+from masterd.wire import WireCache
 from shared.messages import CorePlan, PrepareJob, StopJob
 from shared.model import (
     CpuCore,
@@ -19,8 +22,7 @@ from shared.model import (
     Placement,
     QosClass,
 )
-from shared.schema import decode
-from shared.schema import encode as reference
+from shared.schema import decode, encode
 
 SPEC = JobSpec(name="train", command=("python", "x.py"), user="nobody", kind=JobKind.TRAINING,
                qos=QosClass.NORMAL, gpus=2, cpus=4, env={"A": "1", "B": "two"},
@@ -35,6 +37,21 @@ class Odd:
     nested: dict[str, tuple[int, ...]]
     items: list[NodeAllocation]
     nothing: None = None
+
+
+def reference(obj: Any) -> Any:
+    """The obvious encoder, written independently: what the fast one must agree with."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: reference(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, list | tuple):
+        return [reference(v) for v in obj]
+    if isinstance(obj, dict):
+        return {reference(k): reference(v) for k, v in obj.items()}
+    if isinstance(obj, frozenset | set):
+        return sorted(reference(v) for v in obj)
+    return obj
 
 
 def test_encode_matches_the_schema_encoder() -> None:
