@@ -76,8 +76,12 @@ class FreePool:
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.views: Mapping[str, NodeView] = snapshot.schedulable
-        self._index = snapshot.free_index
-        self._own_index = False  # the snapshot's until the first change
+        self._snapshot = snapshot
+        # The snapshot's index, fetched on the first search (a pass that never searches it
+        # leaves the state free to change its own without a copy); the pool's own copy once
+        # the pass changes a node.
+        self._index: FreeIndex | None = None
+        self._own_index = False
         # Nodes changed since the index was last brought up to date, with their free
         # (GPUs, cores) then. Re-filing waits for the next search, so a pass that places jobs
         # through its own index (SWAF) does not pay for keeping this one current.
@@ -91,15 +95,18 @@ class FreePool:
     @property
     def index(self) -> FreeIndex:
         """The pool's nodes by free GPUs, as of now (read-only)."""
+        if self._index is None:
+            self._index = self._snapshot.free_index
         if self._stale:
-            self._refile()
+            self._refile(self._index)
         return self._index
 
-    def _refile(self) -> None:
+    def _refile(self, index: FreeIndex) -> None:
         if not self._own_index:
-            self._index, self._own_index = self._index.copy(), True
+            index = self._index = index.copy()
+            self._own_index = True
         for node, before in self._stale.items():
-            self._index.move(node, self.views[node].gpu_model, before, self.counts(node))
+            index.move(node, self.views[node].gpu_model, before, self.counts(node))
         self._stale.clear()
 
     def counts(self, node: str) -> tuple[int, int]:
