@@ -129,10 +129,14 @@ class FreePool:
         self.memory.store(node, mib)  # memory is not indexed: realise checks it per node
 
     def take(self, placement: Placement) -> None:
+        # assign() spelled out: this runs for every job a pass starts.
         for alloc in placement.allocations:
             node = alloc.node
-            self.assign(node, gpus=self.gpus[node].difference(alloc.gpus),
-                        cpus=self.cpus[node].difference(alloc.cpus))
+            gpus, cpus = self.gpus[node], self.cpus[node]
+            if node not in self._stale:
+                self._stale[node] = (len(gpus), len(cpus))
+            self.gpus.store(node, gpus.difference(alloc.gpus))
+            self.cpus.store(node, cpus.difference(alloc.cpus))
             self.memory.store(node, self.memory[node] - alloc.memory_mib)
 
     def free_gpu_count(self, node: str) -> int:
@@ -263,16 +267,15 @@ def _rank(
     pool: FreePool, names: Iterable[str], min_gpus: int, min_cpus: int, min_memory: int
 ) -> Iterator[str]:
     """``names`` that fit, best fit first: the index's order, for a caller's own node list."""
-    fitting = [
-        n
-        for n in names
-        if len(pool.gpus[n]) >= min_gpus
-        and len(pool.cpus[n]) >= min_cpus
-        and pool.memory[n] >= min_memory
-    ]
+    gpus, cpus, memory = pool.gpus, pool.cpus, pool.memory
+    fitting: list[tuple[int, int, str]] = []
+    for name in names:
+        free_gpus, free_cpus = len(gpus[name]), len(cpus[name])
+        if free_gpus >= min_gpus and free_cpus >= min_cpus and memory[name] >= min_memory:
+            fitting.append((free_gpus, free_cpus, name))
     # Fewest free GPUs first (best fit keeps whole nodes free for large jobs); name breaks ties.
-    fitting.sort(key=lambda n: (len(pool.gpus[n]), len(pool.cpus[n]), n))
-    return iter(fitting)
+    fitting.sort()
+    return (name for _, _, name in fitting)
 
 
 def shapes(gpus: int, max_gpn: int, max_nodes: int) -> list[tuple[int, int]]:
