@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -199,6 +199,9 @@ class ClusterSnapshot:
         default=None, init=False, repr=False, compare=False)
     _free_index: FreeIndex | None = field(default=None, init=False, repr=False, compare=False)
     _sizes: NodeSizes | None = field(default=None, init=False, repr=False, compare=False)
+    # Gives the free index its owner keeps, or None if that has changed since (see indexed).
+    _index_source: Callable[[], FreeIndex | None] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def indexed(
@@ -206,13 +209,18 @@ class ClusterSnapshot:
         nodes: Mapping[str, NodeView],
         running: Mapping[str, Job],
         schedulable: Mapping[str, NodeView],
-        free_index: FreeIndex,
+        index_source: Callable[[], FreeIndex | None],
         sizes: NodeSizes,
     ) -> ClusterSnapshot:
-        """A snapshot whose derived views (see the fields above) are already known."""
+        """A snapshot whose derived views are already known.
+
+        The free index is fetched from ``index_source`` only when first asked for: a pass
+        that never searches it (SWAF places through its own) costs its owner nothing. If the
+        source has changed by then, the snapshot builds its own from ``nodes``.
+        """
         snapshot = cls(nodes=nodes, running=running)
         object.__setattr__(snapshot, "_schedulable", schedulable)
-        object.__setattr__(snapshot, "_free_index", free_index)
+        object.__setattr__(snapshot, "_index_source", index_source)
         object.__setattr__(snapshot, "_sizes", sizes)
         return snapshot
 
@@ -229,7 +237,10 @@ class ClusterSnapshot:
     def free_index(self) -> FreeIndex:
         """The schedulable nodes by free GPUs (read-only: ``copy()`` it to change it)."""
         if self._free_index is None:
-            object.__setattr__(self, "_free_index", FreeIndex.build(self.schedulable.values()))
+            index = self._index_source() if self._index_source is not None else None
+            if index is None:  # built by hand, or the state has moved on since
+                index = FreeIndex.build(self.schedulable.values())
+            object.__setattr__(self, "_free_index", index)
         assert self._free_index is not None
         return self._free_index
 
@@ -301,10 +312,12 @@ class ClusterState:
         self._schedulable: dict[str, NodeView] = {}  # same order as _views
         self._index = FreeIndex()
         self._index_shared = False  # a snapshot holds _index: copy it before changing it
+        self._index_changes = 0  # bumped on every change, so a snapshot knows it is current
         self._sizes: dict[str | None, dict[int, int]] = {}  # of every node, see node_sizes
         self._allocations: dict[str, Placement] = {}
 
     def _writable_index(self) -> FreeIndex:
+        self._index_changes += 1
         if self._index_shared:
             self._index, self._index_shared = self._index.copy(), False
         return self._index
@@ -494,9 +507,18 @@ class ClusterState:
             nodes if len(self._schedulable) == len(self._views)
             else MappingProxyType(dict(self._schedulable))
         )
-        self._index_shared = True
+        taken_at = self._index_changes
+
+        def index_then() -> FreeIndex | None:
+            """The index as of this snapshot, if it has not changed since (shared from then
+            on: the state copies before changing it again)."""
+            if self._index_changes != taken_at:
+                return None
+            self._index_shared = True
+            return self._index
+
         sizes = {model: dict(by_size) for model, by_size in self._sizes.items()}  # tiny
-        return ClusterSnapshot.indexed(nodes, running, schedulable, self._index, sizes)
+        return ClusterSnapshot.indexed(nodes, running, schedulable, index_then, sizes)
 
     def free_index(self) -> FreeIndex:
         """The live index of schedulable nodes by free GPUs (read-only; for tests)."""

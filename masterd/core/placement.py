@@ -76,8 +76,12 @@ class FreePool:
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.views: Mapping[str, NodeView] = snapshot.schedulable
-        self._index = snapshot.free_index
-        self._own_index = False  # the snapshot's until the first change
+        self._snapshot = snapshot
+        # The snapshot's index, fetched on the first search (a pass that never searches it
+        # leaves the state free to change its own without a copy); the pool's own copy once
+        # the pass changes a node.
+        self._index: FreeIndex | None = None
+        self._own_index = False
         # Nodes changed since the index was last brought up to date, with their free
         # (GPUs, cores) then. Re-filing waits for the next search, so a pass that places jobs
         # through its own index (SWAF) does not pay for keeping this one current.
@@ -91,15 +95,18 @@ class FreePool:
     @property
     def index(self) -> FreeIndex:
         """The pool's nodes by free GPUs, as of now (read-only)."""
+        if self._index is None:
+            self._index = self._snapshot.free_index
         if self._stale:
-            self._refile()
+            self._refile(self._index)
         return self._index
 
-    def _refile(self) -> None:
+    def _refile(self, index: FreeIndex) -> None:
         if not self._own_index:
-            self._index, self._own_index = self._index.copy(), True
+            index = self._index = index.copy()
+            self._own_index = True
         for node, before in self._stale.items():
-            self._index.move(node, self.views[node].gpu_model, before, self.counts(node))
+            index.move(node, self.views[node].gpu_model, before, self.counts(node))
         self._stale.clear()
 
     def counts(self, node: str) -> tuple[int, int]:
@@ -122,10 +129,14 @@ class FreePool:
         self.memory.store(node, mib)  # memory is not indexed: realise checks it per node
 
     def take(self, placement: Placement) -> None:
+        # assign() spelled out: this runs for every job a pass starts.
         for alloc in placement.allocations:
             node = alloc.node
-            self.assign(node, gpus=self.gpus[node].difference(alloc.gpus),
-                        cpus=self.cpus[node].difference(alloc.cpus))
+            gpus, cpus = self.gpus[node], self.cpus[node]
+            if node not in self._stale:
+                self._stale[node] = (len(gpus), len(cpus))
+            self.gpus.store(node, gpus.difference(alloc.gpus))
+            self.cpus.store(node, cpus.difference(alloc.cpus))
             self.memory.store(node, self.memory[node] - alloc.memory_mib)
 
     def free_gpu_count(self, node: str) -> int:
@@ -256,16 +267,15 @@ def _rank(
     pool: FreePool, names: Iterable[str], min_gpus: int, min_cpus: int, min_memory: int
 ) -> Iterator[str]:
     """``names`` that fit, best fit first: the index's order, for a caller's own node list."""
-    fitting = [
-        n
-        for n in names
-        if len(pool.gpus[n]) >= min_gpus
-        and len(pool.cpus[n]) >= min_cpus
-        and pool.memory[n] >= min_memory
-    ]
+    gpus, cpus, memory = pool.gpus, pool.cpus, pool.memory
+    fitting: list[tuple[int, int, str]] = []
+    for name in names:
+        free_gpus, free_cpus = len(gpus[name]), len(cpus[name])
+        if free_gpus >= min_gpus and free_cpus >= min_cpus and memory[name] >= min_memory:
+            fitting.append((free_gpus, free_cpus, name))
     # Fewest free GPUs first (best fit keeps whole nodes free for large jobs); name breaks ties.
-    fitting.sort(key=lambda n: (len(pool.gpus[n]), len(pool.cpus[n]), n))
-    return iter(fitting)
+    fitting.sort()
+    return (name for _, _, name in fitting)
 
 
 def shapes(gpus: int, max_gpn: int, max_nodes: int) -> list[tuple[int, int]]:

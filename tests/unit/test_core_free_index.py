@@ -119,8 +119,11 @@ def test_state_index_equals_one_rebuilt_from_the_views(data: st.DataObject) -> N
                 default=0)
         assert snapshot.schedulable_nodes() == [v for v in views if v.schedulable]
         if data.draw(st.booleans()):
+            if data.draw(st.booleans()):  # read now: shares the state's index from here on
+                assert snapshot.free_index.contents() == rebuilt(views)
             kept.append((snapshot, rebuilt(views), list(snapshot.schedulable)))
-    # Later changes never show through an earlier snapshot (the buckets are copy-on-write).
+    # Later changes never show through an earlier snapshot: one that read the state's index
+    # shares it copy-on-write; one that reads it only now builds its own from its nodes.
     for snapshot, contents, schedulable in kept:
         assert snapshot.free_index.contents() == contents
         assert list(snapshot.schedulable) == schedulable
