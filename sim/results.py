@@ -917,7 +917,7 @@ def run_report(config: ReportConfig) -> list[Path]:
     if config.openb is not None:
         sections.append(run_openb(config.openb, config.trace_dir, figures, config.progress))
     for section in sections:
-        check_notes(notes[section.study], section.generated_markdown(),
+        check_notes(notes[section.study], f"{section.heading}\n{section.generated_markdown()}",
                     str(config.notes_dir / f"{section.study}.md"))
     markdown = render(sections, config, notes)
     written = []
