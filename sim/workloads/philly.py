@@ -4,7 +4,8 @@ The trace has submit time, duration, GPU count, GPU time and virtual cluster per
 else. Filled in, seeded per job (docs/simulator.md): model type (uniform over GENIE's six) and
 batch (uniform over the model's batch sizes), the iteration count a user would declare for the
 recorded duration at the true packed speed, and the QoS class (GENIE's 5/35/60 mix). The VC is
-the tenant. The replay cluster is one pool of sum(VC nodes) × 8 GPUs (Helios artifact).
+the tenant. The replay cluster is one pool of sum(VC nodes) × 8 GPUs (Helios artifact), or,
+per VC, each VC's own nodes (``per_vc``; see :func:`load`).
 """
 
 from __future__ import annotations
