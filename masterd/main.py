@@ -28,6 +28,7 @@ from masterd.service import Master
 from masterd.store import StoreError
 from shared.auth import AuthError
 from shared.config import ConfigError, MasterConfig, load_config
+from shared.eventloop import install_uvloop
 from shared.logs import set_level, setup_logging
 from shared.sdnotify import Notifier
 
@@ -177,14 +178,6 @@ class MasterDaemon:
             await self.master.close()
         log.info("stopped; journal closed")
         self.notifier.close()
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def main(argv: list[str] | None = None) -> int:

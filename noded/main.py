@@ -39,6 +39,7 @@ from noded.metrics_channel import MetricsChannel
 from noded.rdt_setup import open_node_resctrl
 from noded.tuning import CoreTuning
 from shared.config import ConfigError, NodeConfig, load_config
+from shared.eventloop import install_uvloop
 from shared.logs import set_level, setup_logging
 from shared.model import NodeInventory, RdtCapabilities
 from shared.sdnotify import Notifier
@@ -299,14 +300,6 @@ class NodeDaemon:
             log.info("node=%s stopped; jobs keep running under their shims count=%d",
                      self.config.name, left)
             self.notifier.close()
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def main(argv: list[str] | None = None) -> int:
