@@ -85,18 +85,10 @@ class Platform:
 
     @classmethod
     def from_snapshot(cls, snapshot: ClusterSnapshot) -> Platform:
-        counts: dict[str, list[int]] = {}
-        for view in snapshot.nodes.values():
-            gpus = view.inventory.gpus  # read directly: this runs per node on every pass
-            if not gpus:
-                continue
-            entry = counts.get(gpus[0].model)
-            if entry is None:
-                counts[gpus[0].model] = [1, len(gpus)]
-            else:
-                entry[0] += 1
-                if len(gpus) > entry[1]:
-                    entry[1] = len(gpus)
+        counts = {
+            model: (sum(by_size.values()), max(by_size))
+            for model, by_size in snapshot.node_sizes().items() if model is not None
+        }
         return cls(tuple(GpuPlatform(m, n, g) for m, (n, g) in sorted(counts.items())))
 
     def for_spec(self, spec: JobSpec) -> tuple[GpuPlatform, ...]:

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.genie.freepool import FreeIndex, LazyFreePool
+from masterd.core.genie.freepool import LazyFreePool
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.options import genie_setup
 from masterd.core.genie.plan import (
@@ -393,35 +393,21 @@ class SwafPolicy:
     def _launch_gpu_jobs(
         self, pool: LazyFreePool, platform: Platform, decisions: list[Decision]
     ) -> None:
-        nodes: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
-        for name, view in pool.views.items():
-            gpus = view.inventory.gpus
-            if gpus and view.free_gpus:  # a node with no free GPU can take no GPU job
-                nodes[gpus[0].model].append((name, len(view.free_gpus), len(view.free_cpus)))
-        if not nodes:
-            return
-        index = {
-            p.gpu_model: FreeIndex.build(p.gpus_per_node, nodes.get(p.gpu_model, ()))
-            for p in platform.models
-        }
         heads = [(items[0], key, 0) for key, items in self._groups.items()]
         heapq.heapify(heads)
         entries = self._entries
         while heads:
             item, key, position = heapq.heappop(heads)
             gpu_model, d_node, d_gpn, cpus_per_node, mem_per_node = key
-            free = index[gpu_model]
-            if free.at_least(d_gpn) < d_node:
+            names = list(itertools.islice(
+                pool.ranked(gpu_model, d_gpn, cpus_per_node, mem_per_node), d_node))
+            if len(names) < d_node:
                 continue  # the whole group stays out for this pass
-            names = free.pick(pool, d_node, d_gpn, cpus_per_node, mem_per_node)
-            if names is None:
-                continue
             job = entries[item[3]].job
             placement = realise(job.spec, pool, d_node, d_gpn, names)
             if placement is None:
                 continue
             pool.take(placement)
-            free.taken(pool, placement)
             decisions.append(Start(job.id, placement))
             items = self._groups[key]
             if position + 1 < len(items):
