@@ -31,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from masterd.core.cluster import ClusterSnapshot
 from masterd.core.inference import (
     InferencePlacer,
     InferenceProfile,
@@ -144,6 +145,29 @@ class NoServiceParams:
 class _Cached:
     key: tuple[int, frozenset[str], int]
     reply: dict[str, Any]
+
+
+class GpuNodeHeadroom(Mapping[str, float]):
+    """Memory-bandwidth headroom of the GPU nodes, the measured figure or else the configured
+    default; read only for the nodes a plan actually considers (most plans consider none)."""
+
+    def __init__(self, snapshot: ClusterSnapshot, measured: Mapping[str, float],
+                 default: float) -> None:
+        self._nodes = snapshot.nodes
+        self._measured = measured
+        self._default = default
+
+    def __getitem__(self, name: str) -> float:
+        view = self._nodes.get(name)
+        if view is None or view.total_gpus == 0:
+            raise KeyError(name)
+        return self._measured.get(name, self._default)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, view in self._nodes.items() if view.total_gpus > 0)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class InferenceService:
@@ -270,10 +294,7 @@ class InferenceService:
         self._guard_queue()
         self._forget_lost()
         snapshot = self.master.core.snapshot()
-        headroom = {
-            name: self.headroom.get(name, self.config.mbw_headroom_gbps)
-            for name, view in snapshot.nodes.items() if view.total_gpus > 0
-        }
+        headroom = GpuNodeHeadroom(snapshot, self.headroom, self.config.mbw_headroom_gbps)
         actions = self.placer.plan(snapshot, self._now(), headroom)
         for action in actions:
             if isinstance(action, LaunchReplica):

@@ -12,14 +12,18 @@ which
 * gives each WebSocket frame from a node the same time from its first byte (close);
 * closes a keep-alive connection idle for ``idle_timeout_s``.
 
-A slow sender costs one timer and never blocks anyone else: everything here is callbacks on the
-event loop. :func:`limits_middleware` tells the guard when handlers run.
+A slow sender never blocks anyone else: everything here is callbacks on the event loop. Each
+connection keeps a deadline rather than a timer of its own, and one sweep a few times a second
+closes the connections whose deadline has passed: arming and cancelling a timer per request
+cost more than the rest of the guard together. :func:`limits_middleware` tells the guard when
+handlers run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +59,23 @@ class PeerLimits:
         self.counts: dict[str, int] = {}
         self.guards: dict[int, GuardedProtocol] = {}  # id(transport) -> guard
         self.stats = LimitStats()
+        # Deadlines are checked this often, so a timeout fires at most this late.
+        self.resolution_s = max(0.02, min(0.25, request_timeout_s / 10, idle_timeout_s / 10))
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure the sweep runs (it stops itself when no connection is open)."""
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self.resolution_s, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweeper = None
+        now = loop.time()
+        for guard in [g for g in self.guards.values()
+                      if g.deadline is not None and g.deadline <= now]:
+            guard.expire()
+        if self.guards:
+            self.watch(loop)
 
     def guard_for(self, transport: Any) -> GuardedProtocol | None:
         return self.guards.get(id(transport)) if transport is not None else None
@@ -145,15 +166,17 @@ class _RequestClock:
             view = memoryview(rest)
 
 
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE)
+
+
 def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            try:
-                return max(0, int(value.strip()))
-            except ValueError:
-                return 0  # aiohttp answers 400
-    return 0  # no body (chunked bodies are timed only up to their headers)
+    match = _CONTENT_LENGTH.search(head)
+    if match is None:
+        return 0  # no body (chunked bodies are timed only up to their headers)
+    try:
+        return max(0, int(match.group(1).strip()))
+    except ValueError:
+        return 0  # aiohttp answers 400
 
 
 class GuardedProtocol(asyncio.Protocol):
@@ -173,7 +196,8 @@ class GuardedProtocol(asyncio.Protocol):
         self.websocket_mode = False
         self.busy = 0  # requests whose handler is running
         self.started = 0  # requests whose handler has started
-        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.deadline: float | None = None  # loop time; checked by PeerLimits' sweep
         self._timer_kind = ""
         self._requests = _RequestClock()
         self._frames = _FrameClock()
@@ -200,6 +224,8 @@ class GuardedProtocol(asyncio.Protocol):
             return
         limits.counts[self.peer] = count + 1
         limits.guards[id(transport)] = self
+        self._loop = asyncio.get_running_loop()
+        limits.watch(self._loop)
         self.inner = self._factory()
         self.inner.connection_made(transport)
         # Waiting for the first request counts as receiving it: a silent peer is cut off.
@@ -261,20 +287,26 @@ class GuardedProtocol(asyncio.Protocol):
 
     # -- timers --------------------------------------------------------------------------
     def _arm(self, kind: str, delay: float) -> None:
-        self._disarm()
-        callback = self._too_slow if kind == "request" else self._idle_too_long
-        self._timer = asyncio.get_running_loop().call_later(delay, callback)
+        assert self._loop is not None  # armed only once connected
+        self.deadline = self._loop.time() + delay
         self._timer_kind = kind
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.deadline = None
         self._timer_kind = ""
 
+    def expire(self) -> None:
+        """The deadline passed: act on what was being timed."""
+        kind = self._timer_kind
+        if kind == "request":
+            self._too_slow()
+        elif kind == "idle":
+            self._idle_too_long()
+        else:
+            self._disarm()
+
     def _too_slow(self) -> None:
-        self._timer = None
-        self._timer_kind = ""
+        self._disarm()
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -297,8 +329,7 @@ class GuardedProtocol(asyncio.Protocol):
         transport.close()
 
     def _idle_too_long(self) -> None:
-        self._timer = None
-        self._timer_kind = ""
+        self._disarm()
         if not self.busy and self.transport is not None:
             self.transport.close()
 

@@ -23,6 +23,7 @@ from aiohttp import WSCloseCode, web
 
 from masterd.app import GATE_KEY, make_app
 from masterd.authn import auth_middleware, build_authenticator, build_ssl, warn_if_open
+from masterd.gcpause import GcPausePolicy
 from masterd.limits import GuardedSite, PeerLimits, limits_middleware
 from masterd.service import Master
 from masterd.store import StoreError
@@ -84,12 +85,16 @@ class MasterDaemon:
         self.master: Master | None = None
         self.runner: web.AppRunner | None = None
         self._background: list[asyncio.Task[None]] = []
+        self.gc = GcPausePolicy()
 
     async def start(self) -> None:
         config = self.config
         self.notifier.status(f"opening the journal in {config.state_dir}")
         self.master = master = Master(config)
         master.restore()
+        # After the restore: the restored jobs are the first long-lived objects to freeze.
+        self.gc = GcPausePolicy(config.gc_young_threshold, config.gc_refreeze_s)
+        self.gc.install()
         auth, ssl_context = build_authenticator(config), build_ssl(config)
         warn_if_open(auth, config)
         limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
@@ -105,7 +110,8 @@ class MasterDaemon:
         self.notifier.ready(self.describe())
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self.notifier.watchdog_loop()),
-                            loop.create_task(self._report_status())]
+                            loop.create_task(self._report_status()),
+                            loop.create_task(self._refreeze())]
 
     def describe(self) -> str:
         master = self.master
@@ -114,6 +120,11 @@ class MasterDaemon:
         return (f"serving on {self.config.listen_host}:{self.config.listen_port}: "
                 f"nodes={len(master.sessions)}/{len(core.cluster.node_names)} "
                 f"queued={len(core.queue())} active={len(core.running())}")
+
+    async def _refreeze(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.config.gc_refreeze_s))
+            self.gc.maybe_refreeze()
 
     async def _report_status(self) -> None:
         while True:
@@ -176,6 +187,7 @@ class MasterDaemon:
             await self.runner.cleanup()
         if self.master is not None:
             await self.master.close()
+        self.gc.uninstall()
         log.info("stopped; journal closed")
         self.notifier.close()
 

@@ -110,6 +110,7 @@ class MasterMetrics:
         self.rpc = Histogram(
             "trellis_rpc_duration_seconds", "Time to serve one admin/client RPC, by method.",
             ["method"], buckets=RPC_BUCKETS, registry=self.registry)
+        self._rpc_children: dict[str, Any] = {}  # method -> its histogram child
         self.rpc_errors = Counter(
             "trellis_rpc_errors", "RPCs answered with an error, by method and error code.",
             ["method", "code"], registry=self.registry)
@@ -130,7 +131,11 @@ class MasterMetrics:
                 self.placements.inc()
 
     def observe_rpc(self, method: str, seconds: float, error_code: str | None = None) -> None:
-        self.rpc.labels(method).observe(seconds)
+        # labels() takes a lock and builds a key per call; the children never change.
+        child = self._rpc_children.get(method)
+        if child is None:
+            child = self._rpc_children[method] = self.rpc.labels(method)
+        child.observe(seconds)
         if error_code is not None:
             self.rpc_errors.labels(method, error_code).inc()
 

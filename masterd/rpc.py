@@ -13,6 +13,7 @@ from masterd.genie_rpc import method_table as genie_methods
 from masterd.inference_service import method_table as inference_methods
 from masterd.service import Master
 from masterd.store import EventRow
+from masterd.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
 from shared.schema import SchemaError, bounded, decode
@@ -63,35 +64,26 @@ def event_view(e: EventRow) -> dict[str, Any]:
             "detail": e.detail}
 
 
-def job_view(job: Job) -> dict[str, Any]:
-    spec = job.spec
-    return {
-        "id": job.id,
-        "name": spec.name,
-        "state": job.state.value,
-        "kind": spec.kind.value,
-        "tenant": spec.tenant,
-        "user": spec.user,
-        "qos": spec.qos.value,
-        "gpus": spec.gpus,
-        "cpus": spec.cpus,
-        "memory_mib": spec.memory_mib,
-        "command": list(spec.command),
-        "submit_time": job.submit_time,
-        "start_time": job.start_time,
-        "end_time": job.end_time,
-        "queued_s": job.queued_seconds,
-        "exit_code": job.exit_code,
-        "signal": job.signal,
-        "reason": job.reason,
-        "attempts": job.attempts,
-        "nodes": list(job.placement.nodes) if job.placement else [],
-        "placement": [
-            {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus),
-             "memory_mib": a.memory_mib}
-            for a in job.placement.allocations
-        ] if job.placement else [],
-    }
+def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
+    """A job as RPCs show it. ``wire`` caches the parts that never change per job."""
+    view = {"id": job.id, "state": job.state.value}
+    view.update(wire.spec_view(job) if wire is not None else spec_view(job.spec))
+    view.update(
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        queued_s=job.queued_seconds,
+        exit_code=job.exit_code,
+        signal=job.signal,
+        reason=job.reason,
+        attempts=job.attempts,
+    )
+    if job.placement is None:
+        view.update(NO_PLACEMENT_VIEW)
+    else:
+        view.update(wire.placement_view(job) if wire is not None
+                    else placement_view(job.placement))
+    return view
 
 
 class Rpc:
@@ -142,12 +134,12 @@ class Rpc:
 
     async def submit(self, p: SubmitParams) -> dict[str, Any]:
         job = await self.master.submit(p.job, p.id)
-        return {"job": job_view(job)}
+        return {"job": job_view(job, self.master.journal.wire)}
 
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         self._job(p.id)
         job = await self.master.cancel(p.id)
-        return {"job": job_view(job)}
+        return {"job": job_view(job, self.master.journal.wire)}
 
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         out = []
@@ -166,7 +158,7 @@ class Rpc:
                 continue
             if p.node and not (job.placement and p.node in job.placement.nodes):
                 continue
-            out.append(job_view(job))
+            out.append(job_view(job, self.master.journal.wire))
             if len(out) >= p.limit:
                 break
         return {"jobs": out}
@@ -175,7 +167,7 @@ class Rpc:
         job = self._job(p.id)
         events = await self.master.journal.call(self.master.store.events, job.id)
         return {
-            "job": job_view(job),
+            "job": job_view(job, self.master.journal.wire),
             "events": [
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -147,6 +147,43 @@ def new_job_rows(seq: int, job: Job, spec: dict[str, Any] | None = None) -> NewJ
     )
 
 
+# Batches go to SQLite as one statement per power-of-two slice rather than one step per row:
+# the sqlite3 module releases and retakes the GIL around every step, and under load each retake
+# waited for the busy event-loop thread, stretching every group commit. Power-of-two slices
+# keep the number of distinct statements (and so the statement cache) small.
+_MAX_SLICE = 256
+_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+
+
+def _slices(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    start = 0
+    while start < len(rows):
+        size = min(_MAX_SLICE, 1 << ((len(rows) - start).bit_length() - 1))
+        yield rows[start:start + size]
+        start += size
+
+
+def insert_many(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
+    """``head`` is ``INSERT INTO table (columns)``; every row has one value per column."""
+    for part in _slices(rows):
+        one = "(" + ",".join("?" * len(part[0])) + ")"
+        db.execute(f"{head} VALUES {','.join([one] * len(part))}",
+                   [value for row in part for value in row])
+
+
+def update_jobs_many(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Rows of (state, data, id); a job updated twice in one batch keeps its last row."""
+    if not _UPDATE_FROM:  # SQLite before 3.33 has no UPDATE ... FROM
+        db.executemany("UPDATE jobs SET state=?, data=? WHERE id=?", rows)
+        return
+    latest = list({row[2]: row for row in rows}.values())
+    for part in _slices(latest):
+        values = ",".join(["(?,?,?)"] * len(part))
+        db.execute(f"UPDATE jobs SET state=v.column1, data=v.column2 FROM (VALUES {values}) "
+                   "AS v WHERE jobs.id=v.column3",
+                   [value for row in part for value in row])
+
+
 class Store:
     """Synchronous access to the journal; call only from the store thread."""
 
@@ -202,12 +239,10 @@ class Store:
         thread barely competes with the event loop for the GIL."""
 
         def run() -> None:
-            self.db.executemany(
-                "INSERT INTO jobs (id, seq, spec, state, submit_time, data) "
-                "VALUES (?, ?, ?, ?, ?, ?)", [r.job for r in rows])
-            self.db.executemany(
-                "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
-                [r.event for r in rows])
+            insert_many(self.db, "INSERT INTO jobs (id, seq, spec, state, submit_time, data)",
+                        [r.job for r in rows])
+            insert_many(self.db, "INSERT INTO events (time, job_id, node, kind, detail)",
+                        [r.event for r in rows])
 
         self._tx(run)
 
@@ -236,10 +271,9 @@ class Store:
         """Rows made by :func:`update_rows`, many callers' worth in one transaction."""
 
         def run() -> None:
-            self.db.executemany("UPDATE jobs SET state=?, data=? WHERE id=?", job_rows)
-            self.db.executemany(
-                "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
-                event_rows)
+            update_jobs_many(self.db, job_rows)
+            insert_many(self.db, "INSERT INTO events (time, job_id, node, kind, detail)",
+                        event_rows)
 
         self._tx(run)
 

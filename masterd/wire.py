@@ -1,9 +1,10 @@
 """Wire forms of a job's immutable parts, encoded once and reused.
 
 A job's spec is encoded for its journal row and again for every prepare_job sent to a node,
-and its placement for every persist of the job's state (placed, started, exited, ...). Both
-are frozen, so the encoded dict of one object never changes: the master keeps it per job
-and re-encodes only when the job holds a different object (a new placement after a retry).
+and its placement for every persist of the job's state (placed, started, exited, ...); the
+RPC view of a job shows parts of both on every listing. All of these are frozen, so the
+encoded dict of one object never changes: the master keeps it per job and re-encodes only
+when the job holds a different object (a new placement after a retry).
 """
 
 from __future__ import annotations
@@ -12,6 +13,36 @@ from typing import Any
 
 from shared.model import Job, JobSpec, Placement
 from shared.schema import encode
+
+# Views are packed and sent, never changed: these parts are shared between responses.
+NO_PLACEMENT_VIEW: dict[str, Any] = {"nodes": [], "placement": []}
+
+
+def spec_view(spec: JobSpec) -> dict[str, Any]:
+    """What an RPC job view shows of the spec."""
+    return {
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "tenant": spec.tenant,
+        "user": spec.user,
+        "qos": spec.qos.value,
+        "gpus": spec.gpus,
+        "cpus": spec.cpus,
+        "memory_mib": spec.memory_mib,
+        "command": list(spec.command),
+    }
+
+
+def placement_view(placement: Placement) -> dict[str, Any]:
+    """What an RPC job view shows of the placement."""
+    return {
+        "nodes": list(placement.nodes),
+        "placement": [
+            {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus),
+             "memory_mib": a.memory_mib}
+            for a in placement.allocations
+        ],
+    }
 
 
 class WireCache:
@@ -24,6 +55,9 @@ class WireCache:
         self.limit = limit
         self._specs: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
         self._placements: dict[str, tuple[Placement, dict[str, Any]]] = {}
+        # The immutable parts of a job's RPC view (see masterd.rpc.job_view).
+        self._spec_views: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
+        self._placement_views: dict[str, tuple[Placement, dict[str, Any]]] = {}
 
     def spec(self, job: Job) -> dict[str, Any]:
         hit = self._specs.get(job.id)
@@ -46,9 +80,32 @@ class WireCache:
         self._placements[job.id] = (placement, wire)
         return wire
 
+    def spec_view(self, job: Job) -> dict[str, Any]:
+        hit = self._spec_views.get(job.id)
+        if hit is not None and hit[0] is job.spec:
+            return hit[1]
+        view = spec_view(job.spec)
+        self._room(self._spec_views)
+        self._spec_views[job.id] = (job.spec, view)
+        return view
+
+    def placement_view(self, job: Job) -> dict[str, Any]:
+        placement = job.placement
+        if placement is None:
+            return NO_PLACEMENT_VIEW
+        hit = self._placement_views.get(job.id)
+        if hit is not None and hit[0] is placement:
+            return hit[1]
+        view = placement_view(placement)
+        self._room(self._placement_views)
+        self._placement_views[job.id] = (placement, view)
+        return view
+
     def forget(self, job_id: str) -> None:
         self._specs.pop(job_id, None)
         self._placements.pop(job_id, None)
+        self._spec_views.pop(job_id, None)
+        self._placement_views.pop(job_id, None)
 
     def __len__(self) -> int:
         return len(self._specs.keys() | self._placements.keys())

@@ -83,6 +83,10 @@ class MasterConfig:
     # WebSocket ping period on node sessions: a silent (partitioned) node is noticed within
     # about 1.5 times this, and marked unreachable node_grace_s later.
     node_heartbeat_s: float = bounded(10.0, min=0.1, max=3600)
+    # Garbage collector (masterd.gcpause): young-generation threshold, and how often the
+    # objects frozen out of full collections are unfrozen and collected once.
+    gc_young_threshold: int = bounded(10_000, min=1, max=10_000_000)
+    gc_refreeze_s: float = bounded(3600.0, min=1, max=30 * 86400)
 
 @dataclass(frozen=True)
 class TunerConfig:

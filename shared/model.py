@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -188,8 +189,10 @@ class NodeAllocation:
 class Placement:
     allocations: tuple[NodeAllocation, ...]
 
-    @property
+    @functools.cached_property
     def nodes(self) -> tuple[str, ...]:
+        # Cached in the instance dict (frozen dataclasses allow that; eq, hash and the wire
+        # form see fields only): read per event and per listed job on the master's hot path.
         return tuple(a.node for a in self.allocations)
 
     @property

@@ -71,17 +71,20 @@ def unpack(data: bytes, *, max_size: int = MAX_FRAME) -> Any:
 
 def check_nesting(obj: Any, limit: int = MAX_NESTING) -> None:
     """Refuse data nested deeper than ``limit``: deep values break ``repr`` and recursive code
-    later (Python's recursion limit), so they are stopped at the door. Iterative, O(size)."""
-    if not isinstance(obj, dict | list):
+    later (Python's recursion limit), so they are stopped at the door. Iterative, O(size).
+
+    Exact type tests suffice: msgpack decodes maps and arrays to plain dicts and lists.
+    """
+    if type(obj) is not dict and type(obj) is not list:
         return
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > limit:
             raise ProtocolError("too_deep", f"frame is nested deeper than {limit} levels")
-        children = value.values() if isinstance(value, dict) else value
-        for child in children:
-            if isinstance(child, dict | list):
+        for child in (value.values() if type(value) is dict else value):
+            kind = type(child)
+            if kind is dict or kind is list:
                 stack.append((child, depth + 1))
 
 

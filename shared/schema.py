@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 import re
 import types
 import typing
@@ -239,22 +240,29 @@ def _dataclass_decoder(cls: type) -> Decoder:
         for f in fields
     ]
 
+    required = [name for name, needed, _ in plan if needed]
+    spec_of = {name: spec for name, _, spec in plan}
+    # Each field's decoder, resolved on first use: looking it up through _decoder's cache
+    # hashes typing objects, which cost more than decoding the value itself.
+    resolved: dict[str, Decoder] = {}
+
     def dataclass_(data: Any, path: str, depth: int) -> Any:
         if type(data) is not dict:
             raise SchemaError(path, f"must be a map, got {_kind(data)}")
         _depth(path, depth)
-        unknown = [k for k in data if k not in known]
-        if unknown:
+        if not data.keys() <= known:
+            unknown = [k for k in data if k not in known]
             shown = ", ".join(repr(k) for k in unknown[:3])
             raise SchemaError(path, f"unknown field(s) {shown}")
-        kwargs = {}
-        for name, required, (tp, bounds) in plan:
+        for name in required:
             if name not in data:
-                if required:
-                    raise SchemaError(f"{path}.{name}" if path else name, "is required")
-                continue
-            sub = f"{path}.{name}" if path else name
-            kwargs[name] = _decoder(tp, bounds)(data[name], sub, depth + 1)
+                raise SchemaError(f"{path}.{name}" if path else name, "is required")
+        kwargs = {}
+        for name, value in data.items():
+            field_decoder = resolved.get(name)
+            if field_decoder is None:
+                field_decoder = resolved[name] = _decoder(*spec_of[name])
+            kwargs[name] = field_decoder(value, f"{path}.{name}" if path else name, depth + 1)
         try:
             return cls(**kwargs)
         except SchemaError as exc:
@@ -300,29 +308,38 @@ _SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 
 
 @cache
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """A dataclass's field names, looked up once per class (None: not a dataclass)."""
+def _field_getter(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
+    """A dataclass's field names and one getter for all their values (None: not a
+    dataclass), looked up once per class."""
     if not dataclasses.is_dataclass(cls):
         return None
-    return tuple(f.name for f in dataclasses.fields(cls))
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if not names:
+        return names, lambda obj: ()
+    if len(names) == 1:
+        only = operator.attrgetter(names[0])
+        return names, lambda obj: (only(obj),)
+    return names, operator.attrgetter(*names)
 
 
 def encode(obj: Any) -> Any:
     """Turn dataclasses/enums/tuples into plain msgpack-able values (the inverse of decode).
 
-    Field names are looked up once per class and scalars (most leaves) return at the first
-    test: on the master's hot path a job spec is encoded per submission and per node command.
+    Scalars (most leaves) are passed through inline, without a call per value: on the
+    master's hot path a job spec is encoded per submission and per node command.
     """
     kind = type(obj)
     if kind in _SCALARS:
         return obj
-    names = _field_names(kind)
-    if names is not None:
-        return {name: encode(getattr(obj, name)) for name in names}
+    fields = _field_getter(kind)
+    if fields is not None:
+        names, values = fields[0], fields[1](obj)
+        return {name: value if type(value) in _SCALARS else encode(value)
+                for name, value in zip(names, values, strict=True)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, list | tuple):
-        return [encode(v) for v in obj]
+        return [v if type(v) in _SCALARS else encode(v) for v in obj]
     if isinstance(obj, dict):
         return {encode(k): encode(v) for k, v in obj.items()}
     if isinstance(obj, frozenset | set):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from masterd.core.policy import Policy, Preempt, Start
-from masterd.core.scheduler import JobError, SchedulingCore
+from masterd.core.scheduler import SchedulingCore
 from shared.model import Job, JobKind, JobSpec, JobState, NodeInventory, Placement, QosClass
 from sim.metrics import fragmentation
 from sim.truth import (
@@ -204,7 +204,6 @@ class Simulator:
         self._net_jobs: dict[str, set[str]] = {}
         self._node_jobs: dict[str, set[str]] = {n: set() for n in self.inventories}
         self._placements: dict[str, Placement] = {}  # core job id -> placement held
-        self._fit_cache: dict[tuple[object, ...], str | None] = {}
         self._down: set[str] = set()
         self._allocated = 0
         self._effective = 0.0
@@ -324,18 +323,6 @@ class Simulator:
         factor = math.exp(self.truth.rng(job.id, "prediction").gauss(0.0, sigma))
         return replace(spec, iterations=max(1, round(spec.iterations * factor)))
 
-    def _unsatisfiable(self, spec: JobSpec) -> str | None:
-        # fits_cluster depends only on these fields and on the registered inventories,
-        # which never change during a replay: cache it instead of scanning every node per job.
-        key = (spec.gpus, spec.gpu_model, spec.cpus if spec.gpus == 0 else 0, spec.max_nodes)
-        if key not in self._fit_cache:
-            try:
-                self.core.check_submittable(spec)
-                self._fit_cache[key] = None
-            except JobError as exc:
-                self._fit_cache[key] = str(exc).split(": ", 1)[-1]
-        return self._fit_cache[key]
-
     def _on_arrival(self, job: SimJob) -> bool:
         spec = self._declared_spec(job)
         truth = self.truth.job_truth(job.id, spec.kind, spec.gpus, job.truth, self.topology)
@@ -356,7 +343,7 @@ class Simulator:
         self.records[job.id] = record
         self._truth_of[job.id] = truth
         self._spec_of[job.id] = spec
-        reason = self._unsatisfiable(spec)
+        reason = self.core.unsatisfiable(spec)
         if reason is not None:
             record.state = "rejected"
             record.reason = reason

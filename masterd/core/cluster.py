@@ -314,6 +314,9 @@ class ClusterState:
         self._index_shared = False  # a snapshot holds _index: copy it before changing it
         self._index_changes = 0  # bumped on every change, so a snapshot knows it is current
         self._sizes: dict[str | None, dict[int, int]] = {}  # of every node, see node_sizes
+        # Bumped whenever a node joins, leaves or changes inventory (not on allocations), so
+        # answers that depend only on what the cluster is made of can be cached.
+        self.inventory_changes = 0
         self._allocations: dict[str, Placement] = {}
 
     def _writable_index(self) -> FreeIndex:
@@ -328,6 +331,7 @@ class ClusterState:
         old = self._views.get(name)
         self._views[name] = view
         if old is None or old.inventory is not view.inventory:
+            self.inventory_changes += 1
             if old is not None:
                 _count_size(self._sizes, old, -1)
             _count_size(self._sizes, view, +1)
@@ -355,6 +359,7 @@ class ClusterState:
     def _drop(self, name: str) -> None:
         old = self._views.pop(name, None)
         if old is not None:
+            self.inventory_changes += 1
             _count_size(self._sizes, old, -1)
         if old is not None and old.schedulable:
             _unindex_view(self._writable_index(), old)

@@ -109,12 +109,15 @@ def _flag(value: object, what: str) -> bool:
 def declared_traits(spec: JobSpec) -> JobTraits:
     """The adapter: read the three traits from JobSpec fields if present, else from env."""
     values: dict[str, bool] = {}
+    env = spec.env
     for name, env_key in TRAIT_ENV.items():
         field_value = getattr(spec, name, None)
         if field_value is not None:
             values[name] = _flag(field_value, f"job {spec.name}: {name}")
+        elif env_key in env:
+            values[name] = _flag(env[env_key], f"job {spec.name}: env {env_key}")
         else:
-            values[name] = _flag(spec.env.get(env_key, ""), f"job {spec.name}: env {env_key}")
+            values[name] = False  # declared nowhere: the usual case, checked per submission
     return JobTraits(**values)
 
 

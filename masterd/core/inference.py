@@ -44,6 +44,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.placement import choose_cpus, choose_gpus
@@ -224,15 +225,38 @@ class _Service:
 
 
 class _Free:
-    """Free resources of schedulable nodes, consumed while one plan places replicas."""
+    """Free resources of schedulable nodes, consumed while one plan places replicas.
+
+    Built on first use: a plan runs before every scheduling pass, and in the steady state
+    (every service at its target) it never looks at free resources, so copying every node's
+    free sets each time cost O(nodes) per pass for nothing.
+    """
+
+    views: dict[str, NodeView]
+    gpus: dict[str, set[int]]
+    cpus: dict[str, set[int]]
+    memory: dict[str, int]
+    headroom: dict[str, float]
 
     def __init__(
         self, snapshot: ClusterSnapshot, headroom: Mapping[str, float],
         replicas: Iterable[Replica],
     ) -> None:
-        self.views: dict[str, NodeView] = {
-            name: view for name, view in snapshot.nodes.items() if view.schedulable
-        }
+        self._source: tuple[ClusterSnapshot, Mapping[str, float], list[Replica]] | None = (
+            snapshot, headroom, list(replicas))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for the resource tables, before they exist.
+        if name not in ("views", "gpus", "cpus", "memory", "headroom") or self._source is None:
+            raise AttributeError(name)
+        self._build()
+        return getattr(self, name)
+
+    def _build(self) -> None:
+        assert self._source is not None
+        snapshot, headroom, replicas = self._source
+        self._source = None
+        self.views = {name: view for name, view in snapshot.nodes.items() if view.schedulable}
         self.gpus = {name: set(view.free_gpus) for name, view in self.views.items()}
         self.cpus = {name: set(view.free_cpus) for name, view in self.views.items()}
         self.memory = {name: view.free_memory_mib for name, view in self.views.items()}
@@ -244,6 +268,7 @@ class _Free:
 
     def copy(self) -> _Free:
         other = object.__new__(_Free)
+        other._source = None
         other.views = self.views
         other.gpus = {k: set(v) for k, v in self.gpus.items()}
         other.cpus = {k: set(v) for k, v in self.cpus.items()}

@@ -10,11 +10,12 @@ lets a search look at the best-fitting nodes only, not at every node of the clus
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain, islice
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from masterd.core.cluster import ANY_MODEL, ClusterSnapshot, FreeIndex, ModelScope, NodeView
 from shared.model import JobSpec, NodeAllocation, Placement
@@ -30,23 +31,29 @@ class _NodeValues(MutableMapping[str, V]):
     (``pool.gpus[n] -= taken`` works), which lets the pool keep its index in step.
     """
 
-    def __init__(self, pool: FreePool, attr: str, on_set: Callable[[str, V], None]) -> None:
-        self._pool = pool
+    def __init__(self, views: Mapping[str, NodeView], attr: str,
+                 owner: weakref.ref[FreePool]) -> None:
+        self._views = views
         self._attr = attr  # the NodeView field read for nodes the pass has not changed
-        self._on_set = on_set
+        # A weak reference: a strong one made every pass's pool a reference cycle, and the
+        # cyclic collector then spent tens of milliseconds at a time freeing old pools.
+        self._owner = owner
         self._changed: dict[str, V] = {}
 
     def __getitem__(self, node: str) -> V:
         changed = self._changed
         if node in changed:  # cheaper than catching KeyError for the many unchanged nodes
             return changed[node]
-        value: V = getattr(self._pool.views[node], self._attr)
+        value: V = getattr(self._views[node], self._attr)
         return value
 
     def __setitem__(self, node: str, value: V) -> None:
-        if node not in self._pool.views:
+        if node not in self._views:
             raise KeyError(node)  # a pool holds the schedulable nodes, no others
-        self._on_set(node, value)
+        pool = self._owner()
+        if pool is None:
+            raise RuntimeError("the FreePool of these values is gone")
+        pool.set_free(self._attr, node, value)
 
     def store(self, node: str, value: V) -> None:
         """Record a node's new value (for the pool, which keeps the index itself)."""
@@ -56,13 +63,13 @@ class _NodeValues(MutableMapping[str, V]):
         raise TypeError("nodes cannot be removed from a FreePool")
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._pool.views)
+        return iter(self._views)
 
     def __len__(self) -> int:
-        return len(self._pool.views)
+        return len(self._views)
 
     def __contains__(self, node: object) -> bool:
-        return node in self._pool.views
+        return node in self._views
 
 
 class FreePool:
@@ -86,11 +93,10 @@ class FreePool:
         # (GPUs, cores) then. Re-filing waits for the next search, so a pass that places jobs
         # through its own index (SWAF) does not pay for keeping this one current.
         self._stale: dict[str, tuple[int, int]] = {}
-        self.gpus: _NodeValues[frozenset[int]] = _NodeValues(
-            self, "free_gpus", lambda node, gpus: self.assign(node, gpus=gpus))
-        self.cpus: _NodeValues[frozenset[int]] = _NodeValues(
-            self, "free_cpus", lambda node, cpus: self.assign(node, cpus=cpus))
-        self.memory: _NodeValues[int] = _NodeValues(self, "free_memory_mib", self._set_memory)
+        owner = weakref.ref(self)
+        self.gpus: _NodeValues[frozenset[int]] = _NodeValues(self.views, "free_gpus", owner)
+        self.cpus: _NodeValues[frozenset[int]] = _NodeValues(self.views, "free_cpus", owner)
+        self.memory: _NodeValues[int] = _NodeValues(self.views, "free_memory_mib", owner)
 
     @property
     def index(self) -> FreeIndex:
@@ -125,8 +131,14 @@ class FreePool:
         if cpus is not None:
             self.cpus.store(node, frozenset(cpus))
 
-    def _set_memory(self, node: str, mib: int) -> None:
-        self.memory.store(node, mib)  # memory is not indexed: realise checks it per node
+    def set_free(self, attr: str, node: str, value: Any) -> None:
+        """``pool.gpus[node] = ...`` and the like end here."""
+        if attr == "free_gpus":
+            self.assign(node, gpus=value)
+        elif attr == "free_cpus":
+            self.assign(node, cpus=value)
+        else:
+            self.memory.store(node, value)  # memory is not indexed: realise checks it per node
 
     def take(self, placement: Placement) -> None:
         # assign() spelled out: this runs for every job a pass starts.

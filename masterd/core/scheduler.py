@@ -76,6 +76,10 @@ class SchedulingCore:
         self._ordered: list[tuple[tuple[int, float, int], str]] = []
         # Queued jobs whose reason is a policy's note from the last pass (see schedule()).
         self._noted: set[str] = set()
+        # fits_cluster reads only a few spec fields and the nodes' inventories: one scan of
+        # every node per submission was a tenth of the submit RPC's cost on 100 nodes.
+        self._fit_cache: dict[tuple[object, ...], str | None] = {}
+        self._fit_inventory = -1
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -93,8 +97,21 @@ class SchedulingCore:
         self.cluster.set_schedulable(name, not drained)
 
     # -- jobs ----------------------------------------------------------------------------
+    def unsatisfiable(self, spec: JobSpec) -> str | None:
+        """Why this cluster can never run the job, or None if it could when empty."""
+        if self._fit_inventory != self.cluster.inventory_changes:
+            self._fit_cache.clear()
+            self._fit_inventory = self.cluster.inventory_changes
+        # Exactly the fields fits_cluster reads (cpus only matter for CPU-only jobs).
+        key = (spec.gpus, spec.gpu_model, spec.cpus if spec.gpus == 0 else 0, spec.max_nodes)
+        try:
+            return self._fit_cache[key]
+        except KeyError:
+            reason = self._fit_cache[key] = fits_cluster(spec, self.cluster.snapshot({}))
+            return reason
+
     def check_submittable(self, spec: JobSpec) -> None:
-        reason = fits_cluster(spec, self.cluster.snapshot({}))
+        reason = self.unsatisfiable(spec)
         if reason is not None:
             raise JobError("unsatisfiable", f"job {spec.name}: {reason}")
 
