@@ -145,7 +145,7 @@ class Rpc:
         out = []
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
-        pool = (self.master.core.running().values()
+        pool = (self.master.core.active_jobs().values()
                 if p.state in ("active", "starting", "running")
                 else self.master.core.jobs.values())
         for job in pool:

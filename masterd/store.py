@@ -155,17 +155,27 @@ _MAX_SLICE = 256
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
 
-def _slices(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+def _slices(rows: list[tuple[Any, ...]], cap: int = _MAX_SLICE
+            ) -> Iterator[list[tuple[Any, ...]]]:
     start = 0
     while start < len(rows):
-        size = min(_MAX_SLICE, 1 << ((len(rows) - start).bit_length() - 1))
+        size = min(cap, 1 << ((len(rows) - start).bit_length() - 1))
         yield rows[start:start + size]
         start += size
 
 
+def _rows_per_statement(db: sqlite3.Connection, columns: int) -> int:
+    """The largest power of two of rows whose values fit one statement (SQLite before 3.32
+    allows only 999 variables), at most _MAX_SLICE."""
+    fit = max(1, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // columns)
+    return min(_MAX_SLICE, 1 << (fit.bit_length() - 1))
+
+
 def insert_many(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
     """``head`` is ``INSERT INTO table (columns)``; every row has one value per column."""
-    for part in _slices(rows):
+    if not rows:
+        return
+    for part in _slices(rows, _rows_per_statement(db, len(rows[0]))):
         one = "(" + ",".join("?" * len(part[0])) + ")"
         db.execute(f"{head} VALUES {','.join([one] * len(part))}",
                    [value for row in part for value in row])
@@ -177,7 +187,7 @@ def update_jobs_many(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> Non
         db.executemany("UPDATE jobs SET state=?, data=? WHERE id=?", rows)
         return
     latest = list({row[2]: row for row in rows}.values())
-    for part in _slices(latest):
+    for part in _slices(latest, _rows_per_statement(db, 3)):
         values = ",".join(["(?,?,?)"] * len(part))
         db.execute(f"UPDATE jobs SET state=v.column1, data=v.column2 FROM (VALUES {values}) "
                    "AS v WHERE jobs.id=v.column3",

@@ -85,7 +85,7 @@ class MasterConfig:
     node_heartbeat_s: float = bounded(10.0, min=0.1, max=3600)
     # Garbage collector (masterd.gcpause): young-generation threshold, and how often the
     # objects frozen out of full collections are unfrozen and collected once.
-    gc_young_threshold: int = bounded(10_000, min=1, max=10_000_000)
+    gc_young_threshold: int = bounded(700, min=1, max=10_000_000)
     gc_refreeze_s: float = bounded(3600.0, min=1, max=30 * 86400)
 
 @dataclass(frozen=True)

@@ -415,7 +415,7 @@ class InferencePlacer:
         for svc in self._services.values():
             self._forget_vanished(svc, snapshot)
         free = _Free(
-            snapshot, bandwidth_headroom_gbps or {},
+            snapshot, bandwidth_headroom_gbps if bandwidth_headroom_gbps is not None else {},
             (r for svc in self._services.values() for r in svc.replicas.values()),
         )
         for svc in self._services.values():

@@ -12,6 +12,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
@@ -166,6 +167,11 @@ class SchedulingCore:
 
     def running(self) -> dict[str, Job]:
         return dict(self._active)
+
+    def active_jobs(self) -> Mapping[str, Job]:
+        """Starting and running jobs, read-only and not copied (do not hold across awaits
+        that may change job states)."""
+        return MappingProxyType(self._active)
 
     def snapshot(self) -> ClusterSnapshot:
         return self.cluster.snapshot(self._active)
