@@ -101,6 +101,7 @@ class Rpc:
             "node": (NodeParams, self.node),
             "events": (EventsParams, self.events),
         }
+        self._wants_params = frozenset({"submit"})  # handlers given the raw params too
         # The placement RPC for inference services (SODA §V-D).
         self.methods.update(inference_methods(master.inference))
         # GENIE's model database and profiler, SODA's pools.
@@ -117,6 +118,8 @@ class Rpc:
         except SchemaError as exc:
             raise ProtocolError("invalid_params", str(exc)) from None
         try:
+            if method in self._wants_params:
+                return await handler(args, params)  # type: ignore[call-arg]
             return await handler(args)
         except JobError as exc:
             raise ProtocolError(exc.code, str(exc)) from None
@@ -132,8 +135,10 @@ class Rpc:
     async def ping(self, _: NoParams) -> dict[str, Any]:
         return {"version": VERSION, "policy": self.master.core.policy.name}
 
-    async def submit(self, p: SubmitParams) -> dict[str, Any]:
-        job = await self.master.submit(p.job, p.id)
+    async def submit(self, p: SubmitParams, params: dict[str, Any]) -> dict[str, Any]:
+        # The job map as sent decodes to exactly this spec (it just did), so it serves as the
+        # spec's wire form for the journal and the nodes without encoding the spec again.
+        job = await self.master.submit(p.job, p.id, wire_spec=params["job"])
         return {"job": job_view(job, self.master.journal.wire)}
 
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:

@@ -171,7 +171,10 @@ class Master:
         if not self._users.exists(user):
             raise JobError("unknown_user", f"Unix user {user!r} does not exist")
 
-    async def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+    async def submit(self, spec: JobSpec, job_id: str | None = None,
+                     wire_spec: dict[str, Any] | None = None) -> Job:
+        """``wire_spec``: a map that decodes to ``spec`` (the one the client sent), kept as
+        the spec's wire form instead of encoding the spec again."""
         if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
             check_name(job_id, "job id")
         self.check_user(spec.user)
@@ -186,15 +189,19 @@ class Master:
         if job_id in self.core.jobs:
             raise JobError("duplicate_job", f"job id {job_id!r} already exists")
         job = Job(id=job_id, spec=spec, submit_time=self.clock())
+        if wire_spec is not None:
+            self.journal.wire.remember_spec(job, wire_spec)
         # Reserve the id before the first await so a concurrent duplicate is refused.
         self.core.jobs[job_id] = job
         try:
             await self.journal.submit(seq, job)
         except StoreError as exc:
             del self.core.jobs[job_id]
+            self.journal.wire.forget(job_id)
             raise JobError("store_unavailable", str(exc)) from None
         except Exception as exc:  # e.g. an id taken by a row written before a crash
             del self.core.jobs[job_id]
+            self.journal.wire.forget(job_id)
             raise JobError("duplicate_job", f"job id {job_id!r} cannot be stored: {exc}") from None
         del self.core.jobs[job_id]
         self.core.submit(job)

@@ -9,6 +9,7 @@ are group-committed (one fsync for a whole burst) by :class:`masterd.journal.Jou
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
@@ -142,9 +143,14 @@ def new_job_rows(seq: int, job: Job, spec: dict[str, Any] | None = None) -> NewJ
         job=(job.id, seq, pack(spec if spec is not None else encode(job.spec)),
              job.state.value, job.submit_time,
              _job_data(job)),
-        event=(job.submit_time, job.id, None, "submitted",
-               json.dumps({"tenant": job.spec.tenant})),
+        event=(job.submit_time, job.id, None, "submitted", _tenant_detail(job.spec.tenant)),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _tenant_detail(tenant: str) -> str:
+    """The submitted event's detail, the same for every job of a tenant."""
+    return json.dumps({"tenant": tenant})
 
 
 # Batches go to SQLite as one statement per power-of-two slice rather than one step per row:

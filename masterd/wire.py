@@ -68,6 +68,11 @@ class WireCache:
         self._specs[job.id] = (job.spec, wire)
         return wire
 
+    def remember_spec(self, job: Job, wire: dict[str, Any]) -> None:
+        """Use ``wire`` (a map that decodes to ``job.spec``) as the spec's wire form."""
+        self._room(self._specs)
+        self._specs[job.id] = (job.spec, wire)
+
     def placement(self, job: Job) -> dict[str, Any] | None:
         placement = job.placement
         if placement is None:
