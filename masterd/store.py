@@ -153,28 +153,27 @@ def _tenant_detail(tenant: str) -> str:
     return json.dumps({"tenant": tenant})
 
 
-# Batches go to SQLite as one statement per power-of-two slice rather than one step per row:
-# the sqlite3 module releases and retakes the GIL around every step, and under load each retake
-# waited for the busy event-loop thread, stretching every group commit. Power-of-two slices
-# keep the number of distinct statements (and so the statement cache) small.
-_MAX_SLICE = 256
+# A batch goes to SQLite as one statement per table rather than one step per row: the sqlite3
+# module releases and retakes the GIL around every step (and every BEGIN, COMMIT and
+# statement preparation), and with the event-loop thread busy each retake waited for it,
+# stretching every group commit several times over. Statements of every batch size up to
+# _MAX_ROWS stay in the connection's statement cache (STATEMENT_CACHE).
+_MAX_ROWS = 256
+STATEMENT_CACHE = 1024  # 3 statement shapes x up to 256 sizes
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
 
-def _slices(rows: list[tuple[Any, ...]], cap: int = _MAX_SLICE
+def _slices(rows: list[tuple[Any, ...]], cap: int = _MAX_ROWS
             ) -> Iterator[list[tuple[Any, ...]]]:
-    start = 0
-    while start < len(rows):
-        size = min(cap, 1 << ((len(rows) - start).bit_length() - 1))
-        yield rows[start:start + size]
-        start += size
+    """Consecutive slices of at most ``cap`` rows (one for any batch up to ``cap``)."""
+    for start in range(0, len(rows), cap):
+        yield rows[start:start + cap]
 
 
 def _rows_per_statement(db: sqlite3.Connection, columns: int) -> int:
-    """The largest power of two of rows whose values fit one statement (SQLite before 3.32
-    allows only 999 variables), at most _MAX_SLICE."""
-    fit = max(1, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // columns)
-    return min(_MAX_SLICE, 1 << (fit.bit_length() - 1))
+    """How many rows' values fit one statement (SQLite before 3.32 allows only 999
+    variables), at most _MAX_ROWS."""
+    return max(1, min(_MAX_ROWS, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // columns))
 
 
 def insert_many(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
@@ -207,7 +206,8 @@ class Store:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                      cached_statements=STATEMENT_CACHE)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
             # FULL: a commit is on disk before we acknowledge, even across a power cut.

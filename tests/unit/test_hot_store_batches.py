@@ -39,18 +39,20 @@ def _table(db: sqlite3.Connection, name: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("n", [*range(0, 70), 127, 128, 129, 255, 256, 257, 511, 512, 513, 600,
                                1000, 1025])
-def test_slices_are_powers_of_two_covering_every_row_in_order(n: int) -> None:
+def test_slices_cover_every_row_in_order_in_as_few_statements_as_fit(n: int) -> None:
     rows = [(i,) for i in range(n)]
     parts = list(_slices(rows))
     assert [r for part in parts for r in part] == rows
-    for part in parts:
-        size = len(part)
-        assert 1 <= size <= 256
-        assert size & (size - 1) == 0, f"slice of {size} rows is not a power of two"
+    assert len(parts) == -(-n // 256)  # one statement per 256 rows, no more
+    assert all(len(part) == 256 for part in parts[:-1])
 
 
 def test_slices_of_600_rows() -> None:
-    assert [len(p) for p in _slices([(i,) for i in range(600)])] == [256, 256, 64, 16, 8]
+    assert [len(p) for p in _slices([(i,) for i in range(600)])] == [256, 256, 88]
+
+
+def test_slices_honour_a_smaller_cap() -> None:
+    assert [len(p) for p in _slices([(i,) for i in range(10)], 4)] == [4, 4, 2]
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 257, 600])
