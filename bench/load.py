@@ -1,6 +1,6 @@
 """Sustained load on one real master: 1,000 client connections and 100 emulated nodes.
 
-    python bench/load.py [--seconds 30] [--clients 1000] [--rate 1.0] [--nodes 100]
+    python bench/load.py [--seconds 60] [--clients 1000] [--rate 1.0] [--nodes 100]
                          [--events 10] [--step-seconds 12] [--max-steps 6] [--job-s 1.0]
                          [--services 4]
 
@@ -321,7 +321,7 @@ def run_step(url: str, args: argparse.Namespace, rate: float, seconds: float, ta
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--rate", type=float, default=1.0, help="requests/s per client")
     p.add_argument("--nodes", type=int, default=100)
