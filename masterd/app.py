@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -18,6 +18,7 @@ from masterd.authn import (
     node_may_connect,
     principal_of,
 )
+from masterd.limits import Handler
 from masterd.metrics import MasterMetrics
 from masterd.nodeguard import check_event
 from masterd.rpc import VERSION, Rpc
@@ -244,8 +245,30 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(master: Master, middlewares: tuple[Any, ...] = ()) -> web.Application:
-    app = web.Application(client_max_size=MAX_FRAME, middlewares=middlewares)
+# Path -> the one method it serves (the routes make_app registers).
+ENDPOINTS = {"/v1/rpc": "POST", "/v1/node": "GET", "/healthz": "GET", "/metrics": "GET"}
+
+
+async def handle_unknown(request: web.Request) -> web.Response:
+    """Every path and method no route serves (guarded and authenticated like the others)."""
+    allowed = ENDPOINTS.get(request.path)
+    if allowed is not None:
+        return web.Response(
+            body=encode_rpc_error(None, "method_not_allowed",
+                                  f"{request.path} takes {allowed}, not {request.method}"),
+            status=405, headers={"Allow": allowed}, content_type=MSGPACK)
+    return web.Response(
+        body=encode_rpc_error(None, "not_found",
+                              f"no endpoint {request.method} {request.path}; the RPC endpoint "
+                              "is POST /v1/rpc"),
+        status=404, content_type=MSGPACK)
+
+
+def make_app(master: Master, wrap: Callable[[Handler], Handler] | None = None
+             ) -> web.Application:
+    """``wrap`` is applied to every route's handler (the daemon passes the connection guard
+    and authentication, see masterd.main)."""
+    app = web.Application(client_max_size=MAX_FRAME)
     metrics = MasterMetrics(master, VERSION, master.clock)
     # Master._run_pass reports each pass here (see masterd.service).
     master.observe_pass = metrics.observe_pass
@@ -253,8 +276,13 @@ def make_app(master: Master, middlewares: tuple[Any, ...] = ()) -> web.Applicati
     app[RPC_KEY] = Rpc(master)
     app[GATE_KEY] = Gate()
     app[METRICS_KEY] = metrics
-    app.router.add_post("/v1/rpc", handle_rpc)
-    app.router.add_get("/v1/node", handle_node)
-    app.router.add_get("/healthz", handle_health)
-    app.router.add_get("/metrics", handle_metrics)
+
+    def route(handler: Handler) -> Handler:
+        return wrap(handler) if wrap is not None else handler
+
+    handlers = {"/v1/rpc": handle_rpc, "/v1/node": handle_node, "/healthz": handle_health,
+                "/metrics": handle_metrics}
+    for path, method in ENDPOINTS.items():
+        app.router.add_route(method, path, route(handlers[path]))
+    app.router.add_route("*", "/{tail:.*}", route(handle_unknown))
     return app

@@ -104,11 +104,13 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
                         content_type="application/msgpack")
 
 
-def auth_middleware(auth: Authenticator) -> Callable[..., Awaitable[web.StreamResponse]]:
-    @web.middleware
-    async def middleware(request: web.Request,
-                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
+def auth_handler(
+    auth: Authenticator, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Wrap a route handler: refuse requests without valid credentials, record the principal
+    of the others (see masterd.limits.guard_handler for why this is not a middleware)."""
+
+    async def authenticated(request: web.Request) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
         transport = request.transport
@@ -127,7 +129,7 @@ def auth_middleware(auth: Authenticator) -> Callable[..., Awaitable[web.StreamRe
         request[PRINCIPAL_KEY] = principal
         return await handler(request)
 
-    return middleware
+    return authenticated
 
 
 def principal_of(request: web.Request) -> Principal | None:

@@ -15,7 +15,7 @@ which
 A slow sender never blocks anyone else: everything here is callbacks on the event loop. Each
 connection keeps a deadline rather than a timer of its own, and one sweep a few times a second
 closes the connections whose deadline has passed: arming and cancelling a timer per request
-cost more than the rest of the guard together. :func:`limits_middleware` tells the guard when
+cost more than the rest of the guard together. :func:`guard_handler` tells the guard when
 handlers run.
 """
 
@@ -356,14 +356,15 @@ class GuardedSite(web.TCPSite):
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 
 
-def limits_middleware(limits: PeerLimits) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Tells the connection's guard when a handler runs and when a connection turns into a
-    WebSocket."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-    @web.middleware
-    async def middleware(request: web.Request,
-                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
+
+def guard_handler(limits: PeerLimits, handler: Handler) -> Handler:
+    """Wrap a route handler so it tells the connection's guard when it runs and when the
+    connection turns into a WebSocket. A wrapper per route rather than an aiohttp middleware:
+    an application without middlewares skips aiohttp's per-request middleware chain."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
         guard = limits.guard_for(request.transport)
         if guard is None:  # not behind a GuardedSite (tests with TestServer)
             return await handler(request)
@@ -392,4 +393,4 @@ def limits_middleware(limits: PeerLimits) -> Callable[..., Awaitable[web.StreamR
         finally:
             guard.request_done()
 
-    return middleware
+    return guarded

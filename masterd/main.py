@@ -22,9 +22,9 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from masterd.app import GATE_KEY, make_app
-from masterd.authn import auth_middleware, build_authenticator, build_ssl, warn_if_open
+from masterd.authn import auth_handler, build_authenticator, build_ssl, warn_if_open
 from masterd.gcpause import GcPausePolicy
-from masterd.limits import GuardedSite, PeerLimits, limits_middleware
+from masterd.limits import GuardedSite, PeerLimits, guard_handler
 from masterd.service import Master
 from masterd.store import StoreError
 from shared.auth import AuthError
@@ -99,7 +99,7 @@ class MasterDaemon:
         warn_if_open(auth, config)
         limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
         self.runner = web.AppRunner(
-            make_app(master, (limits_middleware(limits), auth_middleware(auth))),
+            make_app(master, lambda h: guard_handler(limits, auth_handler(auth, h))),
             access_log=None, shutdown_timeout=5.0)
         await self.runner.setup()
         site = GuardedSite(self.runner, config.listen_host, config.listen_port, limits=limits,

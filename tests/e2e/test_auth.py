@@ -341,3 +341,28 @@ def test_rpc_on_node_endpoint_without_upgrade_is_not_a_crash(secured: LocalClust
             return r.status
 
     assert asyncio.run(go()) in (403, 405)
+
+
+def test_unknown_endpoints_need_credentials_and_answer_with_a_coded_error(
+        secured: LocalCluster) -> None:
+    """Paths and methods no route serves go through authentication like every route, then
+    get a msgpack error naming what is served instead."""
+
+    async def go(method: str, path: str, token: str | None) -> tuple[int, dict, str | None]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession() as s, s.request(
+                method, secured.url + path, headers=headers) as r:
+            return r.status, msgpack.unpackb(await r.read()), r.headers.get("Allow")
+
+    admin = secured.tokens["admin"]
+    status, body, _ = asyncio.run(go("GET", "/v2/nothing", None))
+    assert status == 401 and body["error"]["code"] == "unauthenticated"
+    status, body, _ = asyncio.run(go("GET", "/v2/nothing", admin))
+    assert status == 404 and body["error"]["code"] == "not_found"
+    assert "/v2/nothing" in body["error"]["message"]
+    status, body, allow = asyncio.run(go("GET", "/v1/rpc", admin))
+    assert status == 405 and body["error"]["code"] == "method_not_allowed" and allow == "POST"
+    status, body, allow = asyncio.run(go("DELETE", "/metrics", admin))
+    assert status == 405 and allow == "GET"
+    # The master still serves the real endpoints afterwards.
+    assert call(secured, "admin", "ping")["version"]
