@@ -133,6 +133,11 @@ class Rpc:
             raise JobError("unknown_job", f"job {job_id!r} does not exist")
         return job
 
+    def _wire_for(self, job: Job) -> WireCache | None:
+        """The per-job wire cache, unless the job is no longer in memory (a cancel can end
+        and forget it at once): caching its view would bring back what forgetting dropped."""
+        return self.master.journal.wire if job.id in self.master.core.jobs else None
+
     async def ping(self, _: NoParams) -> dict[str, Any]:
         return {"version": VERSION, "policy": self.master.core.policy.name}
 
@@ -148,7 +153,7 @@ class Rpc:
             # Only ended jobs are ever forgotten: the answer the core gives for one in memory.
             raise JobError("job_finished", f"job {p.id} already ended ({found.state.value})")
         job = await self.master.cancel(p.id)
-        return {"job": job_view(job, self.master.journal.wire)}
+        return {"job": job_view(job, self._wire_for(job))}
 
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         """Jobs in the master's memory: every queued and active one, and the newest
@@ -177,11 +182,8 @@ class Rpc:
     async def job(self, p: JobIdParams) -> dict[str, Any]:
         job = await self._job(p.id)
         events = await self.master.journal.call(self.master.store.events, job.id)
-        # A forgotten job's view is built without the per-job wire cache: caching it would
-        # bring back the per-job state forgetting dropped.
-        wire = self.master.journal.wire if job.id in self.master.core.jobs else None
         return {
-            "job": job_view(job, wire),
+            "job": job_view(job, self._wire_for(job)),
             "events": [
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events

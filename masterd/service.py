@@ -529,7 +529,8 @@ class Master:
         job = self.core.jobs.get(job_id)
         if job is None:
             # An ended job the master forgot (a late event, e.g. after a partition), or one
-            # it never had: nothing to record; the node's reconciliation stops strays.
+            # it never had: nothing to record (a part still running there is stopped when
+            # the node next says hello and the master reconciles).
             log.info("node=%s job=%s started, but the job is not in memory; ignored", node,
                      job_id)
             return

@@ -146,8 +146,9 @@ async def test_cap_zero_forgets_every_job_as_it_ends(tmp_path: Path) -> None:
         await submit(master, "hog", cpus=16)  # takes the whole node ...
         await submit(master, "queued", cpus=16)  # ... so this one waits behind it
         assert master.core.jobs["queued"].state is JobState.QUEUED
-        await master.cancel("queued")
-        assert "queued" not in master.core.jobs
+        reply = await Rpc(master).call("cancel", {"id": "queued"})  # ends, forgotten at once
+        assert reply["job"]["state"] == "cancelled"
+        assert "queued" not in master.core.jobs and per_job_state(master, "queued") == []
         assert master.store.load_job("queued").state is JobState.CANCELLED  # type: ignore[union-attr]
     finally:
         await master.close()
