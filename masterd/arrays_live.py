@@ -17,9 +17,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from masterd.core.arrays.policy import ArrayPolicy
-from masterd.core.arrays.resize import DemandRecord, demand_of, resize
+from masterd.core.arrays.resize import DAY, DemandRecord, demand_of, resize
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import JobError
+from masterd.demandlog import DemandLog
+from shared.model import Job
 
 if TYPE_CHECKING:
     from masterd.service import Master
@@ -32,6 +34,9 @@ class ArraysLive:
         self.master = master
         self.last_resize: dict[str, Any] | None = None  # the latest re-sizing pass
         self.last_change: dict[str, Any] | None = None  # the latest one that changed sizes
+        # The window's demand, summed as jobs end (None unless the policy has arrays): the
+        # master keeps only the newest ended jobs in memory, not the window's.
+        self.demand: DemandLog | None = None
 
     def policy(self) -> ArrayPolicy | None:
         base = unwrap(self.master.core.policy)
@@ -69,9 +74,37 @@ class ArraysLive:
 
     # -- re-sizing -------------------------------------------------------------------------
     def start(self) -> None:
+        """After the master restored its jobs, before serving (the store is used from this
+        thread then): load the window's demand from the journal, start re-sizing."""
+        policy = self.policy()
+        if policy is None:
+            return
+        self._load_demand(policy)
         interval = self.master.config.array_resize_interval_s
-        if self.policy() is not None and interval > 0:
+        if interval > 0:
             self.master._spawn(self._every(interval))
+
+    def _load_demand(self, policy: ArrayPolicy) -> None:
+        window = self.history_days(policy) * DAY
+        now = self.master.clock()
+        self.demand = DemandLog(window)
+        # Jobs submitted up to a window before it starts: one that ran longer than the whole
+        # window before ending in it is left out (the journal is read in submission order, so
+        # the read stops at the window instead of going through every job ever run).
+        jobs = self.master.store.ended_jobs(now - 2 * window)
+        for job in jobs:
+            record = demand_of(job)
+            if record is not None and record.end_time >= now - window:
+                self.demand.add(record)
+        log.info("array demand loaded jobs=%d buckets=%d window_days=%g", len(jobs),
+                 len(self.demand), window / DAY)
+
+    def job_ended(self, job: Job) -> None:
+        """Called by the master as a job reaches a terminal state."""
+        if self.demand is not None:
+            record = demand_of(job)
+            if record is not None:
+                self.demand.add(record)
 
     async def _every(self, interval: float) -> None:
         while True:
@@ -82,37 +115,35 @@ class ArraysLive:
                 log.exception("array re-sizing failed")
 
     def history(self, since: float) -> list[DemandRecord]:
-        records = []
-        for job in self.master.core.jobs.values():
-            if job.end_time is None or job.end_time < since:
-                continue
-            record = demand_of(job)
-            if record is not None:
-                records.append(record)
-        return records
+        if self.demand is None:
+            return []
+        self.demand.prune(self.master.clock())
+        return self.demand.records(since)
 
     async def resize_now(self) -> dict[str, Any]:
         """Re-derive array sizes from recent demand; returns what changed."""
         policy = self._require()
         now = self.master.clock()
         config = dataclasses.replace(policy.config, history_days=self.history_days(policy))
-        records = self.history(now - config.history_days * 86_400.0)
+        since = now - config.history_days * DAY
+        records = self.history(since)
+        jobs = self.demand.jobs(since) if self.demand is not None else 0
         new = resize(config, records, now)
         before = self.sizes(policy)
         changed = new != policy.config
         if changed:
             policy.reconfigure(new)
         after = self.sizes(policy)
-        result = {"time": now, "jobs": len(records), "changed": after != before,
+        result = {"time": now, "jobs": jobs, "changed": after != before,
                   "before": before, "after": after}
         self.last_resize = result
         if after != before:
             self.last_change = result
             await self.master._persist([], [(now, None, None, "arrays_resized", {
-                "jobs": len(records), "before": before, "after": after})])
-            log.info("arrays_resized jobs=%d sizes=%s", len(records),
+                "jobs": jobs, "before": before, "after": after})])
+            log.info("arrays_resized jobs=%d sizes=%s", jobs,
                      ",".join(f"{k}={v}" for k, v in after.items()))
             self.master.request_pass()
         else:
-            log.debug("arrays_resize_unchanged jobs=%d", len(records))
+            log.debug("arrays_resize_unchanged jobs=%d", jobs)
         return result

@@ -338,22 +338,40 @@ class InferenceService:
                 if job is not None and job.state is JobState.QUEUED:
                     self._cancel_queued(job)
                 if job is not None and replica.id not in self._ended:
-                    self._ended[replica.id] = now
-                    ran = (job.start_time is not None and job.end_time is not None
-                           and job.end_time - job.start_time >= FAILED_RUN_S)
-                    if ran:
-                        self._failures.pop(service, None)
-                    else:
-                        self._failures[service] = self._failures.get(service, 0) + 1
-                        log.warning("service=%s replica job=%s failed (%s); retrying in %.0fs",
-                                    service, job.id, job.reason or job.state.value,
-                                    self._backoff(service))
+                    self._replica_ended(service, replica.id, job, now)
                 ended = self._ended.get(replica.id, now)
                 if self._failures.get(service) and now - ended < self._backoff(service):
                     continue
                 self._ended.pop(replica.id, None)
                 self.placer.replica_lost(service, replica.id)
                 self.jobs.pop(replica.id, None)
+
+    def _replica_ended(self, service: str, replica_id: str, job: Job, now: float) -> None:
+        """Note when a replica's job was seen ended and whether it counts as a failure."""
+        self._ended[replica_id] = now
+        ran = (job.start_time is not None and job.end_time is not None
+               and job.end_time - job.start_time >= FAILED_RUN_S)
+        if ran:
+            self._failures.pop(service, None)
+        else:
+            self._failures[service] = self._failures.get(service, 0) + 1
+            log.warning("service=%s replica job=%s failed (%s); retrying in %.0fs",
+                        service, job.id, job.reason or job.state.value, self._backoff(service))
+
+    def forgetting(self, job: Job) -> None:
+        """The master is dropping this ended job from memory (finished_jobs_in_memory).
+
+        If it is the job of a replica the placer still lists, its end is noted now, exactly
+        as the next plan would have noted it: otherwise the plan would find no job, drop the
+        replica without the failure back-off and relaunch a failing replica at once.
+        """
+        self.live.discard(job.id)
+        replica_id = job.spec.env.get(REPLICA_ENV)
+        service = job.spec.env.get(SERVICE_ENV)
+        if replica_id is None or service is None or self.jobs.get(replica_id) != job.id:
+            return
+        if replica_id not in self._ended:
+            self._replica_ended(service, replica_id, job, self.master.clock())
 
     def _backoff(self, service: str) -> float:
         failures = self._failures.get(service, 0)
@@ -413,6 +431,7 @@ class InferenceService:
             master.core.start_failed(job.id, f"not journalled: {exc}", master.clock())
             if master.core.jobs[job.id].state is JobState.QUEUED:
                 master.core.cancel(job.id, master.clock())
+            master.note_ended(job.id)  # counted like any ended job, so it is forgotten too
             return
         log.info("service=%s replica job=%s launching reason=%r",
                  job.spec.env.get(SERVICE_ENV), job.id, reason)

@@ -45,7 +45,9 @@ class JobMetrics:
         self.min_interval_s = min_interval_s
         self.max_jobs = max_jobs
         self._values: OrderedDict[str, dict[str, MetricValue]] = OrderedDict()
-        self._last: dict[tuple[str, str, str], float] = {}
+        # Per job: (node, name) -> when the last report was accepted. Keyed by job first so
+        # dropping a job is one pop, not a scan of every job's entries.
+        self._last: dict[str, dict[tuple[str, str], float]] = {}
         self.dropped = 0
 
     def on_event(self, node: str, metric: JobMetric, job: Job | None) -> bool:
@@ -60,8 +62,8 @@ class JobMetrics:
                       metric.job_id, metric.name)
             return False
         now = self.clock()
-        key = (job.id, node, metric.name)
-        last = self._last.get(key)
+        key = (node, metric.name)
+        last = self._last.get(job.id, {}).get(key)
         if last is not None and now - last < self.min_interval_s:
             self.dropped += 1
             return False
@@ -70,14 +72,13 @@ class JobMetrics:
             values = self._values[job.id] = {}
             while len(self._values) > self.max_jobs:
                 gone, _ = self._values.popitem(last=False)
-                for k in [k for k in self._last if k[0] == gone]:
-                    del self._last[k]
+                self._last.pop(gone, None)
         else:
             self._values.move_to_end(job.id)
         if metric.name not in values and len(values) >= MAX_NAMES:
             self.dropped += 1
             return False
-        self._last[key] = now
+        self._last.setdefault(job.id, {})[key] = now
         previous = values.get(metric.name)
         values[metric.name] = MetricValue(
             metric.value, metric.last, metric.count + (previous.count if previous else 0), now,
@@ -86,6 +87,15 @@ class JobMetrics:
         if self.sink is not None:
             self.sink(job, node, metric)
         return True
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job's values (the master forgot the ended job)."""
+        self._values.pop(job_id, None)
+        self._last.pop(job_id, None)
+
+    def __len__(self) -> int:
+        """Jobs with values kept."""
+        return len(self._values)
 
     def of(self, job_id: str) -> dict[str, dict[str, Any]]:
         return {

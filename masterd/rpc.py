@@ -126,11 +126,17 @@ class Rpc:
         except ValueError as exc:
             raise ProtocolError("invalid_params", str(exc)) from None
 
-    def _job(self, job_id: str) -> Job:
-        job = self.master.core.jobs.get(job_id)
+    async def _job(self, job_id: str) -> Job:
+        """The job in memory or, for an ended job the master forgot, as journalled."""
+        job = await self.master.find_job(job_id)
         if job is None:
             raise JobError("unknown_job", f"job {job_id!r} does not exist")
         return job
+
+    def _wire_for(self, job: Job) -> WireCache | None:
+        """The per-job wire cache, unless the job is no longer in memory (a cancel can end
+        and forget it at once): caching its view would bring back what forgetting dropped."""
+        return self.master.journal.wire if job.id in self.master.core.jobs else None
 
     async def ping(self, _: NoParams) -> dict[str, Any]:
         return {"version": VERSION, "policy": self.master.core.policy.name}
@@ -142,11 +148,16 @@ class Rpc:
         return {"job": job_view(job, self.master.journal.wire)}
 
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
-        self._job(p.id)
+        found = await self._job(p.id)
+        if p.id not in self.master.core.jobs:
+            # Only ended jobs are ever forgotten: the answer the core gives for one in memory.
+            raise JobError("job_finished", f"job {p.id} already ended ({found.state.value})")
         job = await self.master.cancel(p.id)
-        return {"job": job_view(job, self.master.journal.wire)}
+        return {"job": job_view(job, self._wire_for(job))}
 
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
+        """Jobs in the master's memory: every queued and active one, and the newest
+        ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``)."""
         out = []
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
@@ -169,10 +180,10 @@ class Rpc:
         return {"jobs": out}
 
     async def job(self, p: JobIdParams) -> dict[str, Any]:
-        job = self._job(p.id)
+        job = await self._job(p.id)
         events = await self.master.journal.call(self.master.store.events, job.id)
         return {
-            "job": job_view(job, self.master.journal.wire),
+            "job": job_view(job, self._wire_for(job)),
             "events": [
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events

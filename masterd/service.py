@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import pwd
+import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
@@ -101,6 +103,9 @@ class Master:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
+        # Ended jobs still in core.jobs, oldest-ended first: beyond
+        # config.finished_jobs_in_memory the oldest are forgotten (see note_ended).
+        self._ended: OrderedDict[str, None] = OrderedDict()
         # Set by masterd.metrics when metrics are served: (pass seconds, decisions) -> None.
         self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
@@ -127,7 +132,9 @@ class Master:
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
                 self.drained.add(inventory.name)
-        jobs = self.store.load_jobs()
+        # Every job still queued or placed, but only the newest ended ones: the journal holds
+        # every job ever run, and loading them all made restarts and memory grow without end.
+        jobs = self.store.restore_jobs(self.config.finished_jobs_in_memory)
         for job in jobs:
             self.core.restore(job)
         for job in jobs:
@@ -142,6 +149,12 @@ class Master:
             len(jobs), len(self.core.queue()), active, len(self.core.cluster.node_names),
         )
         self.profiler.restore()
+        # Oldest-ended first, as if they had ended in this run (the inference restore above
+        # may have cancelled some, so this comes after it).
+        ended = sorted((j for j in self.core.jobs.values() if j.state.terminal),
+                       key=lambda j: j.end_time if j.end_time is not None else j.submit_time)
+        for job in ended:
+            self.note_ended(job.id)
         self.arrays.start()
 
     async def close(self) -> None:
@@ -199,7 +212,14 @@ class Master:
             del self.core.jobs[job_id]
             self.journal.wire.forget(job_id)
             raise JobError("store_unavailable", str(exc)) from None
-        except Exception as exc:  # e.g. an id taken by a row written before a crash
+        except sqlite3.IntegrityError:
+            # The id belongs to a journalled job the master no longer keeps in memory (an
+            # ended one beyond finished_jobs_in_memory, or one written before a crash).
+            del self.core.jobs[job_id]
+            self.journal.wire.forget(job_id)
+            raise JobError("duplicate_job", f"job id {job_id!r} already exists (an ended "
+                           "job; trellisctl show lists it)") from None
+        except Exception as exc:
             del self.core.jobs[job_id]
             self.journal.wire.forget(job_id)
             raise JobError("duplicate_job", f"job id {job_id!r} cannot be stored: {exc}") from None
@@ -211,6 +231,36 @@ class Master:
                   spec.gpus, spec.cpus)
         self.request_pass()
         return job
+
+    async def find_job(self, job_id: str) -> Job | None:
+        """The job in memory, else as the journal has it (an ended job the master forgot),
+        else None. A journalled copy is a snapshot: changing it changes nothing."""
+        job = self.core.jobs.get(job_id)
+        if job is not None:
+            return job
+        return await self.journal.call(self.store.load_job, job_id)
+
+    # -- the bounded job table -----------------------------------------------------------
+    def note_ended(self, job_id: str) -> None:
+        """Count a job that reached a terminal state against finished_jobs_in_memory and
+        forget the oldest-ended ones beyond it (their journal rows stay)."""
+        self._ended[job_id] = None
+        cap = self.config.finished_jobs_in_memory
+        while len(self._ended) > cap:
+            oldest, _ = self._ended.popitem(last=False)
+            self._forget_ended(oldest)
+
+    def _forget_ended(self, job_id: str) -> None:
+        try:
+            job = self.core.forget(job_id)
+        except JobError as exc:  # never expected: only ended jobs are counted
+            log.error("job=%s not forgotten: %s", job_id, exc)
+            return
+        # Everything else the master keeps per job goes with it.
+        self.journal.wire.forget(job_id)
+        self.job_metrics.forget(job_id)
+        self.inference.forgetting(job)
+        log.debug("job=%s forgotten state=%s (kept in the journal)", job_id, job.state.value)
 
     async def cancel(self, job_id: str) -> Job:
         now = self.clock()
@@ -305,8 +355,10 @@ class Master:
         )
         transition = self.core.start_failed(job.id, reason, self.clock())
         if transition and permanent:
-            # Re-queued by the core; take it out again and record it as failed.
-            self.core.cancel(job.id, self.clock())
+            if transition.state is JobState.QUEUED:
+                # Re-queued by the core; take it out again and record it as failed. (On its
+                # last allowed failure the core has failed it already: cancel would refuse.)
+                self.core.cancel(job.id, self.clock())
             job.state = JobState.FAILED
             job.reason = f"refused by the node: {reason}"
             transition = Transition(job.id, JobState.FAILED, job.reason)
@@ -315,7 +367,9 @@ class Master:
         self.request_pass()
 
     async def _preempt(self, decision: Preempt) -> None:
-        job = self.core.jobs[decision.job_id]
+        job = self.core.jobs.get(decision.job_id)
+        if job is None:  # it ended (and was forgotten) before this task ran
+            return
         now = self.clock()
         await self._persist([job], [(now, job.id, None, "preempted", {"reason": decision.reason})])
         log.info("job=%s preempted reason=%s", job.id, decision.reason)
@@ -368,7 +422,11 @@ class Master:
             raise
 
     async def _record(self, transition: Transition, node: str | None = None) -> None:
-        job = self.core.jobs[transition.job_id]
+        job = self.core.jobs.get(transition.job_id)
+        if job is None:  # forgotten meanwhile: it ended and was recorded then
+            log.debug("job=%s transition %s not recorded: the job is no longer in memory",
+                      transition.job_id, transition.state.value)
+            return
         detail: dict[str, Any] = {"reason": transition.reason}
         if transition.state.terminal:
             detail.update(exit_code=job.exit_code, signal=job.signal)
@@ -382,6 +440,9 @@ class Master:
         log.log(logging.DEBUG if transition.state in _ROUTINE else logging.INFO,
                 "job=%s state=%s%s", job.id, transition.state.value,
                 f" reason={transition.reason!r}" if transition.reason else "")
+        if transition.state.terminal:
+            self.arrays.job_ended(job)
+            self.note_ended(job.id)
         if transition.state is not JobState.RUNNING:
             self.request_pass()
 
@@ -467,6 +528,11 @@ class Master:
         transition = self.core.node_started(job_id, node, self.clock())
         job = self.core.jobs.get(job_id)
         if job is None:
+            # An ended job the master forgot (a late event, e.g. after a partition), or one
+            # it never had: nothing to record (a part still running there is stopped when
+            # the node next says hello and the master reconciles).
+            log.info("node=%s job=%s started, but the job is not in memory; ignored", node,
+                     job_id)
             return
         if transition is not None:
             await self._record(transition, node)
@@ -478,7 +544,11 @@ class Master:
             event.job_id, node, event.exit_code, event.signal, self.clock()
         )
         job = self.core.jobs.get(event.job_id)
-        if job is not None and transition is None:
+        if job is None:
+            log.info("node=%s job=%s exited, but the job is not in memory (ended and "
+                     "forgotten, or unknown); telling the node to forget it", node,
+                     event.job_id)
+        elif transition is None:
             await self._persist([job], [(self.clock(), job.id, node, "part_exited",
                                          {"exit_code": event.exit_code, "signal": event.signal})])
         if transition is not None:

@@ -34,7 +34,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     submit_time REAL NOT NULL,
     data BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+-- By state, newest last: a restart reads the active jobs and only the newest ended ones
+-- (Store.restore_jobs), each an index range instead of a scan of every job ever run.
+CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
+DROP INDEX IF EXISTS jobs_state;
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -52,6 +55,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+_ACTIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
+_ENDED_STATES = tuple(s.value for s in JobState if s.terminal)
 
 
 class StoreError(RuntimeError):
@@ -243,8 +250,14 @@ class Store:
 
     # -- jobs ----------------------------------------------------------------------------
     def next_seq(self) -> int:
-        row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
-        return int(row[0]) + 1
+        # Per state, MAX(seq) is one index lookup; over the whole table it is a scan.
+        top = 0
+        for state in JobState:
+            row = self.db.execute("SELECT MAX(seq) FROM jobs WHERE state=?",
+                                  (state.value,)).fetchone()
+            if row[0] is not None:
+                top = max(top, int(row[0]))
+        return top + 1
 
     def insert_jobs(self, jobs: Iterable[tuple[int, Job]]) -> None:
         """Insert new jobs atomically; any duplicate id aborts the whole batch."""
@@ -294,8 +307,49 @@ class Store:
         self._tx(run)
 
     def load_jobs(self) -> list[Job]:
+        """Every job ever journalled, in submission order (tests and tools; the master
+        restores with :meth:`restore_jobs`)."""
         rows = self.db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
         return [_job_from_row(r) for r in rows]
+
+    def restore_jobs(self, ended: int) -> list[Job]:
+        """What a restarting master loads: every queued, starting or running job plus the
+        ``ended`` newest (by seq) finished, failed or cancelled ones, in seq order."""
+        rows: list[sqlite3.Row] = []
+        for state in _ACTIVE_STATES:
+            rows += self.db.execute("SELECT * FROM jobs WHERE state=?", (state,)).fetchall()
+        newest: list[sqlite3.Row] = []
+        if ended > 0:
+            # One index range per state, then the newest of their union.
+            for state in _ENDED_STATES:
+                newest += self.db.execute(
+                    "SELECT * FROM jobs WHERE state=? ORDER BY seq DESC LIMIT ?",
+                    (state, ended)).fetchall()
+            newest.sort(key=lambda r: r["seq"], reverse=True)
+        rows += newest[:ended]
+        rows.sort(key=lambda r: r["seq"])
+        return [_job_from_row(r) for r in rows]
+
+    def load_job(self, job_id: str) -> Job | None:
+        """One job as journalled (for jobs the master no longer keeps in memory)."""
+        row = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return _job_from_row(row) if row is not None else None
+
+    def ended_jobs(self, submitted_since: float) -> list[Job]:
+        """Ended jobs submitted at or after ``submitted_since``, newest first per state.
+
+        Walks each state's index backwards by seq (submission order) and stops at the first
+        older submission, so the cost is the window's jobs, not every job ever run.
+        """
+        jobs: list[Job] = []
+        for state in _ENDED_STATES:
+            cursor = self.db.execute(
+                "SELECT * FROM jobs WHERE state=? ORDER BY seq DESC", (state,))
+            for row in cursor:
+                if row["submit_time"] < submitted_since:
+                    break
+                jobs.append(_job_from_row(row))
+        return jobs
 
     def events(
         self, job_id: str | None = None, after: int = 0, limit: int = 1000

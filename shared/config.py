@@ -60,6 +60,10 @@ class MasterConfig:
     # a job may hold, it starts at N_start and its node tunes it down to the best fit. A job's
     # TRELLIS_ADAPTIVE_CPUS environment variable (1/0) overrides this per job.
     adaptive_cpus: bool = False
+    # How many ended jobs (finished, failed, cancelled) the master keeps in memory, the most
+    # recently ended ones; older ones live on only in the journal (trellisctl show and
+    # events still find them). Queued and running jobs are always kept.
+    finished_jobs_in_memory: int = bounded(10_000, min=0, max=10_000_000)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
 
     # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),

@@ -133,6 +133,24 @@ class SchedulingCore:
         elif not job.state.terminal:
             self._active[job.id] = job
 
+    def forget(self, job_id: str) -> Job:
+        """Drop an ended job from memory (its journal row stays); returns it.
+
+        Only a terminal job that holds nothing can go: a queued or active one is still the
+        core's to schedule, and forgetting it would leak its place in the queue or its
+        resources.
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} is not in memory")
+        if (not job.state.terminal or job_id in self._queued or job_id in self._active
+                or self.cluster.allocation(job_id) is not None):
+            raise JobError("job_active", f"job {job_id} is {job.state.value} and still "
+                           "scheduled or holding resources; only an ended job can be forgotten")
+        del self.jobs[job_id]
+        self._noted.discard(job_id)
+        return job
+
     def claim_restored(self, job_id: str) -> str | None:
         """Re-allocate a restored active job's resources once its nodes are back."""
         job = self._active.get(job_id)
