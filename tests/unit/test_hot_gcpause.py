@@ -72,25 +72,40 @@ def test_install_raises_young_threshold_and_freezes(collector: list[GcPausePolic
     assert gc.callbacks.count(policy._on_gc) == 1
 
 
-def test_full_collection_is_followed_by_a_freeze(collector: list[GcPausePolicy]) -> None:
+def test_every_collection_is_followed_by_a_freeze(collector: list[GcPausePolicy]) -> None:
     policy = GcPausePolicy(refreeze_s=60.0)
     collector.append(policy)
     policy.install()
-    marker = [object()]  # a tracked container made after the startup freeze
-    assert _scanned(marker)
+    young = [object()]  # a tracked container made after the startup freeze
+    assert _scanned(young)
     frozen = gc.get_freeze_count()
 
-    gc.collect(0)  # a young collection: not a full one, so nothing is frozen
+    gc.collect(0)  # a young collection: what survived it is frozen too
     assert policy.stats.full_collections == 0
-    assert _scanned(marker)
+    assert not _scanned(young)
+    assert gc.get_freeze_count() > frozen
 
+    later = [object()]
+    assert _scanned(later)
     gc.collect()
     assert policy.stats.full_collections == 1
     assert policy.stats.longest_full_s >= 0.0
-    assert not _scanned(marker)
-    assert gc.get_freeze_count() > frozen
+    assert not _scanned(later)
     gc.collect()
     assert policy.stats.full_collections == 2
+
+
+def test_young_garbage_cycles_are_still_collected(collector: list[GcPausePolicy]) -> None:
+    """Freezing only takes survivors: a cycle already unreachable at a young collection is
+    freed by that collection, as without the policy."""
+    policy = GcPausePolicy(refreeze_s=60.0)
+    collector.append(policy)
+    policy.install()
+    cyclic = _Cyclic()
+    ref = weakref.ref(cyclic)
+    del cyclic
+    gc.collect(0)
+    assert ref() is None
 
 
 def test_refreeze_honours_the_period(collector: list[GcPausePolicy]) -> None:
