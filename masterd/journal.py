@@ -136,7 +136,11 @@ class Journal:
                     return  # closing, and nothing left to write
                 items = list(self._queue)
                 self._queue.clear()
-            self._process(items)
+            try:
+                self._process(items)
+            except BaseException as exc:  # a bug here must fail its callers, not hang them
+                log.exception("journal batch failed unexpectedly")
+                self._deliver(_Outcome([(item.future, None, exc) for item in items]))
 
     def _process(self, items: list[_Insert | _Update | _Call]) -> None:
         # Calls are barriers; between two of them, submissions go first (an update can only
