@@ -15,7 +15,6 @@ master's own restore does); later writes go through the journal thread.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +29,7 @@ from masterd.core.genie.options import load_modeldb
 from masterd.core.policies import REGISTRY
 from masterd.core.policy import Policy
 from masterd.journal import Journal
-from masterd.store import Store
+from masterd.store import EVENTS_INSERT, Store, event_rows, insert_many
 
 log = logging.getLogger("trellis.master.models")
 
@@ -103,11 +102,7 @@ def write_rows(
                 (DEFAULT_GPU_KEY, default_gpu_model),
             )
         if event is not None:
-            t, job_id, node, kind, detail = event
-            store.db.execute(
-                "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
-                (t, job_id, node, kind, json.dumps(detail, default=str)),
-            )
+            insert_many(store.db, EVENTS_INSERT, event_rows([event]))
 
     store.transaction(run)
 

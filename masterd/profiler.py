@@ -44,7 +44,7 @@ from masterd.core.genie.fit import (
 )
 from masterd.core.genie.modeldb import ModelDBError, ModelEntry, normalise
 from masterd.core.scheduler import JobError, Transition
-from masterd.store import Store
+from masterd.store import EVENTS_INSERT, Store, event_rows, insert_many
 from shared.messages import JobMetric
 from shared.model import Job, JobKind, JobSpec, JobState, QosClass
 
@@ -145,11 +145,7 @@ def write_campaign(store: Store, data: dict[str, Any], event: tuple[Any, ...] | 
             (data["id"], data["created"], data["state"], json.dumps(data)),
         )
         if event is not None:
-            t, job_id, node, kind, detail = event
-            store.db.execute(
-                "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
-                (t, job_id, node, kind, json.dumps(detail, default=str)),
-            )
+            insert_many(store.db, EVENTS_INSERT, event_rows([event]))
 
     store.transaction(run)
 

@@ -78,11 +78,10 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
         reason=job.reason,
         attempts=job.attempts,
     )
-    if job.placement is None:
-        view.update(NO_PLACEMENT_VIEW)
+    if wire is not None:
+        view.update(wire.placement_view(job))
     else:
-        view.update(wire.placement_view(job) if wire is not None
-                    else placement_view(job.placement))
+        view.update(placement_view(job.placement) if job.placement else NO_PLACEMENT_VIEW)
     return view
 
 

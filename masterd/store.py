@@ -133,9 +133,17 @@ def update_rows(jobs: Iterable[Job], events: Iterable[tuple],
         [(job.state.value,
           _job_data(job, placement_of(job) if placement_of is not None else None), job.id)
          for job in jobs],
-        [(t, job_id, node, kind, json.dumps(detail, default=str))
-         for t, job_id, node, kind, detail in events],
+        event_rows(events),
     )
+
+
+EVENTS_INSERT = "INSERT INTO events (time, job_id, node, kind, detail)"
+
+
+def event_rows(events: Iterable[tuple]) -> list[tuple[Any, ...]]:
+    """Rows for :data:`EVENTS_INSERT` from (time, job, node, kind, detail) tuples."""
+    return [(t, job_id, node, kind, json.dumps(detail, default=str))
+            for t, job_id, node, kind, detail in events]
 
 
 @dataclass(frozen=True)
@@ -270,8 +278,7 @@ class Store:
         def run() -> None:
             insert_many(self.db, "INSERT INTO jobs (id, seq, spec, state, submit_time, data)",
                         [r.job for r in rows])
-            insert_many(self.db, "INSERT INTO events (time, job_id, node, kind, detail)",
-                        [r.event for r in rows])
+            insert_many(self.db, EVENTS_INSERT, [r.event for r in rows])
 
         self._tx(run)
 
@@ -280,20 +287,7 @@ class Store:
 
     def update_jobs(self, jobs: Iterable[Job], events: Iterable[tuple] = ()) -> None:
         """Persist the current state of jobs plus event rows (time, job, node, kind, detail)."""
-
-        def run(items: list[Job], evs: list[tuple]) -> None:
-            for job in items:
-                self.db.execute(
-                    "UPDATE jobs SET state=?, data=? WHERE id=?",
-                    (job.state.value, _job_data(job), job.id),
-                )
-            for t, job_id, node, kind, detail in evs:
-                self.db.execute(
-                    "INSERT INTO events (time, job_id, node, kind, detail) VALUES (?,?,?,?,?)",
-                    (t, job_id, node, kind, json.dumps(detail, default=str)),
-                )
-
-        self._tx(run, list(jobs), list(events))
+        self.apply_updates(*update_rows(jobs, events))
 
     def apply_updates(self, job_rows: list[tuple[Any, ...]],
                       event_rows: list[tuple[Any, ...]]) -> None:
@@ -301,8 +295,7 @@ class Store:
 
         def run() -> None:
             update_jobs_many(self.db, job_rows)
-            insert_many(self.db, "INSERT INTO events (time, job_id, node, kind, detail)",
-                        event_rows)
+            insert_many(self.db, EVENTS_INSERT, event_rows)
 
         self._tx(run)
 

@@ -9,6 +9,7 @@ when the job holds a different object (a new placement after a retry).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shared.model import Job, JobSpec, Placement
@@ -60,13 +61,7 @@ class WireCache:
         self._placement_views: dict[str, tuple[Placement, dict[str, Any]]] = {}
 
     def spec(self, job: Job) -> dict[str, Any]:
-        hit = self._specs.get(job.id)
-        if hit is not None and hit[0] is job.spec:
-            return hit[1]
-        wire = encode(job.spec)
-        self._room(self._specs)
-        self._specs[job.id] = (job.spec, wire)
-        return wire
+        return self._cached(self._specs, job.id, job.spec, encode)
 
     def remember_spec(self, job: Job, wire: dict[str, Any]) -> None:
         """Use ``wire`` (a map that decodes to ``job.spec``) as the spec's wire form."""
@@ -74,37 +69,28 @@ class WireCache:
         self._specs[job.id] = (job.spec, wire)
 
     def placement(self, job: Job) -> dict[str, Any] | None:
-        placement = job.placement
-        if placement is None:
+        if job.placement is None:
             return None
-        hit = self._placements.get(job.id)
-        if hit is not None and hit[0] is placement:
-            return hit[1]
-        wire = encode(placement)
-        self._room(self._placements)
-        self._placements[job.id] = (placement, wire)
-        return wire
+        return self._cached(self._placements, job.id, job.placement, encode)
 
     def spec_view(self, job: Job) -> dict[str, Any]:
-        hit = self._spec_views.get(job.id)
-        if hit is not None and hit[0] is job.spec:
-            return hit[1]
-        view = spec_view(job.spec)
-        self._room(self._spec_views)
-        self._spec_views[job.id] = (job.spec, view)
-        return view
+        return self._cached(self._spec_views, job.id, job.spec, spec_view)
 
     def placement_view(self, job: Job) -> dict[str, Any]:
-        placement = job.placement
-        if placement is None:
+        if job.placement is None:
             return NO_PLACEMENT_VIEW
-        hit = self._placement_views.get(job.id)
-        if hit is not None and hit[0] is placement:
+        return self._cached(self._placement_views, job.id, job.placement, placement_view)
+
+    def _cached(self, table: dict[str, tuple[Any, dict[str, Any]]], job_id: str, part: Any,
+                make: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+        """``make(part)``, kept per job while the job holds this very object."""
+        hit = table.get(job_id)
+        if hit is not None and hit[0] is part:
             return hit[1]
-        view = placement_view(placement)
-        self._room(self._placement_views)
-        self._placement_views[job.id] = (placement, view)
-        return view
+        made = make(part)
+        self._room(table)
+        table[job_id] = (part, made)
+        return made
 
     def forget(self, job_id: str) -> None:
         self._specs.pop(job_id, None)
