@@ -8,13 +8,11 @@ must recover the coefficients from what really happened on the (emulated) cluste
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from demo.cluster import LocalCluster, default_job_user
+from tests.e2e.cli import ctl
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = str(ROOT / "demo" / "trainer.py")
@@ -23,18 +21,6 @@ GPU = "A100-SXM4-40GB"
 # The emulated truth: sPR(b) = 40 + 12 b - 0.05 b^2 samples/s, gamma 0.8, lambda 0.3.
 TRUTH = (40.0, 12.0, -0.05, 0.8, 0.3)
 EMULATE = ",".join(str(x) for x in TRUTH)
-
-
-def ctl(cluster: LocalCluster, *args: str, json_out: bool = True) -> tuple[int, Any, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "--master", cluster.url,
-         *(["-o", "json"] if json_out else []), *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )
-    out: Any = proc.stdout
-    if json_out and proc.returncode == 0 and proc.stdout.strip():
-        out = json.loads(proc.stdout)
-    return proc.returncode, out, proc.stderr
 
 
 def submit(cluster: LocalCluster, *args: str) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from demo.cluster import LocalCluster, default_job_user
 from shared.model import NodeInventory
 from shared.protocol import encode_frame
 from shared.schema import encode
+from tests.e2e.cli import ctl
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = str(ROOT / "demo" / "trainer.py")
@@ -39,18 +38,6 @@ lam = 0.2
 nu = 1.5
 source = "vendor sheet 2024"
 """
-
-
-def ctl(cluster: LocalCluster, *args: str, json_out: bool = True) -> tuple[int, Any, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "--master", cluster.url,
-         *(["-o", "json"] if json_out else []), *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )
-    out: Any = proc.stdout
-    if json_out and proc.returncode == 0 and proc.stdout.strip():
-        out = json.loads(proc.stdout)
-    return proc.returncode, out, proc.stderr
 
 
 def wait_for(what: str, check, cluster: LocalCluster, timeout: float = 60):  # type: ignore[no-untyped-def]

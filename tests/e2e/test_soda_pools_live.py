@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from demo.cluster import LocalCluster, default_job_user
+from tests.e2e.cli import ctl
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = str(ROOT / "demo" / "trainer.py")
 USER = default_job_user()
 SMALL = "small:A100-SXM4-40GB"
 LARGE = "large:A100-SXM4-40GB"
-
-
-def ctl(cluster: LocalCluster, *args: str, json_out: bool = True) -> tuple[int, Any, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "--master", cluster.url,
-         *(["-o", "json"] if json_out else []), *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )
-    out: Any = proc.stdout
-    if json_out and proc.returncode == 0 and proc.stdout.strip():
-        out = json.loads(proc.stdout)
-    return proc.returncode, out, proc.stderr
 
 
 def submit(cluster: LocalCluster, name: str, gpus: int, seconds: float, *extra: str) -> str:
