@@ -119,7 +119,7 @@ class MasterDaemon:
         core = master.core
         return (f"serving on {self.config.listen_host}:{self.config.listen_port}: "
                 f"nodes={len(master.sessions)}/{len(core.cluster.node_names)} "
-                f"queued={len(core.queue())} active={len(core.running())}")
+                f"queued={len(core.queue())} active={len(core.active_jobs())}")
 
     async def _refreeze(self) -> None:
         while True:

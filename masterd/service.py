@@ -464,7 +464,7 @@ class Master:
             self.core.cluster.set_schedulable(name, False)
         await self.journal.call(self.store.save_node, inventory, name in self.drained,
                                 self.clock())
-        for job in list(self.core.running().values()):
+        for job in list(self.core.active_jobs().values()):
             if job.placement and name in job.placement.nodes:
                 problem = self.core.claim_restored(job.id)
                 if problem:
@@ -509,7 +509,7 @@ class Master:
         for transition in self.core.lost_parts(node, reported, now):
             await self._record(transition, node)
         # Jobs whose launch the master lost track of and that this node never started.
-        for job in list(self.core.running().values()):
+        for job in list(self.core.active_jobs().values()):
             if (
                 job.state is JobState.STARTING
                 and job.id not in self._launching
