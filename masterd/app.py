@@ -245,14 +245,11 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-# Path -> the one method it serves (the routes make_app registers).
-ENDPOINTS = {"/v1/rpc": "POST", "/v1/node": "GET", "/healthz": "GET", "/metrics": "GET"}
-
-
 async def handle_unknown(request: web.Request) -> web.Response:
     """Every path and method no route serves (guarded and authenticated like the others)."""
-    allowed = ENDPOINTS.get(request.path)
-    if allowed is not None:
+    served = ROUTES.get(request.path)
+    if served is not None:
+        allowed = served[0]
         return web.Response(
             body=encode_rpc_error(None, "method_not_allowed",
                                   f"{request.path} takes {allowed}, not {request.method}"),
@@ -262,6 +259,15 @@ async def handle_unknown(request: web.Request) -> web.Response:
                               f"no endpoint {request.method} {request.path}; the RPC endpoint "
                               "is POST /v1/rpc"),
         status=404, content_type=MSGPACK)
+
+
+# Path -> the one method it serves and its handler.
+ROUTES: dict[str, tuple[str, Handler]] = {
+    "/v1/rpc": ("POST", handle_rpc),
+    "/v1/node": ("GET", handle_node),
+    "/healthz": ("GET", handle_health),
+    "/metrics": ("GET", handle_metrics),
+}
 
 
 def make_app(master: Master, wrap: Callable[[Handler], Handler] | None = None
@@ -280,9 +286,7 @@ def make_app(master: Master, wrap: Callable[[Handler], Handler] | None = None
     def route(handler: Handler) -> Handler:
         return wrap(handler) if wrap is not None else handler
 
-    handlers = {"/v1/rpc": handle_rpc, "/v1/node": handle_node, "/healthz": handle_health,
-                "/metrics": handle_metrics}
-    for path, method in ENDPOINTS.items():
-        app.router.add_route(method, path, route(handlers[path]))
+    for path, (method, handler) in ROUTES.items():
+        app.router.add_route(method, path, route(handler))
     app.router.add_route("*", "/{tail:.*}", route(handle_unknown))
     return app
