@@ -151,7 +151,7 @@ class AdaptiveCpus:
 
     async def _remember(self, job: Job, cores: int, now: float) -> None:
         category = category_of(job.spec) or "unknown"  # as cores.remember keys it
-        stored = await self.journal.call(remember_cores, self.store, job.spec.user, category,
+        stored = await self.journal.call(remember_cores, job.spec.user, category,
                                          cores, now)
         remember(self.history, job.spec, cores)
         self.history[(job.spec.user, category)] = stored

@@ -52,6 +52,7 @@ from masterd.core.inference import (
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import JobError
 from masterd.servicestore import delete_service, ensure_schema, load_services, save_service
+from masterd.store import Store
 from shared.model import (
     NAME_PATTERN,
     UNIX_USER_PATTERN,
@@ -422,7 +423,7 @@ class InferenceService:
     async def _start(self, seq: int, job: Job, reason: str) -> None:
         master = self.master
         try:
-            await master.journal.call(master.store.insert_jobs, [(seq, job)])
+            await master.journal.call(Store.insert_jobs, [(seq, job)])
         except Exception as exc:
             log.error("replica job %s cannot be journalled: %s", job.id, exc)
             master._launching.discard(job.id)
@@ -477,7 +478,7 @@ class InferenceService:
             raise JobError("too_many_services",
                            f"the master serves at most {self.config.max_services} services")
         self.master.check_user(p.user)
-        await self.master.journal.call(save_service, self.master.store, p.service, encode(p),
+        await self.master.journal.call(save_service, p.service, encode(p),
                                        self.master.clock())
         new = p.service not in self.registrations
         self.registrations[p.service] = p
@@ -546,7 +547,7 @@ class InferenceService:
 
     async def deregister_service(self, p: ServiceParams) -> dict[str, Any]:
         self._service(p.service)
-        await self.master.journal.call(delete_service, self.master.store, p.service)
+        await self.master.journal.call(delete_service, p.service)
         del self.registrations[p.service]
         self._cache.pop(p.service, None)
         self._failures.pop(p.service, None)

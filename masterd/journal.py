@@ -1,23 +1,37 @@
-"""Async front of the store: one thread, ordered writes, group commit.
+"""Async front of the store: ordered writes and group commit, in a writer process.
 
-The store thread drives itself: whenever it finishes a transaction it takes everything that
-queued up meanwhile and commits it as the next batch, without waiting for the event loop.
-An earlier design let the loop start each batch once it had seen the previous one finish;
-under load the loop took milliseconds to get round to that, so the disk sat idle between
-batches and every submission waited for two or three such round trips.
+Every journal operation goes, in issue order, to one writer process (masterd.journal_writer)
+that owns the only writing SQLite connection; see that module for why a process and not a
+thread, and for the protocol. Operations issued during one turn of the event loop leave in
+one pipe write, and whatever the writer finds in the pipe when a transaction ends becomes
+its next one, so N concurrent submissions cost about one fsync rather than N.
+
+The writer's answers are read by the event loop itself (``add_reader``), which settles each
+waiting future directly: no thread hands results across, so none waits for the loop to let go
+of the GIL. If the writer dies, every operation in flight fails with a StoreError (which the
+RPCs report as ``store_unavailable``: the caller was never told it was recorded) and the next
+operation starts a new writer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
-import threading
-from collections import deque
+import os
+import pickle
+import select
+import subprocess
+import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
-from masterd.store import NewJobRows, Store, new_job_rows, update_rows
+import masterd
+from masterd.journal_writer import FrameReader, frame
+from masterd.store import Store, StoreError, new_job_rows, update_rows
 from masterd.wire import WireCache
 from shared.model import Job
 
@@ -25,183 +39,287 @@ T = TypeVar("T")
 
 log = logging.getLogger("trellis.master.journal")
 
-
-@dataclass
-class _Insert:
-    rows: NewJobRows
-    future: asyncio.Future[None]
-
-
-@dataclass
-class _Update:
-    job_rows: list[tuple[Any, ...]]
-    event_rows: list[tuple[Any, ...]]
-    future: asyncio.Future[None]
-
-
-@dataclass
-class _Call:
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    future: asyncio.Future[Any]
-
-
-@dataclass
-class _Outcome:
-    """Results for the loop to hand to waiting futures, in one callback per batch."""
-
-    settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = field(
-        default_factory=list)
+READY_TIMEOUT_S = 60.0  # a writer left over from a master that died holds the lock this long
+_PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 class JournalClosed(RuntimeError):
     pass
 
 
-class Journal:
-    """Runs every store call on one thread, in issue order.
+class _WriterProcess:
+    """One running writer and the master's ends of its two pipes."""
 
-    Submissions and job updates are batched: all submissions queued while the thread was busy
-    go into one transaction, and all updates into the next, so N concurrent writers cost
-    about one fsync rather than N. Other calls (reads, node and service records) run one by
-    one where they were issued: work queued after a call waits for it, and vice versa.
+    def __init__(self, db: Path) -> None:
+        to_child_r, self.to_child = os.pipe()
+        self.from_child, from_child_w = os.pipe()
+        env = dict(os.environ)
+        # The writer imports masterd the way this process did, installed or from a checkout.
+        package_root = str(Path(masterd.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "masterd.journal_writer", "--db", str(db),
+                 "--in-fd", str(to_child_r), "--out-fd", str(from_child_w),
+                 "--parent", str(os.getpid()), "--log-level", level],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            os.close(self.to_child)
+            os.close(self.from_child)
+            raise StoreError(f"cannot start the journal writer: {exc}") from exc
+        finally:  # the writer's ends: it has its own copies now (or never will)
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self.reader = FrameReader()
+        self._await_ready()
+        os.set_blocking(self.to_child, False)
+        os.set_blocking(self.from_child, False)
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.from_child], [], [], left)[0]:
+                self.kill()
+                raise StoreError(f"the journal writer did not start within {READY_TIMEOUT_S:g} s "
+                                 "(another writer holds the store's lock)")
+            data = os.read(self.from_child, 1 << 16)
+            if not data:
+                code = self.kill()
+                raise StoreError(f"the journal writer exited at start (exit code {code}); "
+                                 "its log says why")
+            for payload in self.reader.feed(data):
+                if pickle.loads(payload)[0] == "ready":
+                    return
+
+    def close_input(self) -> None:
+        """End of input: the writer finishes what it read and exits."""
+        if self.to_child >= 0:
+            os.close(self.to_child)
+            self.to_child = -1
+
+    def kill(self, grace: float = 0.0) -> int | None:
+        """Stop the writer (after ``grace`` seconds to exit by itself), close the pipes;
+        its exit code."""
+        try:
+            code = self.proc.wait(timeout=grace) if grace else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.close_input()
+        if self.from_child >= 0:
+            os.close(self.from_child)
+            self.from_child = -1
+        return code
+
+
+class Journal:
+    """Runs every store operation in the writer process, in issue order.
+
+    ``store`` is this process's own connection to the same file, kept for reads at start-up
+    (the master's restore) and for tests: after start-up every write goes through here.
+    ``commits`` counts the transactions the writer reported, for tests and metrics.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         # Encoded specs and placements, shared with the node commands (see masterd.wire).
         self.wire = WireCache()
-        self._queue: deque[_Insert | _Update | _Call] = deque()
-        self._wake = threading.Condition()
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name="store", daemon=True)
-        self._thread.start()
+        self.commits = 0
+        self._writer: _WriterProcess | None = _WriterProcess(store.path)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._out = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_pending = False
+        self._writing = False  # waiting for the pipe to take more (add_writer)
+        self._closed = False
 
-    # -- loop side ------------------------------------------------------------------------
+    # -- operations -----------------------------------------------------------------------
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._put(_Call(fn, args, fut))
-        return await fut
+        """``fn(store, *args)`` in the writer, after everything issued before it; ``fn`` must
+        be importable by name (a module-level function or a Store method)."""
+        return await self._put(("c", fn, args))  # type: ignore[no-any-return]
 
     async def submit(self, seq: int, job: Job) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Encode here, on the loop thread, so the store thread runs mostly sqlite's C code.
-        self._put(_Insert(new_job_rows(seq, job, self.wire.spec(job)), fut))
-        await fut
+        rows = new_job_rows(seq, job, self.wire.spec(job))
+        await self._put(("i", rows.job, rows.event))
 
     async def update(self, jobs: list[Job], events: list[tuple]) -> None:
         """Persist job state changes and events; concurrent callers share one commit.
 
-        Without this every state change cost an fsync of its own, and under load (hundreds
-        of jobs a second churning through placed/running/finished) the single store thread
-        fell seconds behind, delaying every RPC that waited on it.
+        The rows are encoded now: the Job objects keep changing on the event loop while the
+        write waits for its turn.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job_rows, event_rows = update_rows(jobs, events, self.wire.placement)
-        self._put(_Update(job_rows, event_rows, fut))
-        await fut
+        await self._put(("u", job_rows, event_rows))
 
-    def _put(self, item: _Insert | _Update | _Call) -> None:
-        with self._wake:
-            if self._closing:
-                raise JournalClosed("the journal is closed")
-            self._queue.append(item)
-            self._wake.notify()
+    def _put(self, op: tuple[Any, Any, Any]) -> asyncio.Future[Any]:
+        if self._closed:
+            raise JournalClosed("the journal is closed")
+        loop = asyncio.get_running_loop()
+        op_id = next(self._ids)
+        kind, a, b = op
+        try:
+            payload = pickle.dumps((kind, op_id, a, b), protocol=_PICKLE)
+        except Exception as exc:  # nothing sent: only this caller is affected
+            raise TypeError(f"journal operation cannot be sent to the writer: {exc}") from None
+        if self._writer is None:
+            log.warning("starting a new journal writer")
+            self._writer = _WriterProcess(self.store.path)
+        self._bind(loop)
+        fut = loop.create_future()
+        self._pending[op_id] = fut
+        self._out += frame(payload)
+        if not self._flush_pending and not self._writing:
+            self._flush_pending = True
+            loop.call_soon(self._flush)  # everything issued this turn leaves in one write
+        return fut
 
-    @staticmethod
-    def _settle(outcome: _Outcome) -> None:
-        for fut, result, exc in outcome.settled:
-            if fut.done():  # the waiter was cancelled; the write happened regardless
-                continue
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
+    # -- pipe I/O on the event loop -------------------------------------------------------
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the writer's answers on ``loop`` (a daemon has one; tests may use several)."""
+        if self._loop is loop:
+            return
+        assert self._writer is not None
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._writer.from_child)
+            self._loop.remove_writer(self._writer.to_child)
+        self._loop = loop
+        self._writing = False
+        loop.add_reader(self._writer.from_child, self._on_readable)
 
+    def _flush(self) -> None:
+        self._flush_pending = False
+        writer = self._writer
+        if writer is None or not self._out:
+            return
+        try:
+            written = os.write(writer.to_child, self._out)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:  # the writer is gone
+            self._writer_died(f"cannot write to it: {exc}")
+            return
+        del self._out[:written]
+        if self._out and not self._writing:
+            self._writing = True
+            assert self._loop is not None
+            self._loop.add_writer(writer.to_child, self._on_writable)
+
+    def _on_writable(self) -> None:
+        self._flush()
+        if not self._out and self._writing and self._writer is not None:
+            self._writing = False
+            assert self._loop is not None
+            self._loop.remove_writer(self._writer.to_child)
+
+    def _on_readable(self) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            data = os.read(writer.from_child, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._writer_died(f"cannot read from it: {exc}")
+            return
+        if not data:
+            self._writer_died("it closed its pipe")
+            return
+        self._settle_frames(writer, data)
+
+    def _settle_frames(self, writer: _WriterProcess, data: bytes) -> None:
+        for payload in writer.reader.feed(data):
+            commits, outcomes = pickle.loads(payload)
+            self.commits += commits
+            for op_id, error, result in outcomes:
+                fut = self._pending.pop(op_id, None)
+                if fut is not None:
+                    _settle(fut, error, result)
+
+    def _writer_died(self, why: str) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        self._writer = None
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(writer.from_child)
+            self._loop.remove_writer(writer.to_child)
+        self._loop = None
+        self._writing = False
+        code = writer.kill()
+        log.error("journal writer failed (%s; exit code %s): %d operations in flight fail",
+                  why, code, len(self._pending))
+        self._fail_pending(StoreError(
+            f"the journal writer failed (exit code {code}); the change may not be recorded"))
+
+    def _fail_pending(self, error: BaseException) -> None:
+        self._out.clear()
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            _settle(fut, error, None)
+
+    # -- shutdown -------------------------------------------------------------------------
     def close(self) -> None:
-        """Finish every queued write, then close the store."""
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        self._thread.join()
+        """Write everything queued, wait for the writer to commit it and stop, close the
+        store. Blocking: the master calls it last, when nothing else is left to serve."""
+        if self._closed:
+            return
+        self._closed = True
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(writer.from_child)
+                self._loop.remove_writer(writer.to_child)
+            try:
+                self._drain(writer)
+            except OSError as exc:
+                log.error("journal writer failed while closing: %s", exc)
+                writer.proc.kill()
+            code = writer.kill(grace=READY_TIMEOUT_S)
+            if code != 0:
+                log.error("journal writer exited with code %s", code)
+        self._fail_pending(JournalClosed("the journal closed before the writer answered"))
         self.store.close()
 
-    # -- store thread ---------------------------------------------------------------------
-    def _run(self) -> None:
+
+    def _drain(self, writer: _WriterProcess) -> None:
+        """Hand the writer what is still queued, then read its answers until it exits.
+        Reading and writing interleave: a writer blocked on a full answer pipe stops
+        reading, and a blocking write here would then wait for ever."""
+        input_open = True
         while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:
-                    return  # closing, and nothing left to write
-                items = list(self._queue)
-                self._queue.clear()
-            try:
-                self._process(items)
-            except BaseException as exc:  # a bug here must fail its callers, not hang them
-                log.exception("journal batch failed unexpectedly")
-                self._deliver(_Outcome([(item.future, None, exc) for item in items]))
-
-    def _process(self, items: list[_Insert | _Update | _Call]) -> None:
-        # Calls are barriers; between two of them, submissions go first (an update can only
-        # be about a job whose submission was already acknowledged), then updates.
-        inserts: list[_Insert] = []
-        updates: list[_Update] = []
-        for item in items:
-            if isinstance(item, _Insert):
-                inserts.append(item)
-            elif isinstance(item, _Update):
-                updates.append(item)
-            else:
-                self._flush(inserts, updates)
-                inserts, updates = [], []
-                self._deliver(self._one_call(item))
-        self._flush(inserts, updates)
-
-    def _flush(self, inserts: list[_Insert], updates: list[_Update]) -> None:
-        if inserts:
-            self._deliver(self._insert(inserts))
-        if updates:
-            self._deliver(self._update(updates))
-
-    def _one_call(self, item: _Call) -> _Outcome:
-        try:
-            result = item.fn(*item.args)
-        except BaseException as exc:  # handed to the awaiting coroutine, never lost here
-            return _Outcome([(item.future, None, exc)])
-        return _Outcome([(item.future, result, None)])
-
-    def _insert(self, batch: list[_Insert]) -> _Outcome:
-        try:
-            self.store.insert_rows([item.rows for item in batch])
-        except Exception:
-            # One bad row must not sink its neighbours: retry one by one to find it.
-            outcome = _Outcome()
-            for item in batch:
+            wants_write = [writer.to_child] if input_open else []
+            readable, writable, _ = select.select([writer.from_child], wants_write, [])
+            if writable:
+                with contextlib.suppress(BlockingIOError):
+                    del self._out[:os.write(writer.to_child, self._out)]
+                if not self._out:
+                    writer.close_input()
+                    input_open = False
+            if readable:
                 try:
-                    self.store.insert_rows([item.rows])
-                except Exception as exc:
-                    outcome.settled.append((item.future, None, exc))
-                else:
-                    outcome.settled.append((item.future, None, None))
-            return outcome
-        return _Outcome([(item.future, None, None) for item in batch])
+                    data = os.read(writer.from_child, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    return
+                self._settle_frames(writer, data)
 
-    def _update(self, batch: list[_Update]) -> _Outcome:
-        job_rows = [row for item in batch for row in item.job_rows]
-        event_rows = [row for item in batch for row in item.event_rows]
-        try:
-            self.store.apply_updates(job_rows, event_rows)
-        except Exception as exc:
-            return _Outcome([(item.future, None, exc) for item in batch])
-        return _Outcome([(item.future, None, None) for item in batch])
 
-    def _deliver(self, outcome: _Outcome) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, _Outcome] = {}
-        for settled in outcome.settled:  # one loop in a daemon; tests may use several
-            by_loop.setdefault(settled[0].get_loop(), _Outcome()).settled.append(settled)
-        for loop, part in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(self._settle, part)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                log.debug("journal result dropped: the event loop is closed")
+def _settle(fut: asyncio.Future[Any], error: BaseException | None, result: Any) -> None:
+    if fut.done():  # the waiter was cancelled; the write happened regardless
+        return
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    except RuntimeError:  # its event loop is closed: nobody is waiting any more
+        pass

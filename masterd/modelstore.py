@@ -211,7 +211,7 @@ class ModelStore:
             "origin": origin, "count": len(items),
             "models": [f"{e.model_type}/{e.gpu_model}/{e.kind}" for e in items[:20]],
         })
-        await self.journal.call(write_rows, self.store, items, now, default_gpu_model, event)
+        await self.journal.call(write_rows, items, now, default_gpu_model, event)
         for entry in items:
             self.db.put(entry)
             self.stored.add(entry.key)

@@ -494,7 +494,7 @@ class Profiler:
         event = None
         if kind is not None:
             event = (self.clock(), None, None, kind, {"profile": campaign.id, **(detail or {})})
-        await self.master.journal.call(write_campaign, self.master.store, asdict(campaign), event)
+        await self.master.journal.call(write_campaign, asdict(campaign), event)
 
     def view(self, campaign: Campaign) -> dict[str, Any]:
         data = asdict(campaign)

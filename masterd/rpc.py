@@ -12,7 +12,7 @@ from masterd.genie_rpc import job_extras
 from masterd.genie_rpc import method_table as genie_methods
 from masterd.inference_service import method_table as inference_methods
 from masterd.service import Master
-from masterd.store import EventRow
+from masterd.store import EventRow, Store
 from masterd.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
@@ -180,7 +180,7 @@ class Rpc:
 
     async def job(self, p: JobIdParams) -> dict[str, Any]:
         job = await self._job(p.id)
-        events = await self.master.journal.call(self.master.store.events, job.id)
+        events = await self.master.journal.call(Store.events, job.id)
         return {
             "job": job_view(job, self._wire_for(job)),
             "events": [
@@ -255,10 +255,9 @@ class Rpc:
     async def events(self, p: EventsParams) -> dict[str, Any]:
         """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest
         first; ``last`` is the cursor to pass as ``after`` next time."""
-        store = self.master.store
         if p.tail is not None:
-            rows = await self.master.journal.call(store.events_tail, p.job, p.tail)
+            rows = await self.master.journal.call(Store.events_tail, p.job, p.tail)
         else:
-            rows = await self.master.journal.call(store.events, p.job, p.after, p.limit)
+            rows = await self.master.journal.call(Store.events, p.job, p.after, p.limit)
         return {"events": [event_view(e) for e in rows],
                 "last": rows[-1].seq if rows else p.after}

@@ -238,7 +238,7 @@ class Master:
         job = self.core.jobs.get(job_id)
         if job is not None:
             return job
-        return await self.journal.call(self.store.load_job, job_id)
+        return await self.journal.call(Store.load_job, job_id)
 
     # -- the bounded job table -----------------------------------------------------------
     def note_ended(self, job_id: str) -> None:
@@ -462,7 +462,7 @@ class Master:
         self.core.node_up(inventory)
         if name in self.drained:
             self.core.cluster.set_schedulable(name, False)
-        await self.journal.call(self.store.save_node, inventory, name in self.drained,
+        await self.journal.call(Store.save_node, inventory, name in self.drained,
                                 self.clock())
         for job in list(self.core.active_jobs().values()):
             if job.placement and name in job.placement.nodes:
@@ -577,7 +577,7 @@ class Master:
             assert isinstance(body, Contention)
             log.info("node=%s job=%s contention action=%s value=%d previous=%s reason=%s", node,
                      body.job_id, body.action, body.value, body.previous, body.reason)
-            await self.journal.call(self.store.update_jobs, [], [(
+            await self.journal.call(Store.update_jobs, [], [(
                 self.clock(), body.job_id, node, "contention",
                 {"action": body.action, "value": body.value, "previous": body.previous,
                  "reason": body.reason})])
@@ -603,7 +603,7 @@ class Master:
         level = logging.INFO if event.healthy else logging.WARNING
         log.log(level, "node=%s gpu=%d healthy=%s reason=%s", node, event.index, event.healthy,
                 event.reason)
-        await self.journal.call(self.store.update_jobs, [], [(
+        await self.journal.call(Store.update_jobs, [], [(
             self.clock(), None, node, "gpu_health",
             {"gpu": event.index, "healthy": event.healthy, "reason": event.reason})])
         self.request_pass()
@@ -639,7 +639,7 @@ class Master:
                 self.core.node_down(name)
         view = self.core.cluster.node(name)
         assert view is not None
-        await self.journal.call(self.store.save_node, view.inventory, drained, self.clock())
+        await self.journal.call(Store.save_node, view.inventory, drained, self.clock())
         await self._persist([], [(self.clock(), None, name,
                                   "drained" if drained else "undrained", {})])
         log.info("node=%s %s", name, "drained" if drained else "undrained")

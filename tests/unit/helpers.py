@@ -26,3 +26,15 @@ def job(job_id: str, gpus: int = 1, cpus: int = 1, t: float = 0.0, **kw: object)
     spec = JobSpec(name=job_id, command=("true",), user="nobody", kind=kind, gpus=gpus,
                    cpus=cpus, **kw)  # type: ignore[arg-type]
     return Job(id=job_id, spec=spec, submit_time=t)
+
+
+def writer_sleep(store: object, seconds: float) -> None:
+    """A journal call (``journal.call(writer_sleep, s)``) that keeps the writer busy."""
+    import time
+
+    time.sleep(seconds)
+
+
+def writer_fails(store: object, message: str) -> None:
+    """A journal call that fails in the writer with ``message``."""
+    raise ValueError(message)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from masterd.store import Store
 from shared.config import MasterConfig, load_config
 from shared.model import Placement
 from shared.protocol import encode_rpc_request
-from tests.unit.helpers import inventory, job
+from tests.unit.helpers import inventory, job, writer_sleep
 
 JOB = {"name": "t", "command": ["true"], "user": "nobody", "gpus": 1, "cpus": 1}
 
@@ -187,8 +186,8 @@ async def test_drain_lets_a_submission_reach_the_disk(daemon: MasterDaemon,
                                                       tmp_path: Path) -> None:
     master = daemon.master
     assert master is not None
-    # Occupy the store thread so the submission's commit is still pending when SIGTERM comes.
-    blocker = asyncio.ensure_future(master.journal.call(time.sleep, 0.5))
+    # Occupy the journal writer so the submission's commit is still pending when SIGTERM comes.
+    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 0.5))
     submit = asyncio.ensure_future(rpc(daemon, "submit", {"job": JOB, "id": "late-1"}))
     await asyncio.sleep(0.1)
     await daemon.close()
