@@ -49,11 +49,6 @@ log = logging.getLogger("trellis.master.journal")
 _LENGTH = 4
 _MAX_FRAME = 1 << 30
 _PR_SET_PDEATHSIG = 1
-# Every submission waits for this process's commits, yet it needs little CPU (a quarter of a
-# millisecond per transaction). At the default priority it queued for a CPU behind the busy
-# event loop, and the slowest tenth of its transactions took 2.5 ms instead of 0.5 ms
-# (docs/performance.md). The same reason etcd's operators raise its priority.
-WRITER_NICE = -10
 
 Outcome = tuple[int, BaseException | None, Any]
 
@@ -221,10 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging(args.log_level)
     _die_with_parent(args.parent)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, WRITER_NICE)
-    except OSError as exc:  # not root: the default priority still works, a little slower
-        log.debug("journal writer keeps the default priority: %s", exc)
     db = Path(args.db)
     # Held until exit: a writer still finishing for a master that died keeps the next one
     # from starting (the master waits for "ready").
