@@ -2,8 +2,8 @@
 
 N_start for a training job is the largest core count its owner's earlier jobs of the same
 model category converged to. The history lives in the master's SQLite file, in its own table,
-and is written on the journal's thread like every other store access, so it survives restarts
-and is ordered with the job records. These functions run on the store thread (through
+and is written by the journal's writer process like every other write, so it survives
+restarts and is ordered with the job records. These functions run in the writer (through
 ``Journal.call``) or before the event loop starts.
 """
 

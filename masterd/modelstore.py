@@ -8,8 +8,8 @@ built-in table — with the rows of the journal's ``genie_models`` table on top:
 loaded with ``load_models`` or fitted by the profiler, which therefore survives restarts.
 
 The table lives in the master's SQLite journal (same connection). It is created and read
-synchronously when the master starts, before anything else uses the store thread (as the
-master's own restore does); later writes go through the journal thread.
+synchronously when the master starts, before anything is written through the journal (as the
+master's own restore does); later writes go through the journal's writer process.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _key(entry: ModelEntry) -> str:
     return "|".join(entry.key)
 
 
-# -- store-thread functions (each one transaction) ---------------------------------------------
+# -- functions run in the journal writer (each one transaction) ---------------------------------
 def create_tables(store: Store) -> None:
     store.db.executescript(SCHEMA)
 

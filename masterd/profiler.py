@@ -127,7 +127,7 @@ class ProfileRequest:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-# -- store-thread functions ----------------------------------------------------------------------
+# -- journal-writer functions ------------------------------------------------------------------
 def create_tables(store: Store) -> None:
     store.db.executescript(SCHEMA)
 

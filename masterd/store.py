@@ -127,7 +127,7 @@ def update_rows(jobs: Iterable[Job], events: Iterable[tuple],
                 placement_of: Callable[[Job], dict[str, Any] | None] | None = None,
                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Encode job updates and events now, on the caller's thread: the Job objects keep
-    changing on the event loop while a write waits for the store thread. ``placement_of``
+    changing on the event loop while a write waits for the journal writer. ``placement_of``
     returns a job's encoded placement from a cache (masterd.wire) instead of encoding it."""
     return (
         [(job.state.value,
@@ -168,10 +168,10 @@ def _tenant_detail(tenant: str) -> str:
     return json.dumps({"tenant": tenant})
 
 
-# A batch goes to SQLite as one statement per table rather than one step per row: the sqlite3
-# module releases and retakes the GIL around every step (and every BEGIN, COMMIT and
-# statement preparation), and with the event-loop thread busy each retake waited for it,
-# stretching every group commit several times over. Statements of every batch size up to
+# A batch goes to SQLite as one statement per table rather than one step per row: fewer
+# statements, fewer trips through the sqlite3 module (which gives up and retakes the GIL
+# around each); when the writer was a thread beside the busy event loop every retake waited
+# for it. Statements of every batch size up to
 # _MAX_ROWS stay in the connection's statement cache (STATEMENT_CACHE).
 _MAX_ROWS = 256
 STATEMENT_CACHE = 1024  # 3 statement shapes x up to 256 sizes
@@ -215,7 +215,8 @@ def update_jobs_many(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> Non
 
 
 class Store:
-    """Synchronous access to the journal; call only from the store thread."""
+    """Synchronous access to the journal. While the master runs, only the journal's writer
+    process (masterd.journal_writer) writes; the master's own connection reads."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
