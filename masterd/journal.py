@@ -143,7 +143,13 @@ class Journal:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(store, *args)`` in the writer, after everything issued before it; ``fn`` must
         be importable by name (a module-level function or a Store method)."""
-        return await self._put(("c", fn, args))  # type: ignore[no-any-return]
+        try:
+            # Pickled on its own, so a function the writer cannot import (one defined in
+            # __main__, say) fails this call there, not the writer's whole batch.
+            call = pickle.dumps((fn, args), protocol=_PICKLE)
+        except Exception as exc:
+            raise TypeError(f"journal operation cannot be sent to the writer: {exc}") from None
+        return await self._put(("c", call, None))  # type: ignore[no-any-return]
 
     async def submit(self, seq: int, job: Job) -> None:
         rows = new_job_rows(seq, job, self.wire.spec(job))
@@ -190,6 +196,8 @@ class Journal:
             self._loop.remove_reader(self._writer.from_child)
             self._loop.remove_writer(self._writer.to_child)
         self._loop = loop
+        # A flush scheduled on the old loop never ran: the next _put schedules one here.
+        self._flush_pending = False
         self._writing = False
         loop.add_reader(self._writer.from_child, self._on_readable)
 

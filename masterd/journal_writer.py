@@ -11,8 +11,8 @@ and a pickle. Master to writer, one frame per operation:
 
 - ``("i", id, job_row, event_row)``: insert a submitted job (rows from store.new_job_rows);
 - ``("u", id, job_rows, event_rows)``: job state changes and events (store.update_rows);
-- ``("c", id, fn, args)``: run ``fn(store, *args)`` (a read, or a write to another table);
-  ``fn`` must be importable by name, as pickle sends it.
+- ``("c", id, pickled (fn, args), None)``: run ``fn(store, *args)`` (a read, or a write to
+  another table); ``fn`` must be importable by name, as pickle sends it.
 
 Writer to master: ``("ready", pid)`` once the store is open, then one frame per group it
 finished, ``(commits, [(id, error or None, result), ...])``, so the master can count the
@@ -130,8 +130,9 @@ class Writer:
         self._send(commits, outcomes)
 
     def _call(self, op: tuple[Any, ...]) -> Outcome:
-        _, op_id, fn, args = op
+        _, op_id, call, _ = op
         try:
+            fn, args = pickle.loads(call)
             return op_id, None, fn(self.store, *args)
         except Exception as exc:  # handed to the awaiting coroutine, never lost here
             return op_id, portable(exc), None

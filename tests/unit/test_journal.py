@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,22 @@ async def test_call_errors_propagate_and_the_writer_keeps_serving(journal: Journ
         await journal.call(lambda store: 42)  # not importable by name: refused here, alone
     await journal.submit(1, job("after-errors"))
     assert await journal.call(Store.job_exists, "after-errors") is True
+
+
+async def test_a_call_the_writer_cannot_import_fails_alone(
+        journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function only this process has (like one defined in __main__) pickles here but not
+    there: its caller gets the error, the submissions sent beside it are committed."""
+    module = types.ModuleType("trellis_test_parent_only")
+    exec("def count(store):\n    return 1\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    results = await asyncio.gather(
+        journal.submit(1, job("beside-1")), journal.call(module.count),
+        journal.submit(2, job("beside-2")), return_exceptions=True)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], ModuleNotFoundError)
+    assert committed_ids(journal.store.path) == {"beside-1", "beside-2"}
+    assert await journal.call(Store.job_exists, "beside-2") is True
 
 
 async def test_a_dead_writer_fails_what_was_in_flight_and_is_replaced(journal: Journal) -> None:

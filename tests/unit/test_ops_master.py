@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from masterd.app import GATE_KEY, RPC_KEY
 from masterd.core.policy import Preempt, Start
 from masterd.main import MasterDaemon
 from masterd.rpc import NoParams
-from masterd.store import Store
+from masterd.store import Store, StoreError
 from shared.config import MasterConfig, load_config
 from shared.model import Placement
 from shared.protocol import encode_rpc_request
@@ -197,6 +199,35 @@ async def test_drain_lets_a_submission_reach_the_disk(daemon: MasterDaemon,
     store = Store(tmp_path / "state" / "master.db")
     try:
         assert [j.id for j in store.load_jobs()] == ["late-1"]
+    finally:
+        store.close()
+
+
+async def test_a_killed_journal_writer_costs_only_what_was_in_flight(daemon: MasterDaemon,
+                                                                   tmp_path: Path) -> None:
+    """The writer process dies (OOM killer, operator): the submission it was writing is
+    refused with store_unavailable, never acknowledged; the next one starts a new writer."""
+    master = daemon.master
+    assert master is not None
+    status, reply = await rpc(daemon, "submit", {"job": JOB, "id": "first"})
+    assert status == 200 and "result" in reply
+    writer = master.journal._writer
+    assert writer is not None
+    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 5))
+    in_flight = asyncio.ensure_future(rpc(daemon, "submit", {"job": JOB, "id": "lost"}))
+    await asyncio.sleep(0.3)
+    os.kill(writer.proc.pid, signal.SIGKILL)
+    status, reply = await in_flight
+    assert reply["error"]["code"] == "store_unavailable", reply
+    with pytest.raises(StoreError):
+        await blocker
+    status, reply = await rpc(daemon, "submit", {"job": JOB, "id": "second"})
+    assert status == 200 and reply["result"]["job"]["id"] == "second"
+    status, reply = await rpc(daemon, "jobs", {})
+    assert sorted(j["id"] for j in reply["result"]["jobs"]) == ["first", "second"]
+    store = Store(tmp_path / "state" / "master.db")
+    try:
+        assert sorted(j.id for j in store.load_jobs()) == ["first", "second"]
     finally:
         store.close()
 
