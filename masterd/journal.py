@@ -122,7 +122,8 @@ class Journal:
 
     ``store`` is this process's own connection to the same file, kept for reads at start-up
     (the master's restore) and for tests: after start-up every write goes through here.
-    ``commits`` counts the transactions the writer reported, for tests and metrics.
+    ``commits`` counts the transactions the writer reported and ``writer_restarts`` the
+    writers started after one died (both for /metrics).
     """
 
     def __init__(self, store: Store) -> None:
@@ -130,6 +131,7 @@ class Journal:
         # Encoded specs and placements, shared with the node commands (see masterd.wire).
         self.wire = WireCache()
         self.commits = 0
+        self.writer_restarts = 0
         self._writer: _WriterProcess | None = _WriterProcess(store.path)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
@@ -177,6 +179,7 @@ class Journal:
         if self._writer is None:
             log.warning("starting a new journal writer")
             self._writer = _WriterProcess(self.store.path)
+            self.writer_restarts += 1
         self._bind(loop)
         fut = loop.create_future()
         self._pending[op_id] = fut
@@ -185,6 +188,11 @@ class Journal:
             self._flush_pending = True
             loop.call_soon(self._flush)  # everything issued this turn leaves in one write
         return fut
+
+    @property
+    def in_flight(self) -> int:
+        """Operations sent or queued whose answer has not come back yet."""
+        return len(self._pending)
 
     # -- pipe I/O on the event loop -------------------------------------------------------
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:

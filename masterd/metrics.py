@@ -15,7 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from masterd.core.policy import Preempt, Start
@@ -97,6 +102,20 @@ class MasterStateCollector(Collector):
         yield cores_used
         yield GaugeMetricFamily("trellis_nodes_connected", "Nodes with a live session.",
                                 value=len(master.sessions))
+
+        journal = master.journal
+        yield CounterMetricFamily(
+            "trellis_journal_transactions",
+            "SQLite transactions the journal writer committed (group commit: several "
+            "submissions and state changes share one).", value=journal.commits)
+        yield CounterMetricFamily(
+            "trellis_journal_writer_restarts",
+            "Journal writer processes started because the previous one died.",
+            value=journal.writer_restarts)
+        yield GaugeMetricFamily(
+            "trellis_journal_in_flight",
+            "Journal operations waiting for the writer's answer (a growing number means the "
+            "disk is not keeping up).", value=journal.in_flight)
 
 
 class MasterMetrics:

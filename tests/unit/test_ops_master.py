@@ -223,6 +223,7 @@ async def test_a_killed_journal_writer_costs_only_what_was_in_flight(daemon: Mas
         await blocker
     status, reply = await rpc(daemon, "submit", {"job": JOB, "id": "second"})
     assert status == 200 and reply["result"]["job"]["id"] == "second"
+    assert master.journal.writer_restarts == 1
     status, reply = await rpc(daemon, "jobs", {})
     assert sorted(j["id"] for j in reply["result"]["jobs"]) == ["first", "second"]
     store = Store(tmp_path / "state" / "master.db")
@@ -291,6 +292,11 @@ async def test_metrics_follow_the_master(daemon: MasterDaemon) -> None:
     assert value(m["trellis_jobs"], "trellis_jobs", state="queued", kind="training") == 2
     assert value(m["trellis_jobs"], "trellis_jobs", state="running", kind="training") == 0
     assert value(m["trellis_queue_length"], "trellis_queue_length") == 2
+    # Two submissions, at least one commit each way they were batched; none waiting now.
+    assert value(m["trellis_journal_transactions"], "trellis_journal_transactions_total") >= 1
+    assert value(m["trellis_journal_in_flight"], "trellis_journal_in_flight") == 0
+    assert value(m["trellis_journal_writer_restarts"],
+                 "trellis_journal_writer_restarts_total") == 0
     assert value(m["trellis_queue_head_wait_seconds"], "trellis_queue_head_wait_seconds") > 0
     assert value(m["trellis_rpc_duration_seconds"], "trellis_rpc_duration_seconds_count",
                  method="submit") == 2
