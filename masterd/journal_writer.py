@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from masterd.store import NewJobRows, Store, StoreError
-from shared.logs import setup_logging
+from shared.logs import set_level, setup_logging
 
 log = logging.getLogger("trellis.master.journal")
 
@@ -162,6 +162,11 @@ class Writer:
             error = portable(exc)
             return 0, [(op[1], error, None) for op in ops]
         return 1, [(op[1], None, None) for op in ops]
+
+
+def set_log_level(store: Store, level: str) -> None:
+    """A journal call: the master's log level changed (SIGHUP reload)."""
+    set_level(level)
 
 
 def _send_to(fd: int) -> Any:

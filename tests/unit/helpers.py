@@ -38,3 +38,10 @@ def writer_sleep(store: object, seconds: float) -> None:
 def writer_fails(store: object, message: str) -> None:
     """A journal call that fails in the writer with ``message``."""
     raise ValueError(message)
+
+
+def writer_log_level(store: object) -> int:
+    """A journal call: the writer's root log level."""
+    import logging
+
+    return logging.getLogger().level

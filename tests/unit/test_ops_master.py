@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from masterd.store import Store, StoreError
 from shared.config import MasterConfig, load_config
 from shared.model import Placement
 from shared.protocol import encode_rpc_request
-from tests.unit.helpers import inventory, job, writer_sleep
+from tests.unit.helpers import inventory, job, writer_log_level, writer_sleep
 
 JOB = {"name": "t", "command": ["true"], "user": "nobody", "gpus": 1, "cpus": 1}
 
@@ -102,6 +103,11 @@ async def test_reload_applies_run_time_keys_and_logs_each(daemon: MasterDaemon, 
     cfg = daemon.master.config
     assert (cfg.stop_grace_s, cfg.node_grace_s, cfg.allowed_users) == (3.5, 7.0, ("nobody",))
     assert logging.getLogger().level == logging.DEBUG
+    # The journal writer, a process of its own, follows.
+    deadline = time.monotonic() + 5
+    while await daemon.master.journal.call(writer_log_level) != logging.DEBUG:
+        assert time.monotonic() < deadline, "the journal writer kept its old log level"
+        await asyncio.sleep(0.02)
     text = caplog.text
     assert "config_reload key=stop_grace_s change=10.0→3.5" in text
     assert "config_reload key=allowed_users change=()→('nobody',)" in text
