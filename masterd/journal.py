@@ -90,9 +90,8 @@ class _WriterProcess:
                 code = self.kill()
                 raise StoreError(f"the journal writer exited at start (exit code {code}); "
                                  "its log says why")
-            for payload in self.reader.feed(data):
-                if pickle.loads(payload)[0] == "ready":
-                    return
+            if self.reader.feed(data):  # the writer's first frame says it is ready
+                return
 
     def close_input(self) -> None:
         """End of input: the writer finishes what it read and exits."""
@@ -172,10 +171,8 @@ class Journal:
         loop = asyncio.get_running_loop()
         op_id = next(self._ids)
         kind, a, b = op
-        try:
-            payload = pickle.dumps((kind, op_id, a, b), protocol=_PICKLE)
-        except Exception as exc:  # nothing sent: only this caller is affected
-            raise TypeError(f"journal operation cannot be sent to the writer: {exc}") from None
+        # Rows are scalars and bytes, and a call comes pickled already: this cannot fail.
+        payload = pickle.dumps((kind, op_id, a, b), protocol=_PICKLE)
         if self._writer is None:
             log.warning("starting a new journal writer")
             self._writer = _WriterProcess(self.store.path)
@@ -200,14 +197,18 @@ class Journal:
         if self._loop is loop:
             return
         assert self._writer is not None
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._writer.from_child)
-            self._loop.remove_writer(self._writer.to_child)
+        self._unbind(self._writer)
         self._loop = loop
         # A flush scheduled on the old loop never ran: the next _put schedules one here.
         self._flush_pending = False
         self._writing = False
         loop.add_reader(self._writer.from_child, self._on_readable)
+
+    def _unbind(self, writer: _WriterProcess) -> None:
+        """Stop watching ``writer``'s pipes (before they close, or on another loop)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(writer.from_child)
+            self._loop.remove_writer(writer.to_child)
 
     def _flush(self) -> None:
         self._flush_pending = False
@@ -264,9 +265,7 @@ class Journal:
         if writer is None:
             return
         self._writer = None
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(writer.from_child)
-            self._loop.remove_writer(writer.to_child)
+        self._unbind(writer)
         self._loop = None
         self._writing = False
         code = writer.kill()
@@ -290,9 +289,7 @@ class Journal:
         self._closed = True
         writer, self._writer = self._writer, None
         if writer is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(writer.from_child)
-                self._loop.remove_writer(writer.to_child)
+            self._unbind(writer)
             try:
                 self._drain(writer)
             except OSError as exc:
@@ -303,7 +300,6 @@ class Journal:
                 log.error("journal writer exited with code %s", code)
         self._fail_pending(JournalClosed("the journal closed before the writer answered"))
         self.store.close()
-
 
     def _drain(self, writer: _WriterProcess) -> None:
         """Hand the writer what is still queued, then read its answers until it exits.

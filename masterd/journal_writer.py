@@ -14,7 +14,7 @@ and a pickle. Master to writer, one frame per operation:
 - ``("c", id, pickled (fn, args), None)``: run ``fn(store, *args)`` (a read, or a write to
   another table); ``fn`` must be importable by name, as pickle sends it.
 
-Writer to master: ``("ready", pid)`` once the store is open, then one frame per group it
+Writer to master: ``"ready"`` once the store is open, then one frame per group it
 finished, ``(commits, [(id, error or None, result), ...])``, so the master can count the
 transactions it paid for. Whatever the master wrote while a transaction ran is read in one
 go and becomes the next batch: that is the group commit. Calls are barriers; between two,
@@ -38,6 +38,7 @@ import os
 import pickle
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ _MAX_FRAME = 1 << 30
 _PR_SET_PDEATHSIG = 1
 
 Outcome = tuple[int, BaseException | None, Any]
+Send = Callable[[int, list[Outcome]], None]  # (transactions committed, outcomes)
 
 
 def frame(payload: bytes) -> bytes:
@@ -97,7 +99,7 @@ def portable(error: BaseException) -> BaseException:
 class Writer:
     """Runs batches of operations on the store; ``send`` takes each group's outcomes."""
 
-    def __init__(self, store: Store, send: Any) -> None:
+    def __init__(self, store: Store, send: Send) -> None:
         self.store = store
         self._send = send
 
@@ -143,6 +145,7 @@ class Writer:
         except Exception:
             # One bad row must not sink its neighbours: retry one by one to find it.
             outcomes: list[Outcome] = []
+            committed = 0
             for op in ops:
                 try:
                     self.store.insert_rows([NewJobRows(op[2], op[3])])
@@ -150,7 +153,8 @@ class Writer:
                     outcomes.append((op[1], portable(exc), None))
                 else:
                     outcomes.append((op[1], None, None))
-            return len(ops), outcomes
+                    committed += 1
+            return committed, outcomes
         return 1, [(op[1], None, None) for op in ops]
 
     def _update(self, ops: list[tuple[Any, ...]]) -> tuple[int, list[Outcome]]:
@@ -169,7 +173,7 @@ def set_log_level(store: Store, level: str) -> None:
     set_level(level)
 
 
-def _send_to(fd: int) -> Any:
+def _send_to(fd: int) -> Send:
     def send(commits: int, outcomes: list[Outcome]) -> None:
         try:
             payload = pickle.dumps((commits, outcomes), protocol=pickle.HIGHEST_PROTOCOL)
@@ -233,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("journal writer cannot start: %s", exc)
         return 1
     try:
-        _write_all(args.out_fd, frame(pickle.dumps(("ready", os.getpid()))))
+        _write_all(args.out_fd, frame(pickle.dumps("ready")))
         serve(store, args.in_fd, args.out_fd)
     except BrokenPipeError:
         log.error("journal writer: the master went away")

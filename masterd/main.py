@@ -24,7 +24,6 @@ from aiohttp import WSCloseCode, web
 from masterd.app import GATE_KEY, make_app
 from masterd.authn import auth_handler, build_authenticator, build_ssl, warn_if_open
 from masterd.gcpause import GcPausePolicy
-from masterd.journal_writer import set_log_level
 from masterd.limits import GuardedSite, PeerLimits, guard_handler
 from masterd.service import Master
 from masterd.store import StoreError
@@ -86,7 +85,6 @@ class MasterDaemon:
         self.master: Master | None = None
         self.runner: web.AppRunner | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._reloads: set[asyncio.Task[None]] = set()
         self.gc = GcPausePolicy()
 
     async def start(self) -> None:
@@ -163,25 +161,13 @@ class MasterDaemon:
             if "log_level" in applied:
                 set_level(self.config.log_level)
                 if master is not None:
-                    self._spawn_reload(self._writer_log_level(master, self.config.log_level))
+                    master.log_level_changed(self.config.log_level)
             if master is not None:
                 master.config = self.config
                 for session in master.sessions.values():
                     session.timeout_s = self.config.command_timeout_s
         self.notifier.ready(self.describe() if master else "starting")
         return True
-
-    def _spawn_reload(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._reloads.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._reloads.discard)
-
-    @staticmethod
-    async def _writer_log_level(master: Master, level: str) -> None:
-        try:
-            await master.journal.call(set_log_level, level)
-        except Exception as exc:  # the writer logs at its old level; nothing else is affected
-            log.warning("journal writer keeps its log level: %s", exc)
 
     async def close(self) -> None:
         """Drain: refuse new requests (503), wait for those in flight, close node sessions,

@@ -22,6 +22,7 @@ from masterd.core.scheduler import JobError, SchedulingCore, Transition
 from masterd.inference_service import InferenceService
 from masterd.jobmetrics import JobMetrics
 from masterd.journal import Journal
+from masterd.journal_writer import set_log_level
 from masterd.modelstore import ModelStore, build_policy
 from masterd.profiler import Profiler
 from masterd.sessions import CommandFailed, NodeSession
@@ -164,6 +165,11 @@ class Master:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.journal.close()
+
+    def log_level_changed(self, level: str) -> None:
+        """The daemon's log level changed (SIGHUP): the journal writer, a process of its
+        own, follows."""
+        self._spawn(self.journal.call(set_log_level, level))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 from shared.model import CpuCore, GpuInfo, Job, JobKind, JobSpec, NodeInventory
 
 
@@ -30,8 +33,6 @@ def job(job_id: str, gpus: int = 1, cpus: int = 1, t: float = 0.0, **kw: object)
 
 def writer_sleep(store: object, seconds: float) -> None:
     """A journal call (``journal.call(writer_sleep, s)``) that keeps the writer busy."""
-    import time
-
     time.sleep(seconds)
 
 
@@ -42,6 +43,4 @@ def writer_fails(store: object, message: str) -> None:
 
 def writer_log_level(store: object) -> int:
     """A journal call: the writer's root log level."""
-    import logging
-
     return logging.getLogger().level
