@@ -171,8 +171,8 @@ def _tenant_detail(tenant: str) -> str:
 # A batch goes to SQLite as one statement per table rather than one step per row: fewer
 # statements, fewer trips through the sqlite3 module (which gives up and retakes the GIL
 # around each); when the writer was a thread beside the busy event loop every retake waited
-# for it. Statements of every batch size up to
-# _MAX_ROWS stay in the connection's statement cache (STATEMENT_CACHE).
+# for it. Statements of every batch size up to _MAX_ROWS stay in the connection's statement
+# cache (STATEMENT_CACHE).
 _MAX_ROWS = 256
 STATEMENT_CACHE = 1024  # 3 statement shapes x up to 256 sizes
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
@@ -222,7 +222,9 @@ class Store:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+            # Each connection stays on the thread that opened it (the writer's, or the
+            # master's loop for reads), so sqlite3's same-thread check stays on.
+            self.db = sqlite3.connect(path, isolation_level=None,
                                       cached_statements=STATEMENT_CACHE)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
