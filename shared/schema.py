@@ -115,10 +115,13 @@ def _decoder(tp: Any, bounds: Bounds | None) -> Decoder:
 
         return bool_
     if tp is int:
+        lo, hi = _range(bounds)
+
         def int_(data: Any, path: str, depth: int) -> Any:
             if type(data) is not int:
                 raise SchemaError(path, f"must be an integer, got {_kind(data)}")
-            _check_range(data, path, bounds)
+            if not lo <= data <= hi:
+                _check_range(data, path, bounds)
             return data
 
         return int_
@@ -197,6 +200,7 @@ def _sequence_decoder(tp: Any, origin: Any, bounds: Bounds | None) -> Decoder:
 
         return fixed
     item = _decoder(args[0] if args else Any, bounds)
+    item_paths = _PathCache(lambda path, i: f"{path}[{i}]")
 
     def sequence(data: Any, path: str, depth: int) -> Any:
         if type(data) not in (list, tuple):
@@ -204,7 +208,9 @@ def _sequence_decoder(tp: Any, origin: Any, bounds: Bounds | None) -> Decoder:
         if len(data) > limit:
             raise SchemaError(path, f"has {len(data)} items, at most {limit} allowed")
         _depth(path, depth)
-        out = [item(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(data)]
+        paths = item_paths.get(path, range(min(len(data), _CACHED_ITEMS)))
+        out = [item(v, paths[i] if i < len(paths) else f"{path}[{i}]", depth + 1)
+               for i, v in enumerate(data)]
         return tuple(out) if as_tuple else out
 
     return sequence
@@ -229,22 +235,18 @@ def _mapping_decoder(tp: Any) -> Decoder:
 def _dataclass_decoder(cls: type) -> Decoder:
     hints = get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
-    known = {f.name for f in fields}
-    plan = [
-        (
-            f.name,
-            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-            # Resolved lazily: a dataclass may refer to itself or to one defined later.
-            (hints[f.name], f.metadata.get("bounds")),
-        )
-        for f in fields
-    ]
-
-    required = [name for name, needed, _ in plan if needed]
-    spec_of = {name: spec for name, _, spec in plan}
+    known = frozenset(f.name for f in fields)
+    required = [f.name for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    # Resolved lazily: a dataclass may refer to itself or to one defined later.
+    spec_of = {f.name: (hints[f.name], f.metadata.get("bounds")) for f in fields}
     # Each field's decoder, resolved on first use: looking it up through _decoder's cache
     # hashes typing objects, which cost more than decoding the value itself.
     resolved: dict[str, Decoder] = {}
+    build = _builder(cls)
+    # Dotted paths of the fields under each parent path seen: formatting them per field and
+    # per message cost more than most values' checks.
+    field_paths = _PathCache(lambda path, name: f"{path}.{name}" if path else name)
 
     def dataclass_(data: Any, path: str, depth: int) -> Any:
         if type(data) is not dict:
@@ -254,17 +256,18 @@ def _dataclass_decoder(cls: type) -> Decoder:
             unknown = [k for k in data if k not in known]
             shown = ", ".join(repr(k) for k in unknown[:3])
             raise SchemaError(path, f"unknown field(s) {shown}")
+        paths = field_paths.get(path, known)
         for name in required:
             if name not in data:
-                raise SchemaError(f"{path}.{name}" if path else name, "is required")
+                raise SchemaError(paths[name], "is required")
         kwargs = {}
         for name, value in data.items():
             field_decoder = resolved.get(name)
             if field_decoder is None:
                 field_decoder = resolved[name] = _decoder(*spec_of[name])
-            kwargs[name] = field_decoder(value, f"{path}.{name}" if path else name, depth + 1)
+            kwargs[name] = field_decoder(value, paths[name], depth + 1)
         try:
-            return cls(**kwargs)
+            return build(kwargs)
         except SchemaError as exc:
             raise SchemaError(f"{path}.{exc.field}" if path and exc.field else exc.field or path,
                               exc.reason) from None
@@ -275,9 +278,86 @@ def _dataclass_decoder(cls: type) -> Decoder:
     return dataclass_
 
 
+def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
+    """``cls(**kwargs)``, for a plain dataclass without calling its generated ``__init__``.
+
+    A frozen dataclass's ``__init__`` sets each of its fields through ``object.__setattr__``:
+    for a job spec's two dozen fields that took three times as long as everything else in
+    building it. Filling the instance dict and running ``__post_init__`` does what that
+    ``__init__`` does; a class whose ``__init__`` could do more (its own ``__init__`` or
+    ``__new__``, slots, init-only or ``init=False`` fields, a custom ``__setattr__``,
+    descriptors named like fields) is built the ordinary way.
+    """
+    def ordinary(kwargs: dict[str, Any]) -> Any:
+        return cls(**kwargs)
+
+    params = getattr(cls, "__dataclass_params__", None)
+    fields = dataclasses.fields(cls)
+    declared = getattr(cls, "__dataclass_fields__", {})
+    if (params is None or not params.init or "__slots__" in cls.__dict__
+            or cls.__new__ is not object.__new__
+            or not (params.frozen or cls.__setattr__ is object.__setattr__)
+            or len(declared) != len(fields)  # init-only (InitVar) or class variables
+            or any(not f.init for f in fields)
+            or any(hasattr(type(getattr(cls, f.name, None)), "__set__") for f in fields)):
+        return ordinary
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    factories = [(f.name, f.default_factory) for f in fields
+                 if f.default_factory is not dataclasses.MISSING]
+    post_init = getattr(cls, "__post_init__", None)
+    new = object.__new__
+
+    def build(kwargs: dict[str, Any]) -> Any:
+        obj = new(cls)
+        state = obj.__dict__
+        state.update(defaults)
+        for name, factory in factories:
+            if name not in kwargs:
+                state[name] = factory()
+        state.update(kwargs)
+        if post_init is not None:
+            post_init(obj)
+        return obj
+
+    return build
+
+
+_CACHED_PATHS = 256  # parent paths remembered per decoder (a list's items each have one)
+_CACHED_ITEMS = 32  # item paths remembered per list path
+
+
+class _PathCache:
+    """Child paths per parent path, made by ``make(parent, key)`` once per parent."""
+
+    def __init__(self, make: Callable[[str, Any], str]) -> None:
+        self._make = make
+        self._by_parent: dict[str, Any] = {}
+
+    def get(self, parent: str, keys: Any) -> Any:
+        """A mapping (or list, for a range of indices) from each of ``keys`` to its path.
+        Only the first parents seen are kept: paths under list items are endless."""
+        paths = self._by_parent.get(parent)
+        if paths is None or len(paths) < len(keys):
+            make = self._make
+            if isinstance(keys, range):
+                paths = [make(parent, i) for i in keys]
+            else:
+                paths = {key: make(parent, key) for key in keys}
+            if len(self._by_parent) < _CACHED_PATHS or parent in self._by_parent:
+                self._by_parent[parent] = paths
+        return paths
+
+
 def _depth(path: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise SchemaError(path, f"nested deeper than {MAX_DEPTH} levels")
+
+
+def _range(bounds: Bounds | None) -> tuple[float, float]:
+    """The closed interval ``bounds`` allows (infinite ends where it sets none)."""
+    lo = bounds.min if bounds is not None and bounds.min is not None else -math.inf
+    hi = bounds.max if bounds is not None and bounds.max is not None else math.inf
+    return lo, hi
 
 
 def _check_range(value: float, path: str, bounds: Bounds | None) -> None:

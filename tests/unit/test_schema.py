@@ -1,0 +1,120 @@
+"""The schema decoder: built objects equal ordinary construction; errors name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+
+from shared.model import JobKind, JobSpec, QosClass
+from shared.schema import SchemaError, bounded, decode
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str = bounded(max_len=8)
+    size: int = bounded(0, min=0, max=10)
+
+
+@dataclass(frozen=True)
+class Box:
+    items: tuple[Item, ...] = ()
+    tags: dict[str, str] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+
+
+def test_job_spec_decodes_to_what_its_constructor_builds() -> None:
+    wire = {"name": "train-1", "command": ["python3", "train.py"], "user": "alice", "gpus": 2,
+            "cpus": 4, "tenant": "vision", "qos": "urgent", "env": {"A": "1"},
+            "deadline": 1_800_000_000}
+    spec = decode(JobSpec, wire)
+    expected = JobSpec(name="train-1", command=("python3", "train.py"), user="alice", gpus=2,
+                       cpus=4, tenant="vision", qos=QosClass.URGENT, env={"A": "1"},
+                       deadline=1_800_000_000.0)
+    assert spec == expected
+    # Defaults are filled exactly as the generated __init__ fills them.
+    assert {f.name: getattr(spec, f.name) for f in dataclasses.fields(JobSpec)} == \
+        {f.name: getattr(expected, f.name) for f in dataclasses.fields(JobSpec)}
+    assert spec.kind is JobKind.TRAINING and spec.memory_mib == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.gpus = 3  # type: ignore[misc]
+
+
+def test_default_factories_give_each_object_its_own_value() -> None:
+    a = decode(Box, {})
+    b = decode(Box, {})
+    assert a.tags == {} and a.labels == []
+    assert a.tags is not b.tags and a.labels is not b.labels
+
+
+def test_post_init_checks_still_run() -> None:
+    with pytest.raises(SchemaError, match="job: a cpu job cannot ask for GPUs"):
+        decode(JobSpec, {"name": "x", "command": ["true"], "user": "alice", "kind": "cpu",
+                         "gpus": 1}, "job")
+    with pytest.raises(SchemaError, match="command must not be empty"):
+        decode(JobSpec, {"name": "x", "command": [], "user": "alice", "gpus": 1})
+
+
+def test_errors_name_the_field_however_deep_and_however_often_seen() -> None:
+    for _ in range(3):  # cached paths give the same answer every time
+        with pytest.raises(SchemaError) as exc:
+            decode(JobSpec, {"name": "x", "command": ["a", 5], "user": "alice", "gpus": 1},
+                   "params.job")
+        assert exc.value.field == "params.job.command[1]"
+        with pytest.raises(SchemaError) as exc:
+            decode(JobSpec, {"command": ["a"], "user": "alice", "gpus": 1}, "params.job")
+        assert exc.value.field == "params.job.name"
+        with pytest.raises(SchemaError) as exc:
+            decode(JobSpec, {"name": "x", "command": ["a"], "user": "alice", "gpus": -1})
+        assert exc.value.field == "gpus" and "at least 0" in exc.value.reason
+    # Items far down a long list, and more parents than the path cache keeps.
+    items = [{"name": f"i{i}"} for i in range(400)] + [{"name": "much-too-long"}]
+    with pytest.raises(SchemaError) as exc:
+        decode(Box, {"items": items}, "box")
+    assert exc.value.field == "box.items[400].name"
+    items[300] = {"name": "ok", "size": 11}
+    with pytest.raises(SchemaError) as exc:
+        decode(Box, {"items": items}, "box")
+    assert exc.value.field == "box.items[300].size"
+    long_list = ["a"] * 50 + [7]
+    with pytest.raises(SchemaError) as exc:
+        decode(Box, {"labels": long_list}, "other")
+    assert exc.value.field == "other.labels[50]"
+
+
+@dataclass(init=False)
+class OwnInit:
+    name: str = ""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name.upper()  # the class's own __init__ must run
+
+
+@dataclass
+class CustomSetattr:
+    name: str = ""
+
+    def __setattr__(self, key: str, value: object) -> None:
+        object.__setattr__(self, key, f"<{value}>")
+
+
+@dataclass(frozen=True, slots=True)
+class Slotted:
+    name: str = ""
+
+
+@dataclass
+class NotInInit:
+    name: str = ""
+    seen: int = field(default=7, init=False)
+
+
+@pytest.mark.parametrize(("cls", "expected"), [
+    (OwnInit, "X"), (CustomSetattr, "<x>"), (Slotted, "x"), (NotInInit, "x"),
+])
+def test_classes_whose_init_does_more_are_built_by_it(cls: type, expected: str) -> None:
+    obj = decode(cls, {"name": "x"})
+    assert type(obj) is cls and obj.name == expected
+    if cls is NotInInit:
+        assert obj.seen == 7
