@@ -66,23 +66,26 @@ def event_view(e: EventRow) -> dict[str, Any]:
 
 def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
     """A job as RPCs show it. ``wire`` caches the parts that never change per job."""
-    view = {"id": job.id, "state": job.state.value}
-    view.update(wire.spec_view(job) if wire is not None else spec_view(job.spec))
-    view.update(
-        submit_time=job.submit_time,
-        start_time=job.start_time,
-        end_time=job.end_time,
-        queued_s=job.queued_seconds,
-        exit_code=job.exit_code,
-        signal=job.signal,
-        reason=job.reason,
-        attempts=job.attempts,
-    )
     if wire is not None:
-        view.update(wire.placement_view(job))
+        spec, placement = wire.spec_view(job), wire.placement_view(job)
     else:
-        view.update(placement_view(job.placement) if job.placement else NO_PLACEMENT_VIEW)
-    return view
+        spec = spec_view(job.spec)
+        placement = placement_view(job.placement) if job.placement else NO_PLACEMENT_VIEW
+    # One dict display: built per submission and per listed job.
+    return {
+        "id": job.id,
+        "state": job.state.value,
+        **spec,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "queued_s": job.queued_seconds,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "reason": job.reason,
+        "attempts": job.attempts,
+        **placement,
+    }
 
 
 class Rpc:

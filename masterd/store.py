@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from shared.model import Job, JobSpec, JobState, NodeAllocation, NodeInventory, Placement
 from shared.protocol import pack, unpack
@@ -79,21 +79,44 @@ def _job_data(job: Job, placement: dict[str, Any] | None = None) -> bytes:
     """``placement``: the job's placement already encoded (see masterd.wire), if known."""
     if placement is None and job.placement:
         placement = encode(job.placement)
+    if placement is None and not job.node_states:
+        # Every job waiting in the queue has one of a handful of these: a submission's is
+        # the same for all.
+        return _unplaced_job_data(job.start_time, job.end_time, job.exit_code, job.signal,
+                                  job.reason, job.attempts, job.requeue_priority,
+                                  job.stopping, job.start_failures)
+    return _pack_job_data(placement, job.start_time, job.end_time, job.exit_code, job.signal,
+                          job.reason, job.attempts, job.node_states, job.requeue_priority,
+                          job.stopping, job.start_failures)
+
+
+def _pack_job_data(placement: dict[str, Any] | None, start_time: float | None,
+                   end_time: float | None, exit_code: int | None, signal: int | None,
+                   reason: str, attempts: int, node_states: dict[str, str],
+                   requeue_priority: int, stopping: bool, start_failures: int) -> bytes:
     return pack(
         {
             "placement": placement,
-            "start_time": job.start_time,
-            "end_time": job.end_time,
-            "exit_code": job.exit_code,
-            "signal": job.signal,
-            "reason": job.reason,
-            "attempts": job.attempts,
-            "node_states": job.node_states,
-            "requeue_priority": job.requeue_priority,
-            "stopping": job.stopping,
-            "start_failures": job.start_failures,
+            "start_time": start_time,
+            "end_time": end_time,
+            "exit_code": exit_code,
+            "signal": signal,
+            "reason": reason,
+            "attempts": attempts,
+            "node_states": node_states,
+            "requeue_priority": requeue_priority,
+            "stopping": stopping,
+            "start_failures": start_failures,
         }
     )
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _unplaced_job_data(start_time: float | None, end_time: float | None,
+                       exit_code: int | None, signal: int | None, reason: str, attempts: int,
+                       requeue_priority: int, stopping: bool, start_failures: int) -> bytes:
+    return _pack_job_data(None, start_time, end_time, exit_code, signal, reason, attempts, {},
+                          requeue_priority, stopping, start_failures)
 
 
 def _job_from_row(row: sqlite3.Row) -> Job:
@@ -146,8 +169,7 @@ def event_rows(events: Iterable[tuple]) -> list[tuple[Any, ...]]:
             for t, job_id, node, kind, detail in events]
 
 
-@dataclass(frozen=True)
-class NewJobRows:
+class NewJobRows(NamedTuple):
     job: tuple[Any, ...]
     event: tuple[Any, ...]
 

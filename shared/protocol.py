@@ -15,7 +15,7 @@ string sizes, so a hostile frame costs at most ``MAX_FRAME`` bytes of work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -136,8 +136,9 @@ def error_body(code: str, message: str) -> dict[str, str]:
 # -- RPC --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RpcRequest:
+class RpcRequest(NamedTuple):
+    # A named tuple, not a frozen dataclass: built per request, and a frozen dataclass's
+    # __init__ pays a setattr call per field.
     id: Any
     method: str
     params: dict[str, Any]

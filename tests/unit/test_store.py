@@ -52,3 +52,29 @@ async def test_group_commit_isolates_a_bad_row(tmp_path: Path) -> None:
     assert isinstance(results[-1], Exception)
     assert len(store.load_jobs()) == 51
     journal.close()
+
+
+def test_unplaced_job_rows_match_a_full_encoding_of_the_job() -> None:
+    """The cached row data of jobs without placement is byte for byte what encoding every
+    field gives, whatever the field values (a cached row for one job never serves another)."""
+    import msgpack
+
+    from masterd.store import _job_data
+
+    def full(j: object) -> dict[str, object]:
+        return {name: getattr(j, name) for name in (
+            "start_time", "end_time", "exit_code", "signal", "reason", "attempts",
+            "node_states", "requeue_priority", "stopping", "start_failures")}
+
+    variants = [{}, {"attempts": 1}, {"stopping": True}, {"start_failures": 1},
+                {"reason": "no node has 8 free GPUs"}, {"end_time": 12.5, "exit_code": 1},
+                {"end_time": 12.0, "exit_code": 0, "signal": 9}, {"requeue_priority": 2}]
+    for _ in range(2):  # second round: from the cache
+        for fields in variants:
+            j = job("cache-probe")
+            for name, value in fields.items():
+                setattr(j, name, value)
+            decoded = msgpack.unpackb(_job_data(j))
+            assert decoded == {"placement": None, **full(j)}
+            # True and 1 hash alike; the stored value must keep its type.
+            assert type(decoded["stopping"]) is bool and type(decoded["attempts"]) is int
