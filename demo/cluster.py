@@ -87,6 +87,10 @@ class LocalCluster:
     # How nodes reach the master, and a command prefix per node (e.g. ip netns exec NS).
     node_master_host: str | None = None
     node_wrapper: dict[str, list[str]] = field(default_factory=dict)
+    # A command prefix for the master (e.g. valgrind, for bench/rpc_cost.py) and how long
+    # to wait for it to answer.
+    master_wrapper: list[str] = field(default_factory=list)
+    master_start_timeout_s: float = 20.0
     scheme: str = "http"  # https when the master has TLS configured
     client_ssl: Any = None  # ssl.SSLContext the cluster's own client uses
     port: int = field(default_factory=free_port)
@@ -155,10 +159,11 @@ class LocalCluster:
         settings.update(self.extra_master)
         extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
         cfg = self._write("master.toml", "[master]\n" + extra)
-        self.master = Daemon("master", [sys.executable, "-m", "masterd.main", "-c", str(cfg)],
+        self.master = Daemon("master", [*self.master_wrapper, sys.executable, "-m",
+                                        "masterd.main", "-c", str(cfg)],
                              self.root / "master.log")
         self.master.start(self._env())
-        self.wait_master()
+        self.wait_master(self.master_start_timeout_s)
 
     def wait_master(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
