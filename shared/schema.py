@@ -139,17 +139,26 @@ def _decoder(tp: Any, bounds: Bounds | None) -> Decoder:
     if tp is str:
         limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_STRING
         regex = bounds.regex if bounds else None
+        # Names, users and tenants recur in message after message: a string that passed
+        # once passes again, without the pattern match.
+        passed: set[str] = set()
 
         def str_(data: Any, path: str, depth: int) -> Any:
             if type(data) is not str:
                 raise SchemaError(path, f"must be a string, got {_kind(data)}")
+            if data in passed:
+                return data
             if len(data) > limit:
                 raise SchemaError(path, f"is {len(data)} characters long, at most {limit} "
                                   "allowed")
             if "\x00" in data:
                 raise SchemaError(path, "must not contain NUL characters")
-            if regex is not None and not regex.fullmatch(data):
-                raise SchemaError(path, f"{data!r} does not match {bounds.pattern}")  # type: ignore[union-attr]
+            if regex is not None:
+                if not regex.fullmatch(data):
+                    raise SchemaError(path, f"{data!r} does not match {bounds.pattern}")  # type: ignore[union-attr]
+                if len(passed) >= _PASSED_STRINGS:
+                    passed.clear()
+                passed.add(data)
             return data
 
         return str_
@@ -199,15 +208,24 @@ def _sequence_decoder(tp: Any, origin: Any, bounds: Bounds | None) -> Decoder:
                          for i, (f, v) in enumerate(zip(items, data, strict=True)))
 
         return fixed
-    item = _decoder(args[0] if args else Any, bounds)
+    item_type = args[0] if args else Any
+    item = _decoder(item_type, bounds)
     item_paths = _PathCache(lambda path, i: f"{path}[{i}]")
+    # Items that need no check beyond their type and size (a command line, say) are checked
+    # in one pass; the per-item decoder runs only to name the item that failed.
+    plain_str = item_type is str and (bounds is None or bounds.pattern is None)
+    item_limit = bounds.max_len if bounds and bounds.max_len is not None else MAX_STRING
 
     def sequence(data: Any, path: str, depth: int) -> Any:
         if type(data) not in (list, tuple):
             raise SchemaError(path, f"must be a list, got {_kind(data)}")
         if len(data) > limit:
             raise SchemaError(path, f"has {len(data)} items, at most {limit} allowed")
-        _depth(path, depth)
+        if depth > MAX_DEPTH:
+            _depth(path, depth)
+        if plain_str and all(type(v) is str and len(v) <= item_limit and "\x00" not in v
+                             for v in data):
+            return tuple(data) if as_tuple else list(data)
         paths = item_paths.get(path, range(min(len(data), _CACHED_ITEMS)))
         out = [item(v, paths[i] if i < len(paths) else f"{path}[{i}]", depth + 1)
                for i, v in enumerate(data)]
@@ -251,7 +269,8 @@ def _dataclass_decoder(cls: type) -> Decoder:
     def dataclass_(data: Any, path: str, depth: int) -> Any:
         if type(data) is not dict:
             raise SchemaError(path, f"must be a map, got {_kind(data)}")
-        _depth(path, depth)
+        if depth > MAX_DEPTH:
+            _depth(path, depth)
         if not data.keys() <= known:
             unknown = [k for k in data if k not in known]
             shown = ", ".join(repr(k) for k in unknown[:3])
@@ -324,6 +343,7 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 
 _CACHED_PATHS = 256  # parent paths remembered per decoder (a list's items each have one)
 _CACHED_ITEMS = 32  # item paths remembered per list path
+_PASSED_STRINGS = 4096  # strings remembered per patterned field as having matched
 
 
 class _PathCache:

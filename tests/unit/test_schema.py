@@ -118,3 +118,36 @@ def test_classes_whose_init_does_more_are_built_by_it(cls: type, expected: str) 
     assert type(obj) is cls and obj.name == expected
     if cls is NotInInit:
         assert obj.seen == 7
+
+
+def test_list_items_are_checked_in_one_pass_and_failures_still_named() -> None:
+    base = {"name": "x", "user": "alice", "gpus": 1}
+    spec = decode(JobSpec, {**base, "command": ["python3", "-c", "print(1)"]})
+    assert spec.command == ("python3", "-c", "print(1)")
+    # JobSpec.command allows items of at most 1,024 characters, not the general 4,096.
+    with pytest.raises(SchemaError) as exc:
+        decode(JobSpec, {**base, "command": ["python3", "a" * 1025]}, "job")
+    assert exc.value.field == "job.command[1]" and "at most 1024" in exc.value.reason
+    with pytest.raises(SchemaError) as exc:
+        decode(JobSpec, {**base, "command": ["python3", "bad\x00arg"]}, "job")
+    assert exc.value.field == "job.command[1]" and "NUL" in exc.value.reason
+    with pytest.raises(SchemaError) as exc:
+        decode(JobSpec, {**base, "command": ["python3", None]}, "job")
+    assert exc.value.field == "job.command[1]"
+
+
+def test_a_string_that_matched_once_is_remembered_but_a_bad_one_never_passes() -> None:
+    base = {"command": ["true"], "gpus": 1}
+    for _ in range(2):
+        assert decode(JobSpec, {**base, "name": "ok-1", "user": "alice"}).name == "ok-1"
+    # Unhashable, wrong-typed and non-matching values are refused every time.
+    for bad_user in ("Alice!", ["alice"], {"a": 1}, 7, "alice\x00"):
+        for _ in range(2):
+            with pytest.raises(SchemaError) as exc:
+                decode(JobSpec, {**base, "name": "ok-1", "user": bad_user})
+            assert exc.value.field == "user"
+    # Far more distinct names than are remembered: each still checked.
+    for i in range(5000):
+        decode(JobSpec, {**base, "name": f"n-{i}", "user": "alice"})
+    with pytest.raises(SchemaError):
+        decode(JobSpec, {**base, "name": "-starts-with-dash", "user": "alice"})
