@@ -141,6 +141,17 @@ class _RequestClock:
         return bool(self._head) or self._body_left > 0
 
     def feed(self, data: bytes) -> None:
+        if not self._head and not self._body_left:
+            # The usual case: a chunk that starts a request and holds its whole head (and
+            # usually its body), found without copying.
+            end = data.find(b"\r\n\r\n")
+            if end >= 0:
+                whole = end + 4 + _content_length(data, end)
+                if whole >= len(data):
+                    self._body_left = whole - len(data)
+                    if not self._body_left:
+                        self.completed += 1
+                    return
         view = memoryview(data)
         while view:
             if self._body_left:
@@ -160,7 +171,7 @@ class _RequestClock:
                 return
             head, rest = bytes(self._head[:end]), bytes(self._head[end + 4:])
             self._head.clear()
-            self._body_left = _content_length(head)
+            self._body_left = _content_length(head, len(head))
             if not self._body_left:
                 self.completed += 1
             view = memoryview(rest)
@@ -169,8 +180,9 @@ class _RequestClock:
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE)
 
 
-def _content_length(head: bytes) -> int:
-    match = _CONTENT_LENGTH.search(head)
+def _content_length(data: bytes, head_end: int) -> int:
+    """The Content-Length of the request whose head is ``data[:head_end]``."""
+    match = _CONTENT_LENGTH.search(data, 0, head_end)
     if match is None:
         return 0  # no body (chunked bodies are timed only up to their headers)
     try:
