@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import masterd
-from masterd.journal_writer import FrameReader, frame
+from masterd.journal_writer import FrameReader, frame_header
 from masterd.store import Store, StoreError, new_job_rows, update_rows
 from masterd.wire import WireCache
 from shared.model import Job
@@ -141,7 +141,10 @@ class Journal:
         self._closed = False
 
     # -- operations -----------------------------------------------------------------------
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    # Each operation is issued when the method is called (it returns the future to await),
+    # not when a coroutine first runs: issue order is call order, and a submission costs no
+    # coroutine frame of its own.
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """``fn(store, *args)`` in the writer, after everything issued before it; ``fn`` must
         be importable by name (a module-level function or a Store method)."""
         try:
@@ -150,20 +153,21 @@ class Journal:
             call = pickle.dumps((fn, args), protocol=_PICKLE)
         except Exception as exc:
             raise TypeError(f"journal operation cannot be sent to the writer: {exc}") from None
-        return await self._put(("c", call, None))  # type: ignore[no-any-return]
+        return self._put(("c", call, None))
 
-    async def submit(self, seq: int, job: Job) -> None:
+    def submit(self, seq: int, job: Job) -> asyncio.Future[None]:
+        """Insert a submitted job."""
         rows = new_job_rows(seq, job, self.wire.spec(job))
-        await self._put(("i", rows.job, rows.event))
+        return self._put(("i", rows.job, rows.event))
 
-    async def update(self, jobs: list[Job], events: list[tuple]) -> None:
+    def update(self, jobs: list[Job], events: list[tuple]) -> asyncio.Future[None]:
         """Persist job state changes and events; concurrent callers share one commit.
 
         The rows are encoded now: the Job objects keep changing on the event loop while the
         write waits for its turn.
         """
         job_rows, event_rows = update_rows(jobs, events, self.wire.placement)
-        await self._put(("u", job_rows, event_rows))
+        return self._put(("u", job_rows, event_rows))
 
     def _put(self, op: tuple[Any, Any, Any]) -> asyncio.Future[Any]:
         if self._closed:
@@ -177,10 +181,13 @@ class Journal:
             log.warning("starting a new journal writer")
             self._writer = _WriterProcess(self.store.path)
             self.writer_restarts += 1
-        self._bind(loop)
+        if self._loop is not loop:
+            self._bind(loop)
         fut = loop.create_future()
         self._pending[op_id] = fut
-        self._out += frame(payload)
+        out = self._out
+        out += frame_header(len(payload))  # the frame, without copying the payload twice
+        out += payload
         if not self._flush_pending and not self._writing:
             self._flush_pending = True
             loop.call_soon(self._flush)  # everything issued this turn leaves in one write
@@ -255,10 +262,19 @@ class Journal:
         for payload in writer.reader.feed(data):
             commits, outcomes = pickle.loads(payload)
             self.commits += commits
+            pending = self._pending
             for op_id, error, result in outcomes:
-                fut = self._pending.pop(op_id, None)
-                if fut is not None:
+                fut = pending.pop(op_id, None)
+                if fut is None:
+                    continue
+                if error is not None:
                     _settle(fut, error, result)
+                    continue
+                try:  # the usual case, inline: one per operation
+                    if not fut.done():
+                        fut.set_result(result)
+                except RuntimeError:  # its event loop is closed: nobody is waiting any more
+                    pass
 
     def _writer_died(self, why: str) -> None:
         writer = self._writer

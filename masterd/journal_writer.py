@@ -55,8 +55,12 @@ Outcome = tuple[int, BaseException | None, Any]
 Send = Callable[[int, list[Outcome]], None]  # (transactions committed, outcomes)
 
 
+def frame_header(size: int) -> bytes:
+    return size.to_bytes(_LENGTH, "big")
+
+
 def frame(payload: bytes) -> bytes:
-    return len(payload).to_bytes(_LENGTH, "big") + payload
+    return frame_header(len(payload)) + payload
 
 
 class FrameReader:

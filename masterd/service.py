@@ -101,7 +101,7 @@ class Master:
         self._seq = self.store.next_seq()
         self._pass_pending = False
         self._launching: set[str] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
         # Ended jobs still in core.jobs, oldest-ended first: beyond
@@ -171,12 +171,13 @@ class Master:
         own, follows."""
         self._spawn(self.journal.call(set_log_level, level))
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, awaitable: Any) -> None:
+        """Run a coroutine, or follow a future (a journal operation), in the background."""
+        task = asyncio.ensure_future(awaitable)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(self, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background task failed", exc_info=task.exception())
