@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -151,3 +153,63 @@ def test_a_string_that_matched_once_is_remembered_but_a_bad_one_never_passes() -
         decode(JobSpec, {**base, "name": f"n-{i}", "user": "alice"})
     with pytest.raises(SchemaError):
         decode(JobSpec, {**base, "name": "-starts-with-dash", "user": "alice"})
+
+
+def test_decoded_objects_are_no_bigger_than_constructed_ones() -> None:
+    """An earlier builder filled each instance dict in its own order: every job spec got a
+    private key table, three times the memory, and constructed specs lost key sharing too."""
+    import tracemalloc
+
+    wire = {"name": "big-1", "command": ["python3", "train.py"], "user": "alice", "gpus": 2,
+            "cpus": 2, "tenant": "bench", "qos": "normal"}
+
+    def per_object(make: Any) -> float:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            kept = [make() for _ in range(2000)]
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        assert len(kept) == 2000
+        return sum(s.size_diff for s in after.compare_to(before, "filename")) / 2000
+
+    decoded = per_object(lambda: decode(JobSpec, wire))
+    constructed = per_object(lambda: JobSpec(
+        name="big-1", command=tuple(wire["command"]), user="alice", gpus=2, cpus=2,
+        tenant="bench", qos=QosClass.NORMAL))
+    assert decoded <= 1.2 * constructed, (decoded, constructed)
+    # Both about 400 bytes (a spec and its command tuple) on CPython 3.11; a private key
+    # table per instance, for either kind, makes it over 1,000.
+    assert decoded < 700 and constructed < 700, (decoded, constructed)
+    # Defaults not stored on a decoded instance read the same as stored ones.
+    spec = decode(JobSpec, wire)
+    assert spec.gpu_model is None and spec.memory_mib == 0 and spec.kind is JobKind.TRAINING
+    assert dataclasses.replace(spec, gpus=1).gpus == 1 and dataclasses.asdict(spec)["cpus"] == 2
+
+
+def test_specs_stay_compact_when_the_first_one_is_decoded() -> None:
+    """In a fresh interpreter (as in the master, whose first spec comes off the wire), a
+    decoded spec must not lay out the class's shared keys in its own order."""
+    import subprocess
+    import textwrap
+    from pathlib import Path
+
+    probe = textwrap.dedent("""
+        import sys, tracemalloc
+        from shared.schema import decode
+        from shared.model import JobSpec
+        wire = {"name": "a", "command": ["x"], "user": "alice", "gpus": 1, "cpus": 2,
+                "tenant": "t", "qos": "normal"}
+        for _ in range(100):
+            decode(JobSpec, wire)
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        kept = [JobSpec(name="a", command=("x",), user="alice", gpus=1) for _ in range(2000)]
+        after = tracemalloc.take_snapshot()
+        print(sum(s.size_diff for s in after.compare_to(before, "filename")) / 2000)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert float(out.stdout) < 600, out.stdout
