@@ -92,29 +92,15 @@ def _rpc_error(req_id: object, code: str, message: str, status: int) -> web.Resp
 
 
 async def handle_rpc(request: web.Request) -> web.Response:
-    gate = request.app[GATE_KEY]
+    # One coroutine for the whole RPC, its accounting included: this runs per request.
+    app = request.app
+    gate = app[GATE_KEY]
     if not gate.enter():
         return _rpc_error(None, "shutting_down", SHUTTING_DOWN, 503)
     started = time.perf_counter()
-    # "invalid": the request could not even be parsed into a method call.
-    outcome = RpcOutcome()
-    try:
-        return await _serve_rpc(request, request.app[RPC_KEY], outcome)
-    finally:
-        gate.leave()
-        request.app[METRICS_KEY].observe_rpc(outcome.method, time.perf_counter() - started,
-                                             outcome.error)
-
-
-@dataclass
-class RpcOutcome:
-    """What the metrics record about one RPC."""
-
-    method: str = "invalid"
+    rpc = app[RPC_KEY]
+    method = "invalid"  # the request could not even be parsed into a method call
     error: str | None = None
-
-
-async def _serve_rpc(request: web.Request, rpc: Rpc, outcome: RpcOutcome) -> web.Response:
     req_id = None
     try:
         try:
@@ -125,21 +111,24 @@ async def _serve_rpc(request: web.Request, rpc: Rpc, outcome: RpcOutcome) -> web
         req = decode_rpc_request(body)
         req_id = req.id
         # A metric label per known method only: arbitrary names must not grow the series.
-        outcome.method = req.method if req.method in rpc.methods else "unknown"
+        method = req.method if req.method in rpc.methods else "unknown"
         authorize_rpc(principal_of(request), req.method, req.params, rpc.master)
         result = await rpc.call(req.method, req.params)
+        return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
     except ProtocolError as exc:
-        outcome.error = exc.code
+        error = exc.code
         return _rpc_error(req_id, exc.code, exc.message, STATUS_OF.get(exc.code, 400))
     except StoreError as exc:
-        outcome.error = "store_unavailable"
+        error = "store_unavailable"
         return _rpc_error(req_id, "store_unavailable", str(exc), 503)
     except Exception:
-        outcome.error = "internal"
-        log.exception("rpc failed method=%s", outcome.method)
+        error = "internal"
+        log.exception("rpc failed method=%s", method)
         return _rpc_error(req_id, "internal", "the master failed to serve the request; see its "
                           "log", 500)
-    return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
+    finally:
+        gate.leave()
+        app[METRICS_KEY].observe_rpc(method, time.perf_counter() - started, error)
 
 
 async def handle_node(request: web.Request) -> web.WebSocketResponse:

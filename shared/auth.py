@@ -219,6 +219,9 @@ def cert_fields(peercert: dict[str, Any] | None) -> tuple[str | None, set[str]]:
 # -- the master's view ------------------------------------------------------------------------
 
 
+_OPEN = Principal("admin", "local", "open")  # immutable: one for every open request
+
+
 @dataclass
 class Authenticator:
     """Maps what a connection presents (a bearer token, a client certificate) to a Principal."""
@@ -261,7 +264,7 @@ class Authenticator:
     def authenticate(self, authorization: str | None, peercert: dict[str, Any] | None
                      ) -> Principal | None:
         if self.open_access:
-            return Principal("admin", "local", "open")
+            return _OPEN
         principal = self.from_cert(peercert)
         if principal is not None:
             return principal
