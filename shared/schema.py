@@ -223,9 +223,12 @@ def _sequence_decoder(tp: Any, origin: Any, bounds: Bounds | None) -> Decoder:
             raise SchemaError(path, f"has {len(data)} items, at most {limit} allowed")
         if depth > MAX_DEPTH:
             _depth(path, depth)
-        if plain_str and all(type(v) is str and len(v) <= item_limit and "\x00" not in v
-                             for v in data):
-            return tuple(data) if as_tuple else list(data)
+        if plain_str:
+            for v in data:  # a loop, not all(): no generator per message
+                if type(v) is not str or len(v) > item_limit or "\x00" in v:
+                    break
+            else:
+                return tuple(data) if as_tuple else list(data)
         paths = item_paths.get(path, range(min(len(data), _CACHED_ITEMS)))
         out = [item(v, paths[i] if i < len(paths) else f"{path}[{i}]", depth + 1)
                for i, v in enumerate(data)]
@@ -275,7 +278,9 @@ def _dataclass_decoder(cls: type) -> Decoder:
             unknown = [k for k in data if k not in known]
             shown = ", ".join(repr(k) for k in unknown[:3])
             raise SchemaError(path, f"unknown field(s) {shown}")
-        paths = field_paths.get(path, known)
+        paths = field_paths.by_parent.get(path)
+        if paths is None:
+            paths = field_paths.get(path, known)
         for name in required:
             if name not in data:
                 raise SchemaError(paths[name], "is required")
@@ -370,20 +375,20 @@ class _PathCache:
 
     def __init__(self, make: Callable[[str, Any], str]) -> None:
         self._make = make
-        self._by_parent: dict[str, Any] = {}
+        self.by_parent: dict[str, Any] = {}  # read directly on the hot path
 
     def get(self, parent: str, keys: Any) -> Any:
         """A mapping (or list, for a range of indices) from each of ``keys`` to its path.
         Only the first parents seen are kept: paths under list items are endless."""
-        paths = self._by_parent.get(parent)
+        paths = self.by_parent.get(parent)
         if paths is None or len(paths) < len(keys):
             make = self._make
             if isinstance(keys, range):
                 paths = [make(parent, i) for i in keys]
             else:
                 paths = {key: make(parent, key) for key in keys}
-            if len(self._by_parent) < _CACHED_PATHS or parent in self._by_parent:
-                self._by_parent[parent] = paths
+            if len(self.by_parent) < _CACHED_PATHS or parent in self.by_parent:
+                self.by_parent[parent] = paths
         return paths
 
 
