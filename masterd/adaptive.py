@@ -78,8 +78,12 @@ class AdaptiveCpus:
     # -- submission ------------------------------------------------------------------------
     def check(self, spec: JobSpec) -> None:
         """Refuse a job whose allocator settings cannot be read (at submission, not launch)."""
-        if not spec.env and all(getattr(spec, name) is None for name in TRAIT_ENV):
-            return  # nothing declared, nothing to read (most submissions)
+        if not spec.env:
+            for name in TRAIT_ENV:
+                if getattr(spec, name) is not None:
+                    break
+            else:
+                return  # nothing declared, nothing to read (most submissions)
         try:
             self._wanted(spec)
             declared_traits(spec)

@@ -169,7 +169,12 @@ class SchedulingCore:
         self._queued[job.id] = job
         key = (-job.requeue_priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
-        bisect.insort(self._ordered, (key, job.id))
+        entry = (key, job.id)
+        ordered = self._ordered
+        if not ordered or ordered[-1] < entry:
+            ordered.append(entry)  # the usual case: a new submission goes last
+        else:
+            bisect.insort(ordered, entry)
 
     def _dequeue(self, job_id: str) -> Job:
         job = self._queued.pop(job_id)
