@@ -147,7 +147,9 @@ class Rpc:
         # The job map as sent decodes to exactly this spec (it just did), so it serves as the
         # spec's wire form for the journal and the nodes without encoding the spec again.
         job = await self.master.submit(p.job, p.id, wire_spec=params["job"])
-        return {"job": job_view(job, self.master.journal.wire)}
+        # Built, not cached: a submission's view is sent once, and most jobs are never
+        # listed while queued (the cache fills when they are).
+        return {"job": job_view(job)}
 
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         found = await self._job(p.id)
