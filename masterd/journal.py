@@ -134,7 +134,8 @@ class Journal:
         self._writer: _WriterProcess | None = _WriterProcess(store.path)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
-        self._out = bytearray()
+        self._out = bytearray()  # sealed frames not yet taken by the pipe
+        self._batch: list[tuple[Any, ...]] = []  # operations issued since the last frame
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_pending = False
         self._writing = False  # waiting for the pipe to take more (add_writer)
@@ -175,8 +176,6 @@ class Journal:
         loop = asyncio.get_running_loop()
         op_id = next(self._ids)
         kind, a, b = op
-        # Rows are scalars and bytes, and a call comes pickled already: this cannot fail.
-        payload = pickle.dumps((kind, op_id, a, b), protocol=_PICKLE)
         if self._writer is None:
             log.warning("starting a new journal writer")
             self._writer = _WriterProcess(self.store.path)
@@ -185,9 +184,7 @@ class Journal:
             self._bind(loop)
         fut = loop.create_future()
         self._pending[op_id] = fut
-        out = self._out
-        out += frame_header(len(payload))  # the frame, without copying the payload twice
-        out += payload
+        self._batch.append((kind, op_id, a, b))
         if not self._flush_pending and not self._writing:
             self._flush_pending = True
             loop.call_soon(self._flush)  # everything issued this turn leaves in one write
@@ -217,9 +214,20 @@ class Journal:
             self._loop.remove_reader(writer.from_child)
             self._loop.remove_writer(writer.to_child)
 
+    def _seal(self) -> None:
+        """The operations issued since the last frame become one frame: one pickle per
+        loop turn, not one per operation. Rows are scalars and bytes, and a call comes
+        pickled already: this cannot fail."""
+        if self._batch:
+            payload = pickle.dumps(self._batch, protocol=_PICKLE)
+            self._batch = []
+            self._out += frame_header(len(payload))
+            self._out += payload
+
     def _flush(self) -> None:
         self._flush_pending = False
         writer = self._writer
+        self._seal()
         if writer is None or not self._out:
             return
         try:
@@ -292,6 +300,7 @@ class Journal:
 
     def _fail_pending(self, error: BaseException) -> None:
         self._out.clear()
+        self._batch = []
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             _settle(fut, error, None)
@@ -321,6 +330,7 @@ class Journal:
         """Hand the writer what is still queued, then read its answers until it exits.
         Reading and writing interleave: a writer blocked on a full answer pipe stops
         reading, and a blocking write here would then wait for ever."""
+        self._seal()
         input_open = True
         while True:
             wants_write = [writer.to_child] if input_open else []

@@ -7,7 +7,8 @@ group commit then waited for the loop to let go, so a commit that takes 0.4 ms a
 waits for the loop, and the loop pays only for a pipe write per batch.
 
 The master (masterd.journal.Journal) talks to it over two pipes, in frames of a 4-byte length
-and a pickle. Master to writer, one frame per operation:
+and a pickle. Master to writer, one frame per batch (what one loop turn issued), a list of
+operations:
 
 - ``("i", id, job_row, event_row)``: insert a submitted job (rows from store.new_job_rows);
 - ``("u", id, job_rows, event_rows)``: job state changes and events (store.update_rows);
@@ -214,7 +215,7 @@ def serve(store: Store, in_fd: int, out_fd: int) -> None:
             if reader.partial:
                 log.error("the master closed the journal pipe in the middle of an operation")
             return
-        ops = [pickle.loads(payload) for payload in reader.feed(data)]
+        ops = [op for payload in reader.feed(data) for op in pickle.loads(payload)]
         if ops:
             writer.process(ops)
 
