@@ -156,9 +156,10 @@ def _decoder(tp: Any, bounds: Bounds | None) -> Decoder:
             if regex is not None:
                 if not regex.fullmatch(data):
                     raise SchemaError(path, f"{data!r} does not match {bounds.pattern}")  # type: ignore[union-attr]
-                if len(passed) >= _PASSED_STRINGS:
-                    passed.clear()
-                passed.add(data)
+                if len(data) <= _PASSED_LENGTH:  # names, not documents: memory stays small
+                    if len(passed) >= _PASSED_STRINGS:
+                        passed.clear()
+                    passed.add(data)
             return data
 
         return str_
@@ -368,6 +369,7 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 _CACHED_PATHS = 256  # parent paths remembered per decoder (a list's items each have one)
 _CACHED_ITEMS = 32  # item paths remembered per list path
 _PASSED_STRINGS = 4096  # strings remembered per patterned field as having matched
+_PASSED_LENGTH = 256  # ... if at most this long
 
 
 class _PathCache:
