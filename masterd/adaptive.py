@@ -27,13 +27,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from masterd.core.cluster import AllocationError
-from masterd.core.cores import (
-    TRAIT_ENV,
-    category_of,
-    declared_traits,
-    remember,
-    start_point,
-)
+from masterd.core.cores import category_of, declared_traits, remember, start_point
 from masterd.core.scheduler import JobError, SchedulingCore
 from masterd.corestore import load_history, remember_cores
 from masterd.journal import Journal
@@ -78,12 +72,6 @@ class AdaptiveCpus:
     # -- submission ------------------------------------------------------------------------
     def check(self, spec: JobSpec) -> None:
         """Refuse a job whose allocator settings cannot be read (at submission, not launch)."""
-        if not spec.env:
-            for name in TRAIT_ENV:
-                if getattr(spec, name) is not None:
-                    break
-            else:
-                return  # nothing declared, nothing to read (most submissions)
         try:
             self._wanted(spec)
             declared_traits(spec)

@@ -154,12 +154,12 @@ class Journal:
             call = pickle.dumps((fn, args), protocol=_PICKLE)
         except Exception as exc:
             raise TypeError(f"journal operation cannot be sent to the writer: {exc}") from None
-        return self._put(("c", call, None))
+        return self._put("c", call, None)
 
     def submit(self, seq: int, job: Job) -> asyncio.Future[None]:
         """Insert a submitted job."""
         rows = new_job_rows(seq, job, self.wire.spec(job))
-        return self._put(("i", rows.job, rows.event))
+        return self._put("i", rows.job, rows.event)
 
     def update(self, jobs: list[Job], events: list[tuple]) -> asyncio.Future[None]:
         """Persist job state changes and events; concurrent callers share one commit.
@@ -168,20 +168,18 @@ class Journal:
         write waits for its turn.
         """
         job_rows, event_rows = update_rows(jobs, events, self.wire.placement)
-        return self._put(("u", job_rows, event_rows))
+        return self._put("u", job_rows, event_rows)
 
-    def _put(self, op: tuple[Any, Any, Any]) -> asyncio.Future[Any]:
+    def _put(self, kind: str, a: Any, b: Any) -> asyncio.Future[Any]:
         if self._closed:
             raise JournalClosed("the journal is closed")
         loop = asyncio.get_running_loop()
         op_id = next(self._ids)
-        kind, a, b = op
         if self._writer is None:
             log.warning("starting a new journal writer")
             self._writer = _WriterProcess(self.store.path)
             self.writer_restarts += 1
-        if self._loop is not loop:
-            self._bind(loop)
+        self._bind(loop)
         fut = loop.create_future()
         self._pending[op_id] = fut
         self._batch.append((kind, op_id, a, b))
@@ -270,19 +268,10 @@ class Journal:
         for payload in writer.reader.feed(data):
             commits, outcomes = pickle.loads(payload)
             self.commits += commits
-            pending = self._pending
             for op_id, error, result in outcomes:
-                fut = pending.pop(op_id, None)
-                if fut is None:
-                    continue
-                if error is not None:
+                fut = self._pending.pop(op_id, None)
+                if fut is not None:
                     _settle(fut, error, result)
-                    continue
-                try:  # the usual case, inline: one per operation
-                    if not fut.done():
-                        fut.set_result(result)
-                except RuntimeError:  # its event loop is closed: nobody is waiting any more
-                    pass
 
     def _writer_died(self, why: str) -> None:
         writer = self._writer

@@ -14,6 +14,7 @@ import bisect
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -122,6 +123,12 @@ class MasterStateCollector(Collector):
             "disk is not keeping up).", value=journal.in_flight)
 
 
+@dataclass
+class _Series:
+    counts: list[int]  # per bucket, +Inf last
+    total: float = 0.0
+
+
 class LoopHistogram(Collector):
     """A histogram (with at most one label) observed on the event loop alone.
 
@@ -137,24 +144,23 @@ class LoopHistogram(Collector):
         self.documentation = documentation
         self.bounds = tuple(sorted(buckets))
         self.label = label
-        # label value ("" without a label) -> [count per bucket, +Inf last], sum
-        self._series: dict[str, tuple[list[int], list[float]]] = {}
+        self._series: dict[str, _Series] = {}  # by label value ("" without a label)
 
     def observe(self, value: float, label_value: str = "") -> None:
         series = self._series.get(label_value)
         if series is None:
-            series = self._series[label_value] = ([0] * (len(self.bounds) + 1), [0.0])
-        series[0][bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
-        series[1][0] += value
+            series = self._series[label_value] = _Series([0] * (len(self.bounds) + 1))
+        series.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        series.total += value
 
     def collect(self) -> Iterator[Metric]:
         labels = [self.label] if self.label else []
         family = HistogramMetricFamily(self.name, self.documentation, labels=labels)
         names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
-        for label_value, (counts, total) in self._series.items():
-            cumulative = list(itertools.accumulate(counts))
+        for label_value, series in self._series.items():
+            cumulative = list(itertools.accumulate(series.counts))
             family.add_metric([label_value] if self.label else [],
-                              list(zip(names, cumulative, strict=True)), total[0])
+                              list(zip(names, cumulative, strict=True)), series.total)
         yield family
 
 

@@ -2,9 +2,10 @@
 
 A submission is committed (fsync'd) before it is acknowledged; every decision and state change
 is appended to the event log and the job row updated, so a restarted master resumes with the
-same queue and the same running jobs. All access goes through one thread that owns the
-connection: writes are serialised in the order they were issued, and concurrent submissions
-are group-committed (one fsync for a whole burst) by :class:`masterd.journal.Journal`.
+same queue and the same running jobs. While the master runs, every write goes through
+:class:`masterd.journal.Journal` to one writer process: writes are serialised in the order
+they were issued, and concurrent submissions are group-committed (one fsync for a whole
+burst).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import operator
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -75,48 +77,33 @@ class EventRow:
     detail: dict[str, Any]
 
 
+# The scalar parts of a job's row data, in one getter.
+_SCALARS = ("start_time", "end_time", "exit_code", "signal", "reason", "attempts",
+            "requeue_priority", "stopping", "start_failures")
+_scalars_of = operator.attrgetter(*_SCALARS)
+
+
 def _job_data(job: Job, placement: dict[str, Any] | None = None) -> bytes:
     """``placement``: the job's placement already encoded (see masterd.wire), if known."""
     if placement is None and job.placement:
         placement = encode(job.placement)
     if placement is None and not job.node_states:
-        # Every job waiting in the queue has one of a handful of these: a submission's is
-        # the same for all.
-        return _unplaced_job_data(job.start_time, job.end_time, job.exit_code, job.signal,
-                                  job.reason, job.attempts, job.requeue_priority,
-                                  job.stopping, job.start_failures)
-    return _pack_job_data(placement, job.start_time, job.end_time, job.exit_code, job.signal,
-                          job.reason, job.attempts, job.node_states, job.requeue_priority,
-                          job.stopping, job.start_failures)
+        # Every job waiting in the queue has one of a handful of these (a submission's is
+        # the same for all); packing it each time cost 12k of a submission's 508k
+        # instructions (bench/rpc_cost.py's method).
+        return _unplaced_job_data(*_scalars_of(job))
+    return _pack_job_data(placement, job.node_states, _scalars_of(job))
 
 
-def _pack_job_data(placement: dict[str, Any] | None, start_time: float | None,
-                   end_time: float | None, exit_code: int | None, signal: int | None,
-                   reason: str, attempts: int, node_states: dict[str, str],
-                   requeue_priority: int, stopping: bool, start_failures: int) -> bytes:
-    return pack(
-        {
-            "placement": placement,
-            "start_time": start_time,
-            "end_time": end_time,
-            "exit_code": exit_code,
-            "signal": signal,
-            "reason": reason,
-            "attempts": attempts,
-            "node_states": node_states,
-            "requeue_priority": requeue_priority,
-            "stopping": stopping,
-            "start_failures": start_failures,
-        }
-    )
+def _pack_job_data(placement: dict[str, Any] | None, node_states: dict[str, str],
+                   scalars: tuple[Any, ...]) -> bytes:
+    return pack({"placement": placement, "node_states": node_states,
+                 **dict(zip(_SCALARS, scalars, strict=True))})
 
 
-@functools.lru_cache(maxsize=256, typed=True)
-def _unplaced_job_data(start_time: float | None, end_time: float | None,
-                       exit_code: int | None, signal: int | None, reason: str, attempts: int,
-                       requeue_priority: int, stopping: bool, start_failures: int) -> bytes:
-    return _pack_job_data(None, start_time, end_time, exit_code, signal, reason, attempts, {},
-                          requeue_priority, stopping, start_failures)
+@functools.lru_cache(maxsize=256, typed=True)  # typed: True and 1 must not share bytes
+def _unplaced_job_data(*scalars: Any) -> bytes:
+    return _pack_job_data(None, {}, scalars)
 
 
 def _job_from_row(row: sqlite3.Row) -> Job:

@@ -279,9 +279,7 @@ def _dataclass_decoder(cls: type) -> Decoder:
             unknown = [k for k in data if k not in known]
             shown = ", ".join(repr(k) for k in unknown[:3])
             raise SchemaError(path, f"unknown field(s) {shown}")
-        paths = field_paths.by_parent.get(path)
-        if paths is None:
-            paths = field_paths.get(path, known)
+        paths = field_paths.get(path, known)
         for name in required:
             if name not in data:
                 raise SchemaError(paths[name], "is required")
@@ -335,8 +333,6 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
         return ordinary
     factories = [(f.name, f.default_factory) for f in fields
                  if f.default_factory is not dataclasses.MISSING]
-    required = [f.name for f in fields
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     post_init = getattr(cls, "__post_init__", None)
     new = object.__new__
     set_attr = object.__setattr__
@@ -350,9 +346,7 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
     del probe
 
     def build(kwargs: dict[str, Any]) -> Any:
-        for name in required:
-            if name not in kwargs:
-                return ordinary(kwargs)  # __init__ says what is missing
+        # kwargs hold every required field: the decoder refused the data otherwise.
         obj = new(cls)
         for name, value in kwargs.items():
             set_attr(obj, name, value)
@@ -377,20 +371,20 @@ class _PathCache:
 
     def __init__(self, make: Callable[[str, Any], str]) -> None:
         self._make = make
-        self.by_parent: dict[str, Any] = {}  # read directly on the hot path
+        self._by_parent: dict[str, Any] = {}
 
     def get(self, parent: str, keys: Any) -> Any:
         """A mapping (or list, for a range of indices) from each of ``keys`` to its path.
         Only the first parents seen are kept: paths under list items are endless."""
-        paths = self.by_parent.get(parent)
+        paths = self._by_parent.get(parent)
         if paths is None or len(paths) < len(keys):
             make = self._make
             if isinstance(keys, range):
                 paths = [make(parent, i) for i in keys]
             else:
                 paths = {key: make(parent, key) for key in keys}
-            if len(self.by_parent) < _CACHED_PATHS or parent in self.by_parent:
-                self.by_parent[parent] = paths
+            if len(self._by_parent) < _CACHED_PATHS or parent in self._by_parent:
+                self._by_parent[parent] = paths
         return paths
 
 

@@ -106,10 +106,19 @@ def _flag(value: object, what: str) -> bool:
     raise ValueError(f"{what} must be a boolean (1/0, true/false, yes/no), got {value!r}")
 
 
+_NONE_DECLARED = JobTraits()
+
+
 def declared_traits(spec: JobSpec) -> JobTraits:
     """The adapter: read the three traits from JobSpec fields if present, else from env."""
-    values: dict[str, bool] = {}
     env = spec.env
+    if not env:
+        for name in TRAIT_ENV:
+            if getattr(spec, name) is not None:
+                break
+        else:
+            return _NONE_DECLARED  # the usual case, read at every submission
+    values: dict[str, bool] = {}
     for name, env_key in TRAIT_ENV.items():
         field_value = getattr(spec, name, None)
         if field_value is not None:
