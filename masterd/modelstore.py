@@ -29,7 +29,7 @@ from masterd.core.genie.options import load_modeldb
 from masterd.core.policies import REGISTRY
 from masterd.core.policy import Policy
 from masterd.journal import Journal
-from masterd.store import EVENTS_INSERT, Store, event_rows, insert_many
+from masterd.store import Store, event_rows, insert_events
 
 log = logging.getLogger("trellis.master.models")
 
@@ -102,7 +102,7 @@ def write_rows(
                 (DEFAULT_GPU_KEY, default_gpu_model),
             )
         if event is not None:
-            insert_many(store.db, EVENTS_INSERT, event_rows([event]))
+            insert_events(store.db, event_rows([event]))
 
     store.transaction(run)
 

@@ -44,7 +44,7 @@ from masterd.core.genie.fit import (
 )
 from masterd.core.genie.modeldb import ModelDBError, ModelEntry, normalise
 from masterd.core.scheduler import JobError, Transition
-from masterd.store import EVENTS_INSERT, Store, event_rows, insert_many
+from masterd.store import Store, event_rows, insert_events
 from shared.messages import JobMetric
 from shared.model import Job, JobKind, JobSpec, JobState, QosClass
 
@@ -145,7 +145,7 @@ def write_campaign(store: Store, data: dict[str, Any], event: tuple[Any, ...] | 
             (data["id"], data["created"], data["state"], json.dumps(data)),
         )
         if event is not None:
-            insert_many(store.db, EVENTS_INSERT, event_rows([event]))
+            insert_events(store.db, event_rows([event]))
 
     store.transaction(run)
 

@@ -40,15 +40,19 @@ CREATE TABLE IF NOT EXISTS jobs (
 -- (Store.restore_jobs), each an index range instead of a scan of every job ever run.
 CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
 DROP INDEX IF EXISTS jobs_state;
+-- job_seq: the seq of the job an event is about. A job's events are found through it
+-- rather than through job_id: ids sort in no useful order, so an index on them took every
+-- event into a random leaf page (two of the pages a submission dirtied), where job_seq
+-- grows with submissions and a new job's events land on the index's last page.
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
     job_id TEXT,
     node TEXT,
     kind TEXT NOT NULL,
-    detail TEXT NOT NULL
+    detail TEXT NOT NULL,
+    job_seq INTEGER
 );
-CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     inventory BLOB NOT NULL,
@@ -147,7 +151,34 @@ def update_rows(jobs: Iterable[Job], events: Iterable[tuple],
     )
 
 
-EVENTS_INSERT = "INSERT INTO events (time, job_id, node, kind, detail)"
+EVENTS_INSERT = "INSERT INTO events (time, job_id, node, kind, detail, job_seq)"
+
+
+def _index_events_by_job_seq(db: sqlite3.Connection) -> None:
+    """A journal from before events had job_seq: fill it in, index it, drop the index on
+    job_id. One transaction, so a master stopped halfway finds the old journal again."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+    if "job_seq" not in columns:
+        db.execute("ALTER TABLE events ADD COLUMN job_seq INTEGER")
+        filled = db.execute(
+            "UPDATE events SET job_seq = (SELECT seq FROM jobs WHERE jobs.id = events.job_id) "
+            "WHERE job_id IS NOT NULL").rowcount
+        log.info("journal: %d events now indexed by their job's seq", filled)
+    db.execute("CREATE INDEX IF NOT EXISTS events_job_seq ON events(job_seq)")
+    db.execute("DROP INDEX IF EXISTS events_job")
+
+
+def insert_events(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Rows from :func:`event_rows`; each job's seq is looked up here, in one query for the
+    whole batch (an event about a job the journal does not have keeps a NULL job_seq)."""
+    if not rows:
+        return
+    ids = list({row[1] for row in rows if row[1] is not None})
+    seq_of: dict[str, int] = {}
+    for part in _slices(ids, _rows_per_statement(db, 1)):
+        seq_of.update(db.execute(
+            f"SELECT id, seq FROM jobs WHERE id IN ({','.join('?' * len(part))})", part))
+    insert_many(db, EVENTS_INSERT, [(*row, seq_of.get(row[1])) for row in rows])
 
 
 def event_rows(events: Iterable[tuple]) -> list[tuple[Any, ...]]:
@@ -167,7 +198,8 @@ def new_job_rows(seq: int, job: Job, spec: dict[str, Any] | None = None) -> NewJ
         job=(job.id, seq, pack(spec if spec is not None else encode(job.spec)),
              job.state.value, job.submit_time,
              _job_data(job)),
-        event=(job.submit_time, job.id, None, "submitted", _tenant_detail(job.spec.tenant)),
+        event=(job.submit_time, job.id, None, "submitted", _tenant_detail(job.spec.tenant),
+               seq),
     )
 
 
@@ -223,6 +255,11 @@ def update_jobs_many(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> Non
                    [value for row in part for value in row])
 
 
+# A job's events: by the events_job_seq index; the id check keeps another job's events out
+# even if two jobs ever shared a seq.
+_OF_JOB = "job_seq = (SELECT seq FROM jobs WHERE id = ?) AND job_id = ?"
+
+
 class Store:
     """Synchronous access to the journal. While the master runs, only the journal's writer
     process (masterd.journal_writer) writes; the master's own connection reads."""
@@ -241,6 +278,9 @@ class Store:
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.execute("PRAGMA busy_timeout=5000")
             self.db.executescript(SCHEMA)
+            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE type='index' "
+                                   "AND name='events_job_seq'").fetchone():
+                self._tx(_index_events_by_job_seq, self.db)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store at {path}: {exc}") from exc
 
@@ -290,7 +330,7 @@ class Store:
         def run() -> None:
             insert_many(self.db, "INSERT INTO jobs (id, seq, spec, state, submit_time, data)",
                         [r.job for r in rows])
-            insert_many(self.db, EVENTS_INSERT, [r.event for r in rows])
+            insert_many(self.db, EVENTS_INSERT, [r.event for r in rows])  # seq known
 
         self._tx(run)
 
@@ -307,7 +347,7 @@ class Store:
 
         def run() -> None:
             update_jobs_many(self.db, job_rows)
-            insert_many(self.db, EVENTS_INSERT, event_rows)
+            insert_events(self.db, event_rows)
 
         self._tx(run)
 
@@ -365,8 +405,8 @@ class Store:
             ).fetchall()
         else:
             rows = self.db.execute(
-                "SELECT * FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (job_id, after, limit),
+                f"SELECT * FROM events WHERE {_OF_JOB} AND seq > ? ORDER BY seq LIMIT ?",
+                (job_id, job_id, after, limit),
             ).fetchall()
         return [
             EventRow(r["seq"], r["time"], r["job_id"], r["node"], r["kind"],
@@ -376,7 +416,7 @@ class Store:
 
     def events_tail(self, job_id: str | None, n: int) -> list[EventRow]:
         """The newest ``n`` rows, oldest first: find the row just before them, read from there."""
-        where, args = ("WHERE job_id = ? ", (job_id,)) if job_id is not None else ("", ())
+        where, args = (f"WHERE {_OF_JOB} ", (job_id, job_id)) if job_id is not None else ("", ())
         row = self.db.execute(
             f"SELECT seq FROM events {where}ORDER BY seq DESC LIMIT 1 OFFSET ?", (*args, n)
         ).fetchone()

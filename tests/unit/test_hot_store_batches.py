@@ -23,7 +23,7 @@ from shared.model import Job, JobState, NodeAllocation, Placement
 from tests.unit.helpers import job
 
 JOBS_INSERT = "INSERT INTO jobs (id, seq, spec, state, submit_time, data)"
-EVENTS_INSERT = "INSERT INTO events (time, job_id, node, kind, detail)"
+EVENTS_INSERT = "INSERT INTO events (time, job_id, node, kind, detail, job_seq)"
 
 
 @pytest.fixture(params=[True, False], ids=["update-from", "executemany"])
@@ -135,14 +135,15 @@ def _reference_insert(db: sqlite3.Connection, jobs: list[tuple[int, Job]]) -> No
     """What Store.insert_rows did before batching: one step per row."""
     rows = [new_job_rows(seq, j) for seq, j in jobs]
     db.executemany(f"{JOBS_INSERT} VALUES (?, ?, ?, ?, ?, ?)", [r.job for r in rows])
-    db.executemany(f"{EVENTS_INSERT} VALUES (?,?,?,?,?)", [r.event for r in rows])
+    db.executemany(f"{EVENTS_INSERT} VALUES (?,?,?,?,?,?)", [r.event for r in rows])
 
 
 def _reference_update(db: sqlite3.Connection, job_rows: list[tuple[Any, ...]],
                       event_rows: list[tuple[Any, ...]]) -> None:
     """What Store.apply_updates did before batching."""
     db.executemany("UPDATE jobs SET state=?, data=? WHERE id=?", job_rows)
-    db.executemany(f"{EVENTS_INSERT} VALUES (?,?,?,?,?)", event_rows)
+    db.executemany(f"{EVENTS_INSERT} VALUES (?,?,?,?,?,(SELECT seq FROM jobs WHERE id=?))",
+                   [(*row, row[1]) for row in event_rows])
 
 
 def _batches(jobs: list[Job]) -> list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]:
@@ -186,6 +187,10 @@ def test_store_batches_match_the_row_by_row_journal(tmp_path: Path, update_from:
 
         assert _table(store.db, "jobs") == _table(reference.db, "jobs")
         assert _table(store.db, "events") == _table(reference.db, "events")
+        # Every event about a job carries that job's seq.
+        assert store.db.execute("SELECT COUNT(*) FROM events JOIN jobs ON jobs.id = "
+                                "events.job_id WHERE events.job_seq = jobs.seq").fetchone()[0] \
+            == 400 + 300 + len(range(0, 300, 7))
         loaded = store.load_jobs()
         assert loaded == [j for _, j in made]
         assert loaded == reference.load_jobs()
