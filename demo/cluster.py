@@ -37,6 +37,10 @@ def default_job_user() -> str:
     return getpass.getuser()
 
 
+# The tree this module belongs to: its daemons run from here.
+TREE = Path(__file__).resolve().parent.parent
+
+
 @dataclass
 class Daemon:
     name: str
@@ -45,8 +49,11 @@ class Daemon:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str]) -> None:
+        # ``python -m`` puts the working directory ahead of PYTHONPATH: started from another
+        # checkout, the daemons ran that checkout's code, and a bench comparing two trees
+        # compared one with itself.
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, env=env,
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, env=env, cwd=TREE,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
@@ -137,7 +144,7 @@ class LocalCluster:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(TREE)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env
                                     else "")
         return env
