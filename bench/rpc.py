@@ -94,41 +94,41 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="trellis-bench-"))
     cluster = LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
                            cgroup_mode="affinity")
-    echo_port = free_port()
-    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)])
     try:
-        cluster.start()
-        cluster.client().call("drain", {"node": cluster.node_name(1)})
-        bodies = submit_bodies(2000, default_job_user())
-        echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
-        for _ in range(100):  # wait for the echo server
-            try:
-                asyncio.run(drive(echo_url, bodies[:1], 0.05, 1, False))
-                break
-            except aiohttp.ClientError:
-                time.sleep(0.05)
-        # Warm both, then measure each in turn.
-        asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
-        # Alternate short slices of each so a neighbour's load burst hits both alike.
-        echo_n = sub_n = errors = 0
-        lat: list[float] = []
-        slices = max(1, int(args.seconds))
-        for _ in range(slices):
-            n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
-                                        args.concurrency, False))
-            echo_n += n
-            n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
-                                              args.seconds / slices, args.concurrency, True))
-            sub_n += n
-            lat += part
-            errors += errs
-    finally:
-        echo.terminate()
-        echo.wait()
-        cluster.close()
-    try:
-        # Counted in the journal itself (the jobs RPC lists at most 100,000): every
-        # acknowledged submission must be there.
+        echo_port = free_port()
+        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)])
+        try:
+            cluster.start()
+            cluster.client().call("drain", {"node": cluster.node_name(1)})
+            bodies = submit_bodies(2000, default_job_user())
+            echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
+            for _ in range(100):  # wait for the echo server
+                try:
+                    asyncio.run(drive(echo_url, bodies[:1], 0.05, 1, False))
+                    break
+                except aiohttp.ClientError:
+                    time.sleep(0.05)
+            # Warm both, then measure each in turn.
+            asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
+            # Alternate short slices of each so a neighbour's load burst hits both alike.
+            echo_n = sub_n = errors = 0
+            lat: list[float] = []
+            slices = max(1, int(args.seconds))
+            for _ in range(slices):
+                n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
+                                            args.concurrency, False))
+                echo_n += n
+                n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
+                                                  args.seconds / slices, args.concurrency, True))
+                sub_n += n
+                lat += part
+                errors += errs
+        finally:
+            echo.terminate()
+            echo.wait()
+            cluster.close()
+        # Counted in the journal itself (the jobs RPC lists 10,000 by default, at most
+        # 100,000): every acknowledged submission must be there.
         with contextlib.closing(sqlite3.connect(root / "master" / "master.db")) as db:
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
     finally:

@@ -168,17 +168,14 @@ def _index_events_by_job_seq(db: sqlite3.Connection) -> None:
     db.execute("DROP INDEX IF EXISTS events_job")
 
 
+# An event row whose job_seq the statement looks up from the job id the row repeats.
+_EVENT_LOOKING_UP_SEQ = "(?,?,?,?,?,(SELECT seq FROM jobs WHERE id=?))"
+
+
 def insert_events(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Rows from :func:`event_rows`; each job's seq is looked up here, in one query for the
-    whole batch (an event about a job the journal does not have keeps a NULL job_seq)."""
-    if not rows:
-        return
-    ids = list({row[1] for row in rows if row[1] is not None})
-    seq_of: dict[str, int] = {}
-    for part in _slices(ids, _rows_per_statement(db, 1)):
-        seq_of.update(db.execute(
-            f"SELECT id, seq FROM jobs WHERE id IN ({','.join('?' * len(part))})", part))
-    insert_many(db, EVENTS_INSERT, [(*row, seq_of.get(row[1])) for row in rows])
+    """Rows from :func:`event_rows`, each stored with its job's seq (NULL for an event about
+    a job the journal does not have)."""
+    insert_many(db, EVENTS_INSERT, [(*row, row[1]) for row in rows], _EVENT_LOOKING_UP_SEQ)
 
 
 def event_rows(events: Iterable[tuple]) -> list[tuple[Any, ...]]:
@@ -215,7 +212,7 @@ def _tenant_detail(tenant: str) -> str:
 # for it. Statements of every batch size up to _MAX_ROWS stay in the connection's statement
 # cache (STATEMENT_CACHE).
 _MAX_ROWS = 256
-STATEMENT_CACHE = 1024  # 3 statement shapes x up to 256 sizes
+STATEMENT_CACHE = 1024  # 4 statement shapes x up to 256 sizes
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
 
@@ -232,12 +229,15 @@ def _rows_per_statement(db: sqlite3.Connection, columns: int) -> int:
     return max(1, min(_MAX_ROWS, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // columns))
 
 
-def insert_many(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
-    """``head`` is ``INSERT INTO table (columns)``; every row has one value per column."""
+def insert_many(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]],
+                one: str | None = None) -> None:
+    """``head`` is ``INSERT INTO table (columns)``; ``one`` is a row's VALUES term, by
+    default one placeholder per value (every row has one value per placeholder)."""
     if not rows:
         return
+    if one is None:
+        one = "(" + ",".join("?" * len(rows[0])) + ")"
     for part in _slices(rows, _rows_per_statement(db, len(rows[0]))):
-        one = "(" + ",".join("?" * len(part[0])) + ")"
         db.execute(f"{head} VALUES {','.join([one] * len(part))}",
                    [value for row in part for value in row])
 
@@ -330,7 +330,8 @@ class Store:
         def run() -> None:
             insert_many(self.db, "INSERT INTO jobs (id, seq, spec, state, submit_time, data)",
                         [r.job for r in rows])
-            insert_many(self.db, EVENTS_INSERT, [r.event for r in rows])  # seq known
+            # new_job_rows gives each event its job's seq: no lookup.
+            insert_many(self.db, EVENTS_INSERT, [r.event for r in rows])
 
         self._tx(run)
 
