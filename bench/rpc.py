@@ -7,6 +7,11 @@ that is drained, so submissions are journalled and queued but nothing is launche
 baseline, a bare aiohttp server (uvloop) that decodes the same msgpack body and echoes it. Both
 are separate processes; the load generator (this process) drives each with the same closed-loop
 clients. Last line: JSON with submit_rps, echo_rps, ratio, p50_ms, p99_ms (of submit).
+
+It also says where each phase's CPU went (``cpu_us_per_request``: user+system time of the
+client, which is this process, and of the servers: the echo, or the master and its journal
+writer) and how much of the machine sat idle (``idle_pct``, of all cores), summed over the
+phase's slices: the ratio alone cannot tell a slower master from a pipeline that waits.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -80,6 +88,44 @@ def submit_bodies(n: int, user: str) -> list[bytes]:
     ]
 
 
+class CpuMeter:
+    """CPU seconds per named process and the machine's idle seconds, summed per phase."""
+
+    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+        self.procs = procs
+        self.used: dict[str, dict[str, float]] = {}
+        self.idle: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+
+    def _read(self) -> tuple[dict[str, float], float, float]:
+        cpu = {}
+        for name, proc in self.procs.items():
+            times = proc.cpu_times()
+            cpu[name] = times.user + times.system
+        return cpu, psutil.cpu_times().idle, time.perf_counter()
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *procs: str) -> Iterator[None]:
+        before, idle0, t0 = self._read()
+        yield
+        after, idle1, t1 = self._read()
+        used = self.used.setdefault(name, {})
+        for proc in procs:
+            used[proc] = used.get(proc, 0.0) + after[proc] - before[proc]
+        self.idle[name] = self.idle.get(name, 0.0) + idle1 - idle0
+        self.wall[name] = self.wall.get(name, 0.0) + t1 - t0
+
+    def report(self, requests: dict[str, int]) -> tuple[dict[str, Any], dict[str, float]]:
+        per_request = {
+            phase: {proc: round(sec / max(1, requests[phase]) * 1e6, 1)
+                    for proc, sec in used.items()}
+            for phase, used in self.used.items()}
+        cores = psutil.cpu_count() or 1
+        idle = {phase: round(100 * self.idle[phase] / (self.wall[phase] * cores), 1)
+                for phase in self.idle}
+        return per_request, idle
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -100,6 +146,15 @@ def main() -> int:
         try:
             cluster.start()
             cluster.client().call("drain", {"node": cluster.node_name(1)})
+            assert cluster.master is not None and cluster.master.proc is not None
+            master = psutil.Process(cluster.master.proc.pid)
+            writers = [child for child in master.children()
+                       if "masterd.journal_writer" in " ".join(child.cmdline())]
+            procs = {"client": psutil.Process(), "echo": psutil.Process(echo.pid),
+                     "master": master}
+            if writers:
+                procs["writer"] = writers[0]
+            meter = CpuMeter(procs)
             bodies = submit_bodies(2000, default_job_user())
             echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
             for _ in range(100):  # wait for the echo server
@@ -115,11 +170,15 @@ def main() -> int:
             lat: list[float] = []
             slices = max(1, int(args.seconds))
             for _ in range(slices):
-                n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
-                                            args.concurrency, False))
+                with meter.phase("echo", "client", "echo"):
+                    n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
+                                                args.concurrency, False))
                 echo_n += n
-                n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
-                                                  args.seconds / slices, args.concurrency, True))
+                with meter.phase("submit", "client", *(p for p in procs if p in
+                                                         ("master", "writer"))):
+                    n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
+                                                      args.seconds / slices, args.concurrency,
+                                                      True))
                 sub_n += n
                 lat += part
                 errors += errs
@@ -133,6 +192,7 @@ def main() -> int:
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    cpu, idle = meter.report({"echo": echo_n, "submit": sub_n})
     submit_rps = sub_n / args.seconds
     echo_rps = echo_n / args.seconds
     result = {
@@ -144,6 +204,8 @@ def main() -> int:
         "errors": errors,
         "jobs_journalled": queued,
         "concurrency": args.concurrency,
+        "cpu_us_per_request": cpu,
+        "idle_pct": idle,
     }
     print(f"submit: {sub_n} requests, echo: {echo_n} requests, {queued} jobs journalled",
           file=sys.stderr)
