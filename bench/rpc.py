@@ -95,34 +95,36 @@ class CpuMeter:
         self.procs = procs
         self.used: dict[str, dict[str, float]] = {}
         self.idle: dict[str, float] = {}
-        self.wall: dict[str, float] = {}
+        self.total: dict[str, float] = {}
 
     def _read(self) -> tuple[dict[str, float], float, float]:
         cpu = {}
         for name, proc in self.procs.items():
             times = proc.cpu_times()
             cpu[name] = times.user + times.system
-        return cpu, psutil.cpu_times().idle, time.perf_counter()
+        machine = psutil.cpu_times()  # idle against all of it: both in the kernel's ticks
+        # Linux counts a guest's time in user and nice as well: only once here.
+        total = sum(machine) - getattr(machine, "guest", 0.0) - getattr(machine, "guest_nice", 0.0)
+        return cpu, machine.idle, total
 
     @contextlib.contextmanager
     def phase(self, name: str, *procs: str) -> Iterator[None]:
-        before, idle0, t0 = self._read()
+        before, idle0, total0 = self._read()
         yield
-        after, idle1, t1 = self._read()
+        after, idle1, total1 = self._read()
         used = self.used.setdefault(name, {})
         for proc in procs:
             used[proc] = used.get(proc, 0.0) + after[proc] - before[proc]
         self.idle[name] = self.idle.get(name, 0.0) + idle1 - idle0
-        self.wall[name] = self.wall.get(name, 0.0) + t1 - t0
+        self.total[name] = self.total.get(name, 0.0) + total1 - total0
 
     def report(self, requests: dict[str, int]) -> tuple[dict[str, Any], dict[str, float]]:
         per_request = {
             phase: {proc: round(sec / max(1, requests[phase]) * 1e6, 1)
                     for proc, sec in used.items()}
             for phase, used in self.used.items()}
-        cores = psutil.cpu_count() or 1
-        idle = {phase: round(100 * self.idle[phase] / (self.wall[phase] * cores), 1)
-                for phase in self.idle}
+        idle = {phase: round(100 * self.idle[phase] / self.total[phase], 1)
+                if self.total[phase] else 0.0 for phase in self.idle}
         return per_request, idle
 
 
