@@ -10,8 +10,9 @@ clients. Last line: JSON with submit_rps, echo_rps, ratio, p50_ms, p99_ms (of su
 
 It also says where each phase's CPU went (``cpu_us_per_request``: user+system time of the
 client, which is this process, and of the servers: the echo, or the master and its journal
-writer) and how much of the machine sat idle (``idle_pct``, of all cores), summed over the
-phase's slices: the ratio alone cannot tell a slower master from a pipeline that waits.
+writer), how much of the machine sat idle (``idle_pct``, of all cores) and how much the
+hypervisor gave to other guests (``steal_pct``), summed over the phase's slices: the ratio
+alone cannot tell a slower master from a pipeline that waits, or from a noisy neighbour.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ class CpuMeter:
         self.procs = procs
         self.used: dict[str, dict[str, float]] = {}
         self.idle: dict[str, float] = {}
+        self.steal: dict[str, float] = {}
         self.total: dict[str, float] = {}
 
-    def _read(self) -> tuple[dict[str, float], float, float]:
+    def _read(self) -> tuple[dict[str, float], tuple[float, float], float]:
         cpu = {}
         for name, proc in self.procs.items():
             times = proc.cpu_times()
@@ -105,7 +107,8 @@ class CpuMeter:
         machine = psutil.cpu_times()  # idle against all of it: both in the kernel's ticks
         # Linux counts a guest's time in user and nice as well: only once here.
         total = sum(machine) - getattr(machine, "guest", 0.0) - getattr(machine, "guest_nice", 0.0)
-        return cpu, machine.idle, total
+        # Steal: time the hypervisor gave this VM's cores to someone else (a noisy neighbour).
+        return cpu, (machine.idle, getattr(machine, "steal", 0.0)), total
 
     @contextlib.contextmanager
     def phase(self, name: str, *procs: str) -> Iterator[None]:
@@ -115,17 +118,22 @@ class CpuMeter:
         used = self.used.setdefault(name, {})
         for proc in procs:
             used[proc] = used.get(proc, 0.0) + after[proc] - before[proc]
-        self.idle[name] = self.idle.get(name, 0.0) + idle1 - idle0
+        self.idle[name] = self.idle.get(name, 0.0) + idle1[0] - idle0[0]
+        self.steal[name] = self.steal.get(name, 0.0) + idle1[1] - idle0[1]
         self.total[name] = self.total.get(name, 0.0) + total1 - total0
 
-    def report(self, requests: dict[str, int]) -> tuple[dict[str, Any], dict[str, float]]:
+    def report(self, requests: dict[str, int]
+               ) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
+        """CPU us per request by phase and process; idle and stolen shares of the machine."""
         per_request = {
             phase: {proc: round(sec / max(1, requests[phase]) * 1e6, 1)
                     for proc, sec in used.items()}
             for phase, used in self.used.items()}
-        idle = {phase: round(100 * self.idle[phase] / self.total[phase], 1)
-                if self.total[phase] else 0.0 for phase in self.idle}
-        return per_request, idle
+        return per_request, self._share(self.idle), self._share(self.steal)
+
+    def _share(self, ticks: dict[str, float]) -> dict[str, float]:
+        return {phase: round(100 * ticks[phase] / self.total[phase], 1)
+                if self.total[phase] else 0.0 for phase in ticks}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -194,7 +202,7 @@ def main() -> int:
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    cpu, idle = meter.report({"echo": echo_n, "submit": sub_n})
+    cpu, idle, steal = meter.report({"echo": echo_n, "submit": sub_n})
     submit_rps = sub_n / args.seconds
     echo_rps = echo_n / args.seconds
     result = {
@@ -208,6 +216,7 @@ def main() -> int:
         "concurrency": args.concurrency,
         "cpu_us_per_request": cpu,
         "idle_pct": idle,
+        "steal_pct": steal,
     }
     print(f"submit: {sub_n} requests, echo: {echo_n} requests, {queued} jobs journalled",
           file=sys.stderr)

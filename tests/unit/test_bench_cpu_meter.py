@@ -22,17 +22,18 @@ def test_each_phase_gets_the_cpu_spent_in_it_per_request() -> None:
             _spin(0.15)
         with meter.phase("waiting", "client"):
             time.sleep(0.15)
-    cpu, idle = meter.report({"busy": 100, "waiting": 100})
+    cpu, idle, steal = meter.report({"busy": 100, "waiting": 100})
     # 0.3 s of CPU over 100 requests: 3,000 us each (less what the clock ticks round off).
     assert 2_500 <= cpu["busy"]["client"] <= 4_500
     assert cpu["waiting"]["client"] < 500
     assert set(idle) == {"busy", "waiting"}
-    assert all(0.0 <= share <= 100.0 for share in idle.values())
+    assert set(steal) == {"busy", "waiting"}
+    assert all(0.0 <= share <= 100.0 for share in (*idle.values(), *steal.values()))
 
 
 def test_a_phase_with_no_requests_reports_per_request_cpu_without_dividing_by_zero() -> None:
     meter = CpuMeter({"client": psutil.Process()})
     with meter.phase("empty", "client"):
         _spin(0.02)
-    cpu, _ = meter.report({"empty": 0})
+    cpu, _, _ = meter.report({"empty": 0})
     assert cpu["empty"]["client"] >= 0.0
