@@ -13,6 +13,8 @@ client, which is this process, and of the servers: the echo, or the master and i
 writer), how much of the machine sat idle (``idle_pct``, of all cores) and how much the
 hypervisor gave to other guests (``steal_pct``), summed over the phase's slices: the ratio
 alone cannot tell a slower master from a pipeline that waits, or from a noisy neighbour.
+``jobs_per_transaction`` is the group commit's batch: a transaction's fixed cost (its fsync,
+the writer's wake-up) is shared by that many submissions.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +139,15 @@ class CpuMeter:
                 if self.total[phase] else 0.0 for phase in ticks}
 
 
+def journal_transactions(base_url: str) -> float:
+    """The master's count of committed journal transactions (its /metrics)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("trellis_journal_transactions_total "):
+                return float(line.split()[1])
+    raise RuntimeError("the master's /metrics has no trellis_journal_transactions_total")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -177,6 +189,7 @@ def main() -> int:
             asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
             # Alternate short slices of each so a neighbour's load burst hits both alike.
             echo_n = sub_n = errors = 0
+            transactions = 0.0
             lat: list[float] = []
             slices = max(1, int(args.seconds))
             for _ in range(slices):
@@ -184,11 +197,13 @@ def main() -> int:
                     n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
                                                 args.concurrency, False))
                 echo_n += n
+                before = journal_transactions(cluster.url)
                 with meter.phase("submit", "client", *(p for p in procs if p in
                                                          ("master", "writer"))):
                     n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
                                                       args.seconds / slices, args.concurrency,
                                                       True))
+                transactions += journal_transactions(cluster.url) - before
                 sub_n += n
                 lat += part
                 errors += errs
@@ -214,6 +229,8 @@ def main() -> int:
         "errors": errors,
         "jobs_journalled": queued,
         "concurrency": args.concurrency,
+        # Group commit: how many submissions shared each of the writer's transactions.
+        "jobs_per_transaction": round(sub_n / transactions, 2) if transactions else None,
         "cpu_us_per_request": cpu,
         "idle_pct": idle,
         "steal_pct": steal,
