@@ -132,6 +132,9 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         busy_util=gpu.busy_util,
         rate_window_s=gpu.rate_window_s,
         min_rate_interval_s=gpu.min_rate_interval_s,
+        # In the state directory, not a private temporary one: a job re-adopted after a
+        # restart keeps its progress channel, and a daemon killed with -9 leaves nothing in /tmp.
+        progress_dir=str(Path(config.state_dir) / "gpu-progress"),
     )
     return open_backend(gpu.backend, emulated)
 

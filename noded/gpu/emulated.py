@@ -65,7 +65,8 @@ class EmulatedGpuConfig:
     busy_util: float = bounded(90.0, min=0, max=100)
     # Memory a live job holds on each of its GPUs; None means three quarters of memory_mib.
     busy_memory_mib: int | None = bounded(None, min=0, max=1 << 30)
-    # Where per-job progress directories go; None means a private temporary directory.
+    # Where per-job progress directories go; None means a private temporary directory, removed
+    # on close (noded gives its state directory's gpu-progress, which outlives a restart).
     progress_dir: str | None = bounded(None, max_len=4096)
     rate_window_s: float = bounded(10.0, min=0.001, max=3600)
     min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
@@ -315,6 +316,9 @@ class EmulatedGpuBackend:
         with self._lock:
             self._check_open()
             progress = self._progress_dirs.get(job_id)
+            if progress is None and (self._progress_root / job_id).is_dir():
+                # A job a restarted daemon re-adopts: it still writes where it was told to.
+                progress = self._progress_dirs[job_id] = self._progress_root / job_id
             if progress is not None:
                 job.meter = ProgressMeter(
                     progress / PROGRESS_FILE_NAME,
@@ -333,11 +337,12 @@ class EmulatedGpuBackend:
             job.set_pids(tuple(pids))
 
     def job_ended(self, job_id: str) -> None:
+        check_name(job_id, "job id")
         with self._lock:
             self._jobs.pop(job_id, None)
-            path = self._progress_dirs.pop(job_id, None)
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+            # Not registered: a job that ended while a previous daemon was down.
+            path = self._progress_dirs.pop(job_id, self._progress_root / job_id)
+        shutil.rmtree(path, ignore_errors=True)
         log.info("gpu_job_ended job=%s", job_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -348,14 +353,12 @@ class EmulatedGpuBackend:
                 return
             self._closed = True
             self._jobs.clear()
-            dirs = list(self._progress_dirs.values())
             self._progress_dirs.clear()
         self._health.close()
+        # A configured root outlives the daemon: its jobs keep running (and writing progress)
+        # while it is down, and the next daemon re-adopts them; job_ended removes each one's.
         if self._own_progress_root:
             shutil.rmtree(self._progress_root, ignore_errors=True)
-        else:
-            for path in dirs:
-                shutil.rmtree(path, ignore_errors=True)
 
     def _check_open(self) -> None:
         if self._closed:

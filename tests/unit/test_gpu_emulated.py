@@ -272,6 +272,54 @@ def test_private_progress_root_is_removed_on_close() -> None:
         b.sample()
 
 
+def test_a_configured_progress_root_outlives_the_daemon_and_its_jobs_are_re_adopted(
+        tmp_path: Path, clock: Clock) -> None:
+    """noded restarts while its jobs run: each keeps writing where it was told, and the next
+    daemon's meter reads it (no job_env for a re-adopted job, only job_started)."""
+    cfg = EmulatedGpuConfig(count=1, busy_util=80.0, uuid_seed="n1",
+                            progress_dir=str(tmp_path / "progress"), rate_window_s=2.0,
+                            min_rate_interval_s=0.5)
+    first = EmulatedGpuBackend(cfg, clock=clock)
+    path = Path(first.job_env("job-a")[PROGRESS_ENV])
+    first.job_started("job-a", (0,), (os.getpid(),))
+    first.close()
+    assert path.parent.is_dir()  # the job is still running: its channel stays
+
+    second = EmulatedGpuBackend(cfg, clock=clock)
+    try:
+        second.job_started("job-a", (0,), (os.getpid(),))
+        _write(str(path), "0\n")
+        second.sample()
+        clock.now += 1.0
+        _write(str(path), "50\n")
+        assert second.sample()[0].utilization_pct == 100.0  # metered, not the plain 80
+        clock.now += 1.0
+        _write(str(path), "75\n")
+        assert second.sample()[0].utilization_pct == 75.0
+        second.job_ended("job-a")
+        assert not path.parent.exists()
+    finally:
+        second.close()
+
+
+def test_a_job_that_ended_while_the_daemon_was_down_loses_its_progress_directory(
+        tmp_path: Path) -> None:
+    cfg = EmulatedGpuConfig(count=1, progress_dir=str(tmp_path / "progress"))
+    first = EmulatedGpuBackend(cfg)
+    path = Path(first.job_env("job-gone")[PROGRESS_ENV])
+    path.write_text("7")
+    first.close()
+    second = EmulatedGpuBackend(cfg)
+    try:
+        second.job_ended("job-gone")  # collected at start-up, never started here
+        assert not path.parent.exists()
+        assert (tmp_path / "progress").is_dir()
+        with pytest.raises(ValueError, match="job id"):
+            second.job_ended("../progress")
+    finally:
+        second.close()
+
+
 # -- faults -------------------------------------------------------------------------------------
 
 
@@ -343,3 +391,17 @@ def test_real_job_drives_utilisation_through_its_environment() -> None:
         proc.kill()
         proc.wait()
         b.close()
+
+
+def test_noded_keeps_the_emulated_progress_channels_in_its_state_directory(
+        tmp_path: Path) -> None:
+    from noded.main import make_gpu_backend
+    from shared.config import NodeConfig
+
+    backend = make_gpu_backend(NodeConfig(name="n1", state_dir=str(tmp_path / "state")))
+    try:
+        path = Path(backend.job_env("job-s")[PROGRESS_ENV])
+        assert path.parent == tmp_path / "state" / "gpu-progress" / "job-s"
+    finally:
+        backend.close()
+    assert path.parent.is_dir()  # a daemon that stops leaves its running jobs' channels
