@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -93,58 +94,65 @@ def submit_bodies(n: int, user: str) -> list[bytes]:
 
 
 class CpuMeter:
-    """CPU seconds per named process and the machine's idle seconds, summed per phase."""
+    """CPU seconds of named processes and the machine's idle, stolen and total CPU ticks,
+    summed per phase over its slices."""
+
+    _MACHINE = ("idle", "steal", "total")
 
     def __init__(self, procs: dict[str, psutil.Process]) -> None:
         self.procs = procs
-        self.used: dict[str, dict[str, float]] = {}
-        self.idle: dict[str, float] = {}
-        self.steal: dict[str, float] = {}
-        self.total: dict[str, float] = {}
+        self.sums: dict[str, dict[str, float]] = {}  # phase -> counter -> seconds
 
-    def _read(self) -> tuple[dict[str, float], tuple[float, float], float]:
-        cpu = {}
-        for name, proc in self.procs.items():
-            times = proc.cpu_times()
-            cpu[name] = times.user + times.system
-        machine = psutil.cpu_times()  # idle against all of it: both in the kernel's ticks
-        # Linux counts a guest's time in user and nice as well: only once here.
-        total = sum(machine) - getattr(machine, "guest", 0.0) - getattr(machine, "guest_nice", 0.0)
+    def _read(self, procs: tuple[str, ...]) -> dict[str, float]:
+        counters = {}
+        for name in procs:
+            times = self.procs[name].cpu_times()
+            counters[name] = times.user + times.system
+        machine = psutil.cpu_times()
+        counters["idle"] = machine.idle
         # Steal: time the hypervisor gave this VM's cores to someone else (a noisy neighbour).
-        return cpu, (machine.idle, getattr(machine, "steal", 0.0)), total
+        counters["steal"] = getattr(machine, "steal", 0.0)
+        # Idle and steal against all ticks, on the kernel's one clock; Linux counts a guest's
+        # time in user and nice as well, so it is taken out once here.
+        counters["total"] = (sum(machine) - getattr(machine, "guest", 0.0)
+                             - getattr(machine, "guest_nice", 0.0))
+        return counters
 
     @contextlib.contextmanager
     def phase(self, name: str, *procs: str) -> Iterator[None]:
-        before, idle0, total0 = self._read()
+        before = self._read(procs)
         yield
-        after, idle1, total1 = self._read()
-        used = self.used.setdefault(name, {})
-        for proc in procs:
-            used[proc] = used.get(proc, 0.0) + after[proc] - before[proc]
-        self.idle[name] = self.idle.get(name, 0.0) + idle1[0] - idle0[0]
-        self.steal[name] = self.steal.get(name, 0.0) + idle1[1] - idle0[1]
-        self.total[name] = self.total.get(name, 0.0) + total1 - total0
+        after = self._read(procs)
+        sums = self.sums.setdefault(name, {})
+        for counter, value in after.items():
+            sums[counter] = sums.get(counter, 0.0) + value - before[counter]
 
     def report(self, requests: dict[str, int]
                ) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
-        """CPU us per request by phase and process; idle and stolen shares of the machine."""
-        per_request = {
-            phase: {proc: round(sec / max(1, requests[phase]) * 1e6, 1)
-                    for proc, sec in used.items()}
-            for phase, used in self.used.items()}
-        return per_request, self._share(self.idle), self._share(self.steal)
-
-    def _share(self, ticks: dict[str, float]) -> dict[str, float]:
-        return {phase: round(100 * ticks[phase] / self.total[phase], 1)
-                if self.total[phase] else 0.0 for phase in ticks}
+        """CPU us per request by phase and process (None for a phase without requests);
+        the idle and stolen shares of the machine by phase, in percent."""
+        per_request: dict[str, Any] = {}
+        idle: dict[str, float] = {}
+        steal: dict[str, float] = {}
+        for phase, sums in self.sums.items():
+            count = requests[phase]
+            per_request[phase] = {
+                proc: round(sec / count * 1e6, 1) if count else None
+                for proc, sec in sums.items() if proc not in self._MACHINE}
+            total = sums["total"] or 1.0
+            idle[phase] = round(100 * sums["idle"] / total, 1)
+            steal[phase] = round(100 * sums["steal"] / total, 1)
+        return per_request, idle, steal
 
 
 def journal_transactions(base_url: str) -> float:
     """The master's count of committed journal transactions (its /metrics)."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as answer:
-        for line in answer.read().decode().splitlines():
-            if line.startswith("trellis_journal_transactions_total "):
-                return float(line.split()[1])
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "trellis_journal_transactions_total":
+                return float(sample.value)
     raise RuntimeError("the master's /metrics has no trellis_journal_transactions_total")
 
 
@@ -198,8 +206,8 @@ def main() -> int:
                                                 args.concurrency, False))
                 echo_n += n
                 before = journal_transactions(cluster.url)
-                with meter.phase("submit", "client", *(p for p in procs if p in
-                                                         ("master", "writer"))):
+                with meter.phase("submit", "client",
+                                 *(p for p in ("master", "writer") if p in procs)):
                     n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
                                                       args.seconds / slices, args.concurrency,
                                                       True))

@@ -31,9 +31,10 @@ def test_each_phase_gets_the_cpu_spent_in_it_per_request() -> None:
     assert all(0.0 <= share <= 100.0 for share in (*idle.values(), *steal.values()))
 
 
-def test_a_phase_with_no_requests_reports_per_request_cpu_without_dividing_by_zero() -> None:
+def test_a_phase_with_no_requests_has_no_cpu_per_request() -> None:
     meter = CpuMeter({"client": psutil.Process()})
     with meter.phase("empty", "client"):
         _spin(0.02)
-    cpu, _, _ = meter.report({"empty": 0})
-    assert cpu["empty"]["client"] >= 0.0
+    cpu, idle, _ = meter.report({"empty": 0})
+    assert cpu["empty"] == {"client": None}
+    assert 0.0 <= idle["empty"] <= 100.0
