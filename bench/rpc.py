@@ -179,7 +179,7 @@ def main() -> int:
             assert cluster.master is not None and cluster.master.proc is not None
             master = psutil.Process(cluster.master.proc.pid)
             writers = [child for child in master.children()
-                       if "masterd.journal_writer" in " ".join(child.cmdline())]
+                       if "masterd.journal.writer" in " ".join(child.cmdline())]
             procs = {"client": psutil.Process(), "echo": psutil.Process(echo.pid),
                      "master": master}
             if writers:

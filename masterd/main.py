@@ -21,12 +21,12 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
-from masterd.app import GATE_KEY, make_app
-from masterd.authn import auth_handler, build_authenticator, build_ssl, warn_if_open
+from masterd.api.app import GATE_KEY, make_app
+from masterd.api.authn import auth_handler, build_authenticator, build_ssl, warn_if_open
+from masterd.api.limits import GuardedSite, PeerLimits, guard_handler
 from masterd.gcpause import GcPausePolicy
-from masterd.limits import GuardedSite, PeerLimits, guard_handler
-from masterd.service import Master
-from masterd.store import StoreError
+from masterd.journal.store import StoreError
+from masterd.service.master import Master
 from shared.auth import AuthError
 from shared.config import ConfigError, MasterConfig, load_config
 from shared.eventloop import install_uvloop

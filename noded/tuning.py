@@ -8,7 +8,7 @@ feed it back, and so on until the tuner converges; then pin the best fit for the
 run.
 
 **Which cores.** The master gave the part its whole budget up front (see
-:mod:`masterd.adaptive`). The part's cores are ranked once — cores on its GPUs' NUMA nodes
+:mod:`masterd.features.adaptive`). The part's cores are ranked once — cores on its GPUs' NUMA nodes
 first, then by id — and the part always runs on a prefix of that ranking, so growing and
 shrinking move as few threads as possible. The part *holds* the prefix as long as the largest
 count the tuner may still ask for (the top of its bracket); everything past it is handed back.

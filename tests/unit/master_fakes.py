@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from masterd.service import Master
-from masterd.sessions import CommandFailed
+from masterd.service.master import Master
+from masterd.service.sessions import CommandFailed
 from shared.config import MasterConfig
 from shared.messages import NODE_COMMANDS, JobExited, JobStarted
 from shared.schema import decode

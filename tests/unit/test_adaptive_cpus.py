@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from masterd.core.scheduler import JobError
-from masterd.corestore import load_history, remember_cores
-from masterd.store import Store
+from masterd.journal.cores import load_history, remember_cores
+from masterd.journal.store import Store
 from shared.messages import CoresChanged
 from shared.model import JobSpec, JobState
 from tests.unit.master_fakes import Clock, make_master, started, until

@@ -20,11 +20,17 @@ from masterd.core.policies.minmin import MinMinPolicy
 from masterd.core.policies.swaf import SwafPolicy
 from masterd.core.policy import Start
 from masterd.core.profiling import ProfilingPolicy, unwrap
-from masterd.jobmetrics import MAX_NAMES, JobMetrics
-from masterd.journal import Journal
-from masterd.modelstore import ModelStore, base_path, build_policy
-from masterd.profiler import Campaign, Profiler, ProfileRun, measured_rate, substitute
-from masterd.store import Store
+from masterd.features.genie.models import ModelStore, base_path, build_policy
+from masterd.features.genie.profiler import (
+    Campaign,
+    Profiler,
+    ProfileRun,
+    measured_rate,
+    substitute,
+)
+from masterd.features.jobmetrics import MAX_NAMES, JobMetrics
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store
 from shared.messages import JobMetric
 from shared.model import Job, JobState
 from tests.unit.arrays_fixtures import (
@@ -309,7 +315,7 @@ class _FakeMaster:
 def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
     tmp_path: Path,
 ) -> None:
-    from masterd.profiler import create_tables, write_campaign
+    from masterd.features.genie.profiler import create_tables, write_campaign
 
     store = Store(tmp_path / "master.db")
     create_tables(store)
@@ -343,7 +349,7 @@ def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
 def test_profile_requests_are_checked_against_the_cluster(tmp_path: Path) -> None:
     from masterd.core.cluster import ClusterState
     from masterd.core.scheduler import JobError
-    from masterd.profiler import ProfileRequest, plan_runs
+    from masterd.features.genie.profiler import ProfileRequest, plan_runs
 
     store = Store(tmp_path / "master.db")
     journal = Journal(store)

@@ -1,4 +1,4 @@
-"""masterd.inference_service.GpuNodeHeadroom: the lazily read headroom table of a plan is
+"""masterd.features.inference.GpuNodeHeadroom: the lazily read headroom table of a plan is
 the mapping the plan used to build eagerly (GPU nodes only, measured value else default)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from masterd.core.cluster import ClusterSnapshot, ClusterState
-from masterd.inference_service import GpuNodeHeadroom
+from masterd.features.inference import GpuNodeHeadroom
 from tests.unit.helpers import inventory
 
 DEFAULT = 7.0

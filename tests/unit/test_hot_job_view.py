@@ -1,4 +1,4 @@
-"""masterd.rpc.job_view with and without the per-job WireCache gives the same view, and
+"""masterd.api.rpc.job_view with and without the per-job WireCache gives the same view, and
 the cache never hands back parts of a spec or placement the job no longer holds."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from masterd.rpc import job_view
-from masterd.wire import NO_PLACEMENT_VIEW, WireCache
+from masterd.api.rpc import job_view
+from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache
 from shared.model import Job, JobKind, JobSpec, JobState, NodeAllocation, Placement, QosClass
 
 SPEC = JobSpec(name="train", command=("python", "x.py", "--lr", "3"), user="nobody",

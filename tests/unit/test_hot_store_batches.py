@@ -1,4 +1,4 @@
-"""Batched SQL in masterd.store: power-of-two slices, multi-row INSERT, UPDATE ... FROM
+"""Batched SQL in masterd.journal.store: power-of-two slices, multi-row INSERT, UPDATE ... FROM
 (and its executemany fallback for SQLite before 3.33), on a real SQLite file."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from masterd import store as store_module
-from masterd.store import (
+from masterd.journal import store as store_module
+from masterd.journal.store import (
     Store,
     _slices,
     insert_many,

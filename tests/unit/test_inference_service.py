@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from masterd.core.scheduler import JobError
-from masterd.inference_service import (
+from masterd.features.inference import (
     RegisterServiceParams,
     ReportLoadParams,
     ServiceParams,

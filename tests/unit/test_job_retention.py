@@ -13,18 +13,18 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestServer
 
-from masterd.app import make_app
+from masterd.api.app import make_app
+from masterd.api.nodeguard import check_event
+from masterd.api.rpc import Rpc
 from masterd.core.arrays.resize import DemandRecord
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.scheduler import JobError, SchedulingCore
-from masterd.demandlog import DemandLog
-from masterd.inference_service import RegisterServiceParams
-from masterd.jobmetrics import JobMetrics
-from masterd.nodeguard import check_event
-from masterd.rpc import Rpc
-from masterd.service import Master
-from masterd.sessions import CommandFailed, NodeSession
-from masterd.store import Store
+from masterd.features.arrays.demand import DemandLog
+from masterd.features.inference import RegisterServiceParams
+from masterd.features.jobmetrics import JobMetrics
+from masterd.journal.store import Store
+from masterd.service.master import Master
+from masterd.service.sessions import CommandFailed, NodeSession
 from shared.messages import CoresChanged, Hello, JobExited, JobMetric, JobStarted
 from shared.model import JobKind, JobSpec, JobState
 from shared.protocol import ProtocolError, encode_frame

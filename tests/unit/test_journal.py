@@ -1,4 +1,4 @@
-"""masterd.journal.Journal and its writer process, on a real SQLite file: acknowledged means
+"""masterd.journal.journal.Journal and its writer process, on a real SQLite file: acknowledged means
 committed, group commit, issue order across calls, one bad row sinks only itself, errors reach
 their callers, a dead writer fails what was in flight and is replaced, close drains, and the
 writer never outlives its master."""
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import masterd.journal
-from masterd.journal import Journal, JournalClosed
-from masterd.store import Store, StoreError
+import masterd.journal.journal
+from masterd.journal.journal import Journal, JournalClosed
+from masterd.journal.store import Store, StoreError
 from shared.model import Job, JobSpec, JobState
 from tests.unit.helpers import writer_fails, writer_sleep
 
@@ -169,7 +169,7 @@ def test_a_second_writer_waits_for_the_first(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer left over from a master that died holds the store's lock: the next master
     does not write beside it, and says why it cannot start."""
-    monkeypatch.setattr(masterd.journal, "READY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(masterd.journal.journal, "READY_TIMEOUT_S", 1.0)
     store = Store(tmp_path / "master.db")
     with open(tmp_path / "master.db.writer", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -185,8 +185,8 @@ def test_the_writer_dies_with_a_killed_master(tmp_path: Path) -> None:
         import asyncio, sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from masterd.journal import Journal
-        from masterd.store import Store
+        from masterd.journal.journal import Journal
+        from masterd.journal.store import Store
         from tests.unit.helpers import writer_sleep
         async def main():
             j = Journal(Store(Path({str(tmp_path / "master.db")!r})))

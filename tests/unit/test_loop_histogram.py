@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from masterd.metrics import RPC_BUCKETS, LoopHistogram
+from masterd.api.metrics import RPC_BUCKETS, LoopHistogram
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple, float]:

@@ -16,11 +16,11 @@ import msgpack
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from masterd.app import GATE_KEY, RPC_KEY
+from masterd.api.app import GATE_KEY, RPC_KEY
+from masterd.api.rpc import NoParams
 from masterd.core.policy import Preempt, Start
+from masterd.journal.store import Store, StoreError
 from masterd.main import MasterDaemon
-from masterd.rpc import NoParams
-from masterd.store import Store, StoreError
 from shared.config import MasterConfig, load_config
 from shared.model import Placement
 from shared.protocol import encode_rpc_request

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masterd.limits import _RequestClock
+from masterd.api.limits import _RequestClock
 
 BODY = b"\x84" + b"x" * 150
 REQUEST = (b"POST /v1/rpc HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"

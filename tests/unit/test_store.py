@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from masterd.journal import Journal
-from masterd.store import Store
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store
 from shared.model import JobState, NodeAllocation, Placement
 from tests.unit.helpers import inventory, job
 
@@ -59,7 +59,7 @@ def test_unplaced_job_rows_match_a_full_encoding_of_the_job() -> None:
     field gives, whatever the field values (a cached row for one job never serves another)."""
     import msgpack
 
-    from masterd.store import _job_data
+    from masterd.journal.store import _job_data
 
     def full(j: object) -> dict[str, object]:
         return {name: getattr(j, name) for name in (

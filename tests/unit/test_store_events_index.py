@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from masterd import store as store_module
-from masterd.store import Store, new_job_rows, update_rows
+from masterd.journal import store as store_module
+from masterd.journal.store import Store, new_job_rows, update_rows
 from shared.model import JobState
 from tests.unit.helpers import job
 

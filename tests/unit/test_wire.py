@@ -8,8 +8,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any
 
-from masterd.service import prepare_wire
-from masterd.wire import WireCache
+from masterd.journal.wire import WireCache
+from masterd.service.master import prepare_wire
 from shared.messages import CorePlan, PrepareJob, StopJob
 from shared.model import (
     CpuCore,

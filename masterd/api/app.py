@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from masterd.authn import (
+from masterd.api.authn import (
     authorize_rpc,
     check_node_identity,
     node_may_connect,
     principal_of,
 )
-from masterd.limits import Handler
-from masterd.metrics import MasterMetrics
-from masterd.nodeguard import check_event
-from masterd.rpc import VERSION, Rpc
-from masterd.service import Master
-from masterd.sessions import NodeSession
-from masterd.store import StoreError
+from masterd.api.limits import Handler
+from masterd.api.metrics import MasterMetrics
+from masterd.api.nodeguard import check_event
+from masterd.api.rpc import VERSION, Rpc
+from masterd.journal.store import StoreError
+from masterd.service.master import Master
+from masterd.service.sessions import NodeSession
 from shared.messages import NODE_EVENTS, Hello
 from shared.protocol import (
     MAX_FRAME,
@@ -265,7 +265,7 @@ def make_app(master: Master, wrap: Callable[[Handler], Handler] | None = None
     and authentication, see masterd.main)."""
     app = web.Application(client_max_size=MAX_FRAME)
     metrics = MasterMetrics(master, VERSION, master.clock)
-    # Master._run_pass reports each pass here (see masterd.service).
+    # Master._run_pass reports each pass here (see masterd.service.master).
     master.observe_pass = metrics.observe_pass
     app[MASTER_KEY] = master
     app[RPC_KEY] = Rpc(master)

@@ -28,8 +28,8 @@ from masterd.core.genie.modeldb import ROW_FIELDS, ModelDB, ModelDBError, ModelE
 from masterd.core.genie.options import load_modeldb
 from masterd.core.policies import REGISTRY
 from masterd.core.policy import Policy
-from masterd.journal import Journal
-from masterd.store import Store, event_rows, insert_events
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store, event_rows, insert_events
 
 log = logging.getLogger("trellis.master.models")
 

@@ -38,7 +38,7 @@ class NodeSession:
         """Send a command and wait for the node's ack (or raise CommandFailed).
 
         ``body`` is a message dataclass, or a dict already in wire form (the master encodes
-        a job's spec once and reuses it; see masterd.wire)."""
+        a job's spec once and reuses it; see masterd.journal.wire)."""
         if self.closed:
             raise CommandFailed(self.name, type_, "node_unreachable", "the node is not connected")
         id_ = next(self._ids) * 2  # even ids: master-initiated, so they never clash with node ids

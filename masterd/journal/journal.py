@@ -1,6 +1,6 @@
 """Async front of the store: ordered writes and group commit, in a writer process.
 
-Every journal operation goes, in issue order, to one writer process (masterd.journal_writer)
+Every journal operation goes, in issue order, to one writer process (masterd.journal.writer)
 that owns the only writing SQLite connection; see that module for why a process and not a
 thread, and for the protocol. Operations issued during one turn of the event loop leave in
 one pipe write, and whatever the writer finds in the pipe when a transaction ends becomes
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import masterd
-from masterd.journal_writer import FrameReader, frame_header
-from masterd.store import Store, StoreError, new_job_rows, update_rows
-from masterd.wire import WireCache
+from masterd.journal.store import Store, StoreError, new_job_rows, update_rows
+from masterd.journal.wire import WireCache
+from masterd.journal.writer import FrameReader, frame_header
 from shared.model import Job
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ class _WriterProcess:
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "masterd.journal_writer", "--db", str(db),
+                [sys.executable, "-m", "masterd.journal.writer", "--db", str(db),
                  "--in-fd", str(to_child_r), "--out-fd", str(from_child_w),
                  "--parent", str(os.getpid()), "--log-level", level],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
@@ -127,7 +127,7 @@ class Journal:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        # Encoded specs and placements, shared with the node commands (see masterd.wire).
+        # Encoded specs and placements, shared with the node commands (see masterd.journal.wire).
         self.wire = WireCache()
         self.commits = 0
         self.writer_restarts = 0

@@ -6,8 +6,8 @@ group commit then waited for the loop to let go, so a commit that takes 0.4 ms a
 3 ms inside a loaded master (docs/performance.md). In a process of its own the writer never
 waits for the loop, and the loop pays only for a pipe write per batch.
 
-The master (masterd.journal.Journal) talks to it over two pipes, in frames of a 4-byte length
-and a pickle. Master to writer, one frame per batch (what one loop turn issued), a list of
+The master (masterd.journal.journal.Journal) talks to it over two pipes, in frames of a 4-byte
+length and a pickle. Master to writer, one frame per batch (what one loop turn issued), a list of
 operations:
 
 - ``("i", id, job_row, event_row)``: insert a submitted job (rows from store.new_job_rows);
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from masterd.store import NewJobRows, Store, StoreError
+from masterd.journal.store import NewJobRows, Store, StoreError
 from shared.logs import set_level, setup_logging
 
 log = logging.getLogger("trellis.master.journal")

@@ -44,12 +44,12 @@ from masterd.core.genie.fit import (
 )
 from masterd.core.genie.modeldb import ModelDBError, ModelEntry, normalise
 from masterd.core.scheduler import JobError, Transition
-from masterd.store import Store, event_rows, insert_events
+from masterd.journal.store import Store, event_rows, insert_events
 from shared.messages import JobMetric
 from shared.model import Job, JobKind, JobSpec, JobState, QosClass
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.profiler")
 

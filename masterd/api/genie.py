@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from masterd.core.scheduler import JobError
-from masterd.prediction import predict
-from masterd.profiler import ProfileRequest
+from masterd.features.genie.prediction import predict
+from masterd.features.genie.profiler import ProfileRequest
 from shared.model import NAME_PATTERN, UNIX_USER_PATTERN, Job
 from shared.schema import bounded
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 Handler = tuple[type, Callable[[Any], Awaitable[Any]]]
 

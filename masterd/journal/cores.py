@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from masterd.store import Store, StoreError
+from masterd.journal.store import Store, StoreError
 
 log = logging.getLogger("trellis.store.cores")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from masterd.store import Store, StoreError
+from masterd.journal.store import Store, StoreError
 from shared.protocol import pack, unpack
 
 SCHEMA = """

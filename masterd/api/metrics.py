@@ -32,7 +32,7 @@ from masterd.core.policy import Preempt, Start
 from shared.model import JobKind, JobState
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable")
 

@@ -13,20 +13,20 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from masterd.adaptive import AdaptiveCpus
-from masterd.arrays_live import ArraysLive
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.profiling import ProfilingPolicy
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
-from masterd.inference_service import InferenceService
-from masterd.jobmetrics import JobMetrics
-from masterd.journal import Journal
-from masterd.journal_writer import set_log_level
-from masterd.modelstore import ModelStore, build_policy
-from masterd.profiler import Profiler
-from masterd.sessions import CommandFailed, NodeSession
-from masterd.store import Store, StoreError
+from masterd.features.adaptive import AdaptiveCpus
+from masterd.features.arrays.pools import ArraysLive
+from masterd.features.genie.models import ModelStore, build_policy
+from masterd.features.genie.profiler import Profiler
+from masterd.features.inference import InferenceService
+from masterd.features.jobmetrics import JobMetrics
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store, StoreError
+from masterd.journal.writer import set_log_level
+from masterd.service.sessions import CommandFailed, NodeSession
 from shared.config import MasterConfig
 from shared.messages import (
     Contention,
@@ -107,7 +107,7 @@ class Master:
         # Ended jobs still in core.jobs, oldest-ended first: beyond
         # config.finished_jobs_in_memory the oldest are forgotten (see note_ended).
         self._ended: OrderedDict[str, None] = OrderedDict()
-        # Set by masterd.metrics when metrics are served: (pass seconds, decisions) -> None.
+        # Set by masterd.api.metrics when metrics are served: (pass seconds, decisions) -> None.
         self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
         self.adaptive = AdaptiveCpus(self.core, self.store, self.journal, config.adaptive_cpus,

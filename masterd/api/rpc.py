@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from masterd.api.genie import job_extras
+from masterd.api.genie import method_table as genie_methods
 from masterd.core.scheduler import JobError
-from masterd.genie_rpc import job_extras
-from masterd.genie_rpc import method_table as genie_methods
-from masterd.inference_service import method_table as inference_methods
-from masterd.service import Master
-from masterd.store import EventRow, Store
-from masterd.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
+from masterd.features.inference import method_table as inference_methods
+from masterd.journal.store import EventRow, Store
+from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
+from masterd.service.master import Master
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
 from shared.schema import SchemaError, bounded, decode

@@ -51,8 +51,8 @@ from masterd.core.inference import (
 )
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import JobError
-from masterd.servicestore import delete_service, ensure_schema, load_services, save_service
-from masterd.store import Store
+from masterd.journal.services import delete_service, ensure_schema, load_services, save_service
+from masterd.journal.store import Store
 from shared.model import (
     NAME_PATTERN,
     UNIX_USER_PATTERN,
@@ -64,7 +64,7 @@ from shared.model import (
 from shared.schema import SchemaError, bounded, decode, encode
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.inference")
 
@@ -577,7 +577,7 @@ class InferenceService:
 
 
 def method_table(svc: InferenceService) -> Mapping[str, tuple[type, Any]]:
-    """The placement RPC's entries for :class:`masterd.rpc.Rpc`'s method table."""
+    """The placement RPC's entries for :class:`masterd.api.rpc.Rpc`'s method table."""
     return {
         "register_service": (RegisterServiceParams, svc.register_service),
         "report_load": (ReportLoadParams, svc.report_load),

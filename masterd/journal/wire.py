@@ -56,7 +56,7 @@ class WireCache:
         self.limit = limit
         self._specs: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
         self._placements: dict[str, tuple[Placement, dict[str, Any]]] = {}
-        # The immutable parts of a job's RPC view (see masterd.rpc.job_view).
+        # The immutable parts of a job's RPC view (see masterd.api.rpc.job_view).
         self._spec_views: dict[str, tuple[JobSpec, dict[str, Any]]] = {}
         self._placement_views: dict[str, tuple[Placement, dict[str, Any]]] = {}
 

@@ -29,9 +29,9 @@ from typing import Any
 from masterd.core.cluster import AllocationError
 from masterd.core.cores import category_of, declared_traits, remember, start_point
 from masterd.core.scheduler import JobError, SchedulingCore
-from masterd.corestore import load_history, remember_cores
-from masterd.journal import Journal
-from masterd.store import Store
+from masterd.journal.cores import load_history, remember_cores
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store
 from shared.messages import CorePlan, CoresChanged
 from shared.model import Job, JobKind, JobSpec, JobState, NodeAllocation
 

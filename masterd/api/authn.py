@@ -108,7 +108,7 @@ def auth_handler(
     auth: Authenticator, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """Wrap a route handler: refuse requests without valid credentials, record the principal
-    of the others (see masterd.limits.guard_handler for why this is not a middleware)."""
+    of the others (see masterd.api.limits.guard_handler for why this is not a middleware)."""
 
     async def authenticated(request: web.Request) -> web.StreamResponse:
         if request.path in OPEN_PATHS:

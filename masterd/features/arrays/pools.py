@@ -20,11 +20,11 @@ from masterd.core.arrays.policy import ArrayPolicy
 from masterd.core.arrays.resize import DAY, DemandRecord, demand_of, resize
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import JobError
-from masterd.demandlog import DemandLog
+from masterd.features.arrays.demand import DemandLog
 from shared.model import Job
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.arrays")
 

@@ -23,7 +23,7 @@ from masterd.core.profiling import unwrap
 from shared.model import Job, JobKind, JobState
 
 if TYPE_CHECKING:
-    from masterd.service import Master
+    from masterd.service.master import Master
 
 
 def _inner_policy(policy: ArrayPolicy, master: Master, job: Job) -> Policy | None:

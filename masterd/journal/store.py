@@ -3,7 +3,7 @@
 A submission is committed (fsync'd) before it is acknowledged; every decision and state change
 is appended to the event log and the job row updated, so a restarted master resumes with the
 same queue and the same running jobs. While the master runs, every write goes through
-:class:`masterd.journal.Journal` to one writer process: writes are serialised in the order
+:class:`masterd.journal.journal.Journal` to one writer process: writes are serialised in the order
 they were issued, and concurrent submissions are group-committed (one fsync for a whole
 burst).
 """
@@ -88,7 +88,7 @@ _scalars_of = operator.attrgetter(*_SCALARS)
 
 
 def _job_data(job: Job, placement: dict[str, Any] | None = None) -> bytes:
-    """``placement``: the job's placement already encoded (see masterd.wire), if known."""
+    """``placement``: the job's placement already encoded (see masterd.journal.wire), if known."""
     if placement is None and job.placement:
         placement = encode(job.placement)
     if placement is None and not job.node_states:
@@ -142,7 +142,7 @@ def update_rows(jobs: Iterable[Job], events: Iterable[tuple],
                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Encode job updates and events now, on the caller's thread: the Job objects keep
     changing on the event loop while a write waits for the journal writer. ``placement_of``
-    returns a job's encoded placement from a cache (masterd.wire) instead of encoding it."""
+    returns a job's encoded placement from a cache (masterd.journal.wire) instead of encoding it."""
     return (
         [(job.state.value,
           _job_data(job, placement_of(job) if placement_of is not None else None), job.id)
@@ -190,7 +190,7 @@ class NewJobRows(NamedTuple):
 
 
 def new_job_rows(seq: int, job: Job, spec: dict[str, Any] | None = None) -> NewJobRows:
-    """``spec``: the job's spec already encoded (see masterd.wire), if known."""
+    """``spec``: the job's spec already encoded (see masterd.journal.wire), if known."""
     return NewJobRows(
         job=(job.id, seq, pack(spec if spec is not None else encode(job.spec)),
              job.state.value, job.submit_time,
@@ -262,7 +262,7 @@ _OF_JOB = "job_seq = (SELECT seq FROM jobs WHERE id = ?) AND job_id = ?"
 
 class Store:
     """Synchronous access to the journal. While the master runs, only the journal's writer
-    process (masterd.journal_writer) writes; the master's own connection reads."""
+    process (masterd.journal.writer) writes; the master's own connection reads."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
