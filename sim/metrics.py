@@ -1,5 +1,7 @@
 """Evaluation metrics of a replay (GENIE §7.1, Helios §4.2.3, SCHED² Eq. 1).
 
+GENIE's Eq. 14–16 (QoS guarantee, makespan, normalised latency) are computed by
+``masterd.core.genie.metrics`` over the records' ``outcomes``; the rest is the simulator's own.
 All functions are pure over job records and usage series so tests can check them by hand.
 Percentiles use the nearest-rank method: p-th percentile = the ceil(p/100 · n)-th smallest.
 """
@@ -11,6 +13,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from masterd.core.genie.metrics import (
+    TaskOutcome,
+    average_normalised_latency,
+    makespan,
+    qos_guarantee,
+)
 from shared.model import QosClass
 
 if TYPE_CHECKING:  # the engine imports fragmentation() from here
@@ -34,59 +42,26 @@ def scheduled(records: Iterable[JobRecord]) -> list[JobRecord]:
     return [r for r in records if r.state != "rejected"]
 
 
-def met_ect(record: JobRecord) -> bool:
-    # GENIE Eq. 9/12: the task must complete no later than its ECT; an urgent task's ECT is
-    # its submission instant, so it can never be met (the paper says as much).
-    return record.state == "finished" and record.end is not None and record.end <= record.ect
+def outcome(record: JobRecord) -> TaskOutcome:
+    """A job record as GENIE's metrics see it: only a finished job completed."""
+    return TaskOutcome(
+        submit_time=record.submit, ect=record.ect, single_gpu_latency=record.lat11,
+        start_time=record.first_start,
+        end_time=record.end if record.state == "finished" else None,
+    )
 
 
-def qos_guarantee(records: Iterable[JobRecord]) -> float | None:
-    """GENIE Eq. 14: NUM_comp / NUM_task, as a percentage of the scheduled tasks."""
-    tasks = scheduled(records)
-    if not tasks:
-        return None
-    return 100.0 * sum(met_ect(r) for r in tasks) / len(tasks)
+def outcomes(records: Iterable[JobRecord]) -> list[TaskOutcome]:
+    """The scheduled jobs' outcomes, which GENIE's Eq. 14–16 are taken over."""
+    return [outcome(r) for r in scheduled(records)]
 
 
 def qos_by_class(records: Iterable[JobRecord]) -> dict[str, float | None]:
+    """GENIE Eq. 14 per QoS class."""
     groups: dict[QosClass, list[JobRecord]] = defaultdict(list)
     for r in scheduled(records):
         groups[r.qos].append(r)
-    return {q.value: qos_guarantee(groups[q]) for q in QosClass if groups[q]}
-
-
-def makespan(records: Iterable[JobRecord]) -> float | None:
-    """First submission to last completion, over the jobs that completed."""
-    done = [r for r in records if r.state == "finished" and r.end is not None]
-    if not done:
-        return None
-    return max(r.end for r in done) - min(r.submit for r in done)  # type: ignore[type-var]
-
-
-def normalised_latency(record: JobRecord) -> float | None:
-    """GENIE Eq. 16: walltime under the selected placement / Lat(t, <1,1>).
-
-    Walltime runs from the first start to completion (queueing before the first start is not
-    part of it; time lost to preemption afterwards is).
-    """
-    if record.state != "finished" or record.first_start is None or record.end is None:
-        return None
-    if record.lat11 <= 0:
-        return None
-    return (record.end - record.first_start) / record.lat11
-
-
-def average_normalised_latency(records: Iterable[JobRecord]) -> float | None:
-    """GENIE Eq. 15: the mean of Eq. 16 over the completed tasks."""
-    values = [v for v in map(normalised_latency, records) if v is not None]
-    return mean(values)
-
-
-def slowdown(record: JobRecord) -> float | None:
-    """JCT (queueing included) over the single-GPU latency: the user's view of Eq. 16."""
-    if record.jct is None or record.state != "finished" or record.lat11 <= 0:
-        return None
-    return record.jct / record.lat11
+    return {q.value: qos_guarantee(map(outcome, groups[q])) for q in QosClass if groups[q]}
 
 
 def _finished_values(records: Iterable[JobRecord], attr: str) -> list[float]:
@@ -152,6 +127,7 @@ def average_fragmentation(samples: Sequence[Sample]) -> float | None:
 
 def summarise(result: SimResult) -> dict[str, Any]:
     records = result.records
+    tasks = outcomes(records)
     jct = _finished_values(records, "jct")
     queue = _finished_values(records, "queue_delay")
     active, useful = gpu_rates(result)
@@ -167,11 +143,12 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "rejected": states["rejected"],
         "failed": states["failed"],
         "unfinished": states["unfinished"],
-        "qos_pct": qos_guarantee(records),
+        "qos_pct": qos_guarantee(tasks),
         "qos_pct_by_class": qos_by_class(records),
-        "makespan_s": makespan(records),
-        "avg_norm_latency": average_normalised_latency(records),
-        "avg_slowdown": mean([v for v in map(slowdown, records) if v is not None]),
+        "makespan_s": makespan(tasks),
+        "avg_norm_latency": average_normalised_latency(tasks),
+        # JCT (queueing included) over Lat(t, <1,1>): the user's view of Eq. 16.
+        "avg_slowdown": average_normalised_latency(tasks, include_wait=True),
         "avg_jct_s": mean(jct),
         "p99_jct_s": percentile(jct, 99),
         "avg_queue_s": mean(queue),

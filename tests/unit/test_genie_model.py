@@ -9,7 +9,7 @@ import pytest
 
 from masterd.core.genie import model as perf
 from masterd.core.genie.metrics import (
-    JobOutcome,
+    TaskOutcome,
     average_normalised_latency,
     makespan,
     normalised_latency,
@@ -156,8 +156,10 @@ def test_meets_ect_and_waiting_allowance_are_eq12_and_eq13() -> None:
 # -- metrics (Eq. 14–16) -------------------------------------------------------------------------
 
 
-def outcome(submit: float, start: float, end: float, e: float, single: float) -> JobOutcome:
-    return JobOutcome(submit, start, end, e, single)
+def outcome(submit: float, start: float, end: float, e: float, single: float) -> TaskOutcome:
+    """A completed task."""
+    return TaskOutcome(submit_time=submit, ect=e, single_gpu_latency=single, start_time=start,
+                       end_time=end)
 
 
 def test_qos_guarantee_is_eq14() -> None:
@@ -167,7 +169,12 @@ def test_qos_guarantee_is_eq14() -> None:
         outcome(5, 5, 20, 5, 10),  # urgent: ECT = submission, always violated
         outcome(0, 0, 30, 200, 10),
     ]
-    assert qos_guarantee(done) == 0.5
+    assert qos_guarantee(done) == 50.0  # a percentage of the scheduled tasks
+    # Scheduled tasks that never completed count against it, however early their ECT was due.
+    failed = TaskOutcome(submit_time=0, ect=1000, single_gpu_latency=10, start_time=5)
+    queued = TaskOutcome(submit_time=0, ect=1000, single_gpu_latency=10)
+    assert qos_guarantee([*done, failed]) == 40.0
+    assert qos_guarantee([*done, failed, queued]) == pytest.approx(100 * 2 / 6)
 
 
 def test_normalised_latency_is_eq15_and_eq16() -> None:
@@ -177,19 +184,41 @@ def test_normalised_latency_is_eq15_and_eq16() -> None:
     assert average_normalised_latency(done) == pytest.approx(1.75)
     # response times 60 and 400 over 100
     assert average_normalised_latency(done, include_wait=True) == pytest.approx(2.3)
+    # Left out of the mean: a task that did not complete, and one with Lat(t, <1,1>) = 0
+    # (no work: Eq. 16 is undefined for it).
+    others = [TaskOutcome(submit_time=0, ect=0, single_gpu_latency=100, start_time=5),
+              outcome(0, 0, 50, 0, 0)]
+    assert average_normalised_latency([*done, *others]) == pytest.approx(1.75)
+    assert average_normalised_latency([*done, *others], include_wait=True) == pytest.approx(2.3)
 
 
 def test_makespan_spans_first_submission_to_last_completion() -> None:
     assert makespan([outcome(10, 20, 50, 0, 1), outcome(0, 60, 90, 0, 1)]) == 90
+    # Over the completed tasks only: an earlier submission that never finished does not count.
+    unfinished = TaskOutcome(submit_time=0, ect=0, single_gpu_latency=1, start_time=1)
+    assert makespan([outcome(10, 20, 50, 0, 1), unfinished]) == 40
 
 
-def test_metrics_refuse_empty_and_inconsistent_input() -> None:
+def test_metrics_are_none_with_nothing_to_measure() -> None:
     for fn in (qos_guarantee, makespan, average_normalised_latency):
-        with pytest.raises(ValueError, match="at least one"):
-            fn([])
+        assert fn([]) is None
+    never_ran = [TaskOutcome(submit_time=0, ect=10, single_gpu_latency=1)]
+    assert qos_guarantee(never_ran) == 0.0
+    assert makespan(never_ran) is None
+    assert average_normalised_latency(never_ran) is None
+    assert average_normalised_latency([outcome(0, 0, 5, 0, 0)]) is None
+
+
+def test_metrics_refuse_inconsistent_input() -> None:
     with pytest.raises(ValueError, match="submit <= start <= end"):
         outcome(10, 5, 20, 0, 1)
+    with pytest.raises(ValueError, match="submit <= start <= end"):
+        outcome(0, 5, 4, 0, 1)
+    with pytest.raises(ValueError, match="submit <= start <= end"):
+        TaskOutcome(submit_time=10, ect=0, single_gpu_latency=1, start_time=5)
+    with pytest.raises(ValueError, match="needs a start time"):
+        TaskOutcome(submit_time=0, ect=0, single_gpu_latency=1, end_time=5)
     with pytest.raises(ValueError, match="single_gpu_latency"):
-        outcome(0, 0, 1, 0, 0)
+        outcome(0, 0, 1, 0, -1)
     with pytest.raises(ValueError, match="single_gpu_latency"):
         normalised_latency(1.0, 0.0)

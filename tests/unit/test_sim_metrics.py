@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from masterd.core.genie.metrics import average_normalised_latency, makespan, qos_guarantee
 from shared.model import JobKind, QosClass
 from sim.engine import JobRecord, Sample, SimResult
 from sim.metrics import (
-    average_normalised_latency,
     fragmentation,
     gpu_rates,
-    makespan,
+    outcome,
+    outcomes,
     percentile,
     qos_by_class,
-    qos_guarantee,
     queue_by_tenant,
     summarise,
     time_weighted,
@@ -39,18 +39,52 @@ RECORDS = [
 ]
 
 
+def test_records_become_genie_outcomes() -> None:
+    tasks = outcomes(RECORDS)
+    assert len(tasks) == 3  # the rejected job was never scheduled
+    a = tasks[0]
+    assert (a.submit_time, a.start_time, a.end_time, a.ect, a.single_gpu_latency) == (
+        0.0, 2.0, 12.0, 20.0, 10.0)
+    # Only a finished job completed: one that failed (or was cancelled) by its ECT did not.
+    for state in ("failed", "cancelled"):
+        gone = outcome(rec("f", 0.0, 1.0, 5.0, ect=20.0, state=state))
+        assert not gone.completed and gone.start_time == 1.0
+    assert outcome(rec("u", 0.0, None, None, ect=20.0, state="unfinished")).start_time is None
+
+
 def test_qos_guarantee_eq14() -> None:
-    assert qos_guarantee(RECORDS) == pytest.approx(100 / 3)  # 1 of 3 scheduled tasks
+    assert qos_guarantee(outcomes(RECORDS)) == pytest.approx(100 / 3)  # 1 of 3 scheduled
     assert qos_by_class(RECORDS) == {"urgent": 0.0, "prior": 0.0, "normal": 100.0}
-    assert qos_guarantee([]) is None
+    assert qos_guarantee(outcomes([])) is None
+    failed = rec("f", 0.0, 1.0, 5.0, ect=20.0, state="failed")
+    assert qos_guarantee(outcomes([RECORDS[0], failed])) == 50.0
 
 
 def test_makespan_and_normalised_latency_eq15_16() -> None:
-    assert makespan(RECORDS) == 30.0  # first submit 0, last end 30
+    tasks = outcomes(RECORDS)
+    assert makespan(tasks) == 30.0  # first submit 0, last end 30
     # walltimes 10, 20, 5 over Lat11 10, 20, 5: all exactly 1.
-    assert average_normalised_latency(RECORDS) == 1.0
-    slow = [rec("s", 0.0, 0.0, 30.0, ect=0.0, lat11=10.0)]
-    assert average_normalised_latency(slow) == 3.0
+    assert average_normalised_latency(tasks) == 1.0
+    # JCTs 12, 25, 9 over the same: the slowdown the summary reports.
+    assert average_normalised_latency(tasks, include_wait=True) == pytest.approx(
+        (1.2 + 1.25 + 1.8) / 3)
+    # Preempted after its first start: the time lost counts in its walltime.
+    slow = [rec("s", 0.0, 0.0, 30.0, ect=0.0, lat11=10.0, run_time=10.0)]
+    assert average_normalised_latency(outcomes(slow)) == 3.0
+    zero = rec("z", 0.0, 0.0, 0.0, ect=0.0, lat11=0.0)  # no work: Eq. 16 undefined
+    assert average_normalised_latency(outcomes([zero])) is None
+
+
+def test_summary_reports_genie_metrics_of_the_scheduled_jobs() -> None:
+    result = SimResult(policy="p", workload="w", seed=1, records=RECORDS, total_gpus=4,
+                       usage=[(0.0, 1, 1.0)], samples=[], events=0, passes=0,
+                       stale_events=0, end_time=30.0)
+    summary = summarise(result)
+    assert summary["qos_pct"] == pytest.approx(100 / 3)
+    assert summary["qos_pct_by_class"] == {"urgent": 0.0, "prior": 0.0, "normal": 100.0}
+    assert summary["makespan_s"] == 30.0
+    assert summary["avg_norm_latency"] == 1.0
+    assert summary["avg_slowdown"] == pytest.approx((1.2 + 1.25 + 1.8) / 3)
 
 
 def test_percentile_nearest_rank() -> None:
