@@ -14,7 +14,7 @@ from typing import Any
 
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Policy
-from sim import results
+from sim import results, studies
 from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_cluster_file
 from sim.engine import FailureConfig, Outage, SimConfig, SimulationError, simulate
 from sim.partition import simulate_partitioned
@@ -291,38 +291,12 @@ def report_config(args: argparse.Namespace, argv_text: str) -> results.ReportCon
     if unknown or not chosen:
         raise UsageError(f"--studies: expected some of {', '.join(results.STUDIES)}, "
                          f"got {args.studies!r}")
-    genie_study, philly_study, openb_study = config.genie, config.philly, config.openb
-    if genie_study is not None:
-        if args.genie_seeds:
-            genie_study = replace(genie_study, seeds=tuple(
-                _csv_list(args.genie_seeds, int, "--genie-seeds")))
-        if args.genie_densities:
-            genie_study = replace(genie_study, densities=tuple(
-                _csv_list(args.genie_densities, float, "--genie-densities")))
-    if philly_study is not None:
-        if args.philly_since:
-            philly_study = replace(philly_study, since=args.philly_since)
-        if args.philly_until:
-            philly_study = replace(philly_study, until=args.philly_until)
-        if args.philly_vc_scales:
-            philly_study = replace(philly_study, vc_scales=tuple(
-                _csv_list(args.philly_vc_scales, float, "--philly-vc-scales")))
-        if args.philly_others is not None:
-            others = tuple(t.strip() for t in args.philly_others.split(",") if t.strip())
-            philly_study = replace(philly_study, other_policies=others)
-        if args.no_philly_full:
-            philly_study = replace(philly_study, full_trace_pair=False)
-    if openb_study is not None:
-        for attr, value in (("arrival_scale", args.openb_arrival_scale),
-                            ("node_stride", args.openb_node_stride),
-                            ("since_day", args.openb_since_day)):
-            if value is not None:
-                openb_study = replace(openb_study, **{attr: value})
+    # Every study's options are checked, also those of studies not chosen.
+    configured = {study.name: study.apply_options(config.studies[study.name], args)
+                  for study in studies.REGISTRY if study.name in config.studies}
     return replace(
         config,
-        genie=genie_study if "genie" in chosen else None,
-        philly=philly_study if "philly" in chosen else None,
-        openb=openb_study if "openb" in chosen else None,
+        studies={name: c for name, c in configured.items() if name in chosen},
         progress=not args.no_progress and not args.tiny,
         command=argv_text,
     )
@@ -420,9 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=cmd_run)
 
-    rep = sub.add_parser(
-        "report", help="run the GENIE, Philly and openb studies; write results.md and plots"
-    )
+    labels = [study.label for study in studies.REGISTRY]
+    named = " and ".join(filter(None, [", ".join(labels[:-1]), labels[-1]]))
+    rep = sub.add_parser("report", help=f"run the {named} studies; write results.md and plots")
     rep.add_argument("--out", default="docs",
                      help="directory for results.md (plots and JSON go to OUT/results/)")
     rep.add_argument("--trace", help="trace directory (default ../shared/traces)")
@@ -432,18 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(<study>.md; default docs/results-notes)")
     rep.add_argument("--tiny", action="store_true",
                      help="a configuration that runs in seconds (checks the pipeline)")
-    rep.add_argument("--genie-seeds", help="comma-separated seeds (default 1,2,3)")
-    rep.add_argument("--genie-densities", help="comma-separated tasks/hour (default 5,10,20)")
-    rep.add_argument("--philly-since", help="first submission date kept (default 2017-10-01)")
-    rep.add_argument("--philly-until", help="end of the window (default 2017-12-01)")
-    rep.add_argument("--philly-vc-scales", help="comma-separated VC scales (default 1,0.5,0.25)")
-    rep.add_argument("--philly-others", help="policies replayed besides FIFO and SJF "
-                     "(comma-separated; empty for none)")
-    rep.add_argument("--no-philly-full", action="store_true",
-                     help="skip the full-trace FIFO/SJF pair")
-    rep.add_argument("--openb-arrival-scale", type=float)
-    rep.add_argument("--openb-node-stride", type=int)
-    rep.add_argument("--openb-since-day", type=float)
+    for study in studies.REGISTRY:
+        study.add_options(rep)
     rep.add_argument("--no-progress", action="store_true")
     rep.set_defaults(func=cmd_report)
 

@@ -15,6 +15,8 @@ from sim.engine import SimConfig, simulate
 from sim.metrics import summarise
 from sim.oracle import oracle_modeldb, prediction_errors
 from sim.partition import simulate_partitioned, split_by_gpu_model
+from sim.studies import REGISTRY
+from sim.studies.common import ReportError, check_notes
 from sim.tables import Spread, Table, fmt
 from sim.truth import NodeTopology, TruthConfig, TruthModel
 from sim.workloads import genie, openb, philly
@@ -193,9 +195,24 @@ def test_notes_with_numbers_not_in_the_tables_are_refused(tmp_path: Path) -> Non
 
 
 def test_check_notes_accepts_numbers_the_text_states() -> None:
-    results.check_notes("FIFO/SJF at 2.51 as in Table 3", "| 2.51 | Table 3 |", "n")
-    with pytest.raises(results.ReportError, match=r"number\(s\) 2\.5 "):
-        results.check_notes("ratio 2.5", "ratio 2.51", "n")
+    check_notes("FIFO/SJF at 2.51 as in Table 3", "| 2.51 | Table 3 |", "n")
+    with pytest.raises(ReportError, match=r"number\(s\) 2\.5 "):
+        check_notes("ratio 2.5", "ratio 2.51", "n")
+
+
+def test_registered_studies_are_complete(capsys: pytest.CaptureFixture) -> None:
+    names = [study.name for study in REGISTRY]
+    assert tuple(names) == results.STUDIES
+    assert len(set(names)) == len(names)
+    full = results.ReportConfig(out=Path("o"), trace_dir=Path("t")).studies
+    tiny = results.tiny_config(Path("o"), Path("t")).studies
+    for study in REGISTRY:
+        assert isinstance(full[study.name], study.config)
+        assert isinstance(tiny[study.name], study.config)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(study.label in listed for study in REGISTRY)
 
 
 def test_missing_notes_file_is_a_clear_error(tmp_path: Path) -> None:
