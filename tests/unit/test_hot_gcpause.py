@@ -7,6 +7,7 @@ enabled flag), through the ``collector`` fixture, even when an assertion fails.
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -85,14 +86,25 @@ def test_every_collection_is_followed_by_a_freeze(collector: list[GcPausePolicy]
     assert not _scanned(young)
     assert gc.get_freeze_count() > frozen
 
+    assert policy.stats.longest_full_s == 0.0  # young collections are not timed
+
     later = [object()]
     assert _scanned(later)
+    before = time.perf_counter()
     gc.collect()
+    first_wall = time.perf_counter() - before
     assert policy.stats.full_collections == 1
-    assert policy.stats.longest_full_s >= 0.0
+    # The full collection was timed from inside the call: more than nothing, no longer than
+    # the call itself.
+    first = policy.stats.longest_full_s
+    assert 0.0 < first <= first_wall
     assert not _scanned(later)
+    before = time.perf_counter()
     gc.collect()
+    second_wall = time.perf_counter() - before
     assert policy.stats.full_collections == 2
+    # The longest of the two: at least the first, and within the longer of the two calls.
+    assert first <= policy.stats.longest_full_s <= max(first_wall, second_wall)
 
 
 def test_young_garbage_cycles_are_still_collected(collector: list[GcPausePolicy]) -> None:
