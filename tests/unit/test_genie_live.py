@@ -290,12 +290,19 @@ def test_deadline_accepts_relative_and_iso_times() -> None:
             parse_deadline(bad, 1e9)
 
 
-def test_starts_are_decisions() -> None:
-    # Guard against the wrapper returning something the master cannot carry out.
-    policy = ProfilingPolicy(FifoPolicy(), lambda _: False, lambda: False)
+@pytest.mark.parametrize("runs", [set(), {"p"}], ids=["no-runs", "a-run-waiting"])
+def test_starts_are_decisions(runs: set[str]) -> None:
+    # Guard against the wrapper returning something the master cannot carry out, on both of
+    # its paths (only the inner policy's decisions; those plus profiling runs' starts).
+    policy = ProfilingPolicy(FifoPolicy(), runs.__contains__, lambda: bool(runs))
     core = make_core(policy, [gpu_node("n1", gpus=2)])
     core.submit(job(gpus=1, job_id="x"))
-    assert all(isinstance(d, Start) for d in run_pass(core, 0.0))
+    if runs:
+        core.submit(profiling_job("p", 1, 1))
+    decisions = run_pass(core, 0.0)
+    assert set(starts(decisions)) == {"x", *runs}
+    assert all(isinstance(d, Start) for d in decisions)
+    assert all(core.jobs[j].state is JobState.RUNNING for j in starts(decisions))
 
 
 # -- a restarted master settles the campaigns it journalled ---------------------------------------
