@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
 
 from shared.model import CpuCore, GpuInfo, Job, JobKind, JobSpec, NodeInventory
 
@@ -31,8 +36,14 @@ def job(job_id: str, gpus: int = 1, cpus: int = 1, t: float = 0.0, **kw: object)
     return Job(id=job_id, spec=spec, submit_time=t)
 
 
-def writer_sleep(store: object, seconds: float) -> None:
-    """A journal call (``journal.call(writer_sleep, s)``) that keeps the writer busy."""
+def writer_sleep(store: object, seconds: float, started: str | None = None) -> None:
+    """A journal call (``journal.call(writer_sleep, s)``) that keeps the writer busy.
+
+    With ``started`` (a file path) it creates that file first, so a test can wait until the
+    writer is inside the call (``wait_for(Path(started).exists, ...)``).
+    """
+    if started is not None:
+        Path(started).touch()
     time.sleep(seconds)
 
 
@@ -44,3 +55,38 @@ def writer_fails(store: object, message: str) -> None:
 def writer_log_level(store: object) -> int:
     """A journal call: the writer's root log level."""
     return logging.getLogger().level
+
+
+T = TypeVar("T")
+
+POLL_S = 0.01
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "the condition",
+             interval: float = POLL_S) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that; fail naming
+    ``what`` once ``timeout`` seconds have passed without it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+async def wait_for_async(predicate: Callable[[], T | Awaitable[T]], timeout: float = 10.0,
+                         what: str = "the condition", interval: float = POLL_S) -> T:
+    """``wait_for`` on an event loop: polls without blocking it, and ``predicate`` may be a
+    coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)

@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import masterd.journal.journal
 from masterd.journal.journal import Journal, JournalClosed
 from masterd.journal.store import Store, StoreError
 from shared.model import Job, JobSpec, JobState
-from tests.unit.helpers import writer_fails, writer_sleep
+from tests.unit.helpers import wait_for, wait_for_async, writer_fails, writer_sleep
 
 SPEC = JobSpec(name="j", command=("true",), user="nobody", gpus=1, cpus=1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,13 +135,16 @@ async def test_a_call_the_writer_cannot_import_fails_alone(
     assert await journal.call(Store.job_exists, "beside-2") is True
 
 
-async def test_a_dead_writer_fails_what_was_in_flight_and_is_replaced(journal: Journal) -> None:
+async def test_a_dead_writer_fails_what_was_in_flight_and_is_replaced(journal: Journal,
+                                                                      tmp_path: Path) -> None:
     await journal.submit(1, job("before"))
     writer = journal._writer
     assert writer is not None
-    busy = asyncio.ensure_future(journal.call(writer_sleep, 5))
+    started = tmp_path / "writer-busy"
+    busy = asyncio.ensure_future(journal.call(writer_sleep, 5, str(started)))
+    # Issued in the same turn as the call, so sent to the writer in the same frame.
     queued = asyncio.ensure_future(journal.submit(2, job("in-flight")))
-    await asyncio.sleep(0.3)
+    await wait_for_async(started.exists, what="the writer to be inside the blocking call")
     os.kill(writer.proc.pid, signal.SIGKILL)
     for fut in (busy, queued):
         with pytest.raises(StoreError, match="journal writer failed"):
@@ -181,6 +183,7 @@ def test_a_second_writer_waits_for_the_first(tmp_path: Path,
 def test_the_writer_dies_with_a_killed_master(tmp_path: Path) -> None:
     """Even in the middle of a transaction: the writer must not commit behind the back of
     the master restarted after it (the end of input alone would wait for the call)."""
+    started = tmp_path / "writer-busy"
     script = textwrap.dedent(f"""
         import asyncio, sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -190,8 +193,7 @@ def test_the_writer_dies_with_a_killed_master(tmp_path: Path) -> None:
         from tests.unit.helpers import writer_sleep
         async def main():
             j = Journal(Store(Path({str(tmp_path / "master.db")!r})))
-            busy = asyncio.ensure_future(j.call(writer_sleep, 60))
-            await asyncio.sleep(0.2)
+            busy = asyncio.ensure_future(j.call(writer_sleep, 60, {str(started)!r}))
             print(j._writer.proc.pid, flush=True)
             await busy
         asyncio.run(main())
@@ -200,13 +202,12 @@ def test_the_writer_dies_with_a_killed_master(tmp_path: Path) -> None:
     try:
         assert master.stdout is not None
         writer = int(master.stdout.readline())
+        wait_for(started.exists, what="the writer to be inside the blocking call")
         assert alive(writer)
         master.kill()
         master.wait()
-        deadline = time.monotonic() + 5
-        while alive(writer) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(writer), "the writer outlived its master"
+        wait_for(lambda: not alive(writer), timeout=5, interval=0.05,
+                 what="the writer to die with its master")
     finally:
         master.kill()
         master.wait()

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,13 @@ from masterd.main import MasterDaemon
 from shared.config import MasterConfig, load_config
 from shared.model import Placement
 from shared.protocol import encode_rpc_request
-from tests.unit.helpers import inventory, job, writer_log_level, writer_sleep
+from tests.unit.helpers import (
+    inventory,
+    job,
+    wait_for_async,
+    writer_log_level,
+    writer_sleep,
+)
 
 JOB = {"name": "t", "command": ["true"], "user": "nobody", "gpus": 1, "cpus": 1}
 
@@ -104,10 +109,13 @@ async def test_reload_applies_run_time_keys_and_logs_each(daemon: MasterDaemon, 
     assert (cfg.stop_grace_s, cfg.node_grace_s, cfg.allowed_users) == (3.5, 7.0, ("nobody",))
     assert logging.getLogger().level == logging.DEBUG
     # The journal writer, a process of its own, follows.
-    deadline = time.monotonic() + 5
-    while await daemon.master.journal.call(writer_log_level) != logging.DEBUG:
-        assert time.monotonic() < deadline, "the journal writer kept its old log level"
-        await asyncio.sleep(0.02)
+    journal = daemon.master.journal
+
+    async def writer_at_debug() -> bool:
+        return await journal.call(writer_log_level) == logging.DEBUG
+
+    await wait_for_async(writer_at_debug, timeout=5,
+                         what="the journal writer to take the new log level")
     text = caplog.text
     assert "config_reload key=stop_grace_s change=10.0→3.5" in text
     assert "config_reload key=allowed_users change=()→('nobody',)" in text
@@ -176,8 +184,8 @@ async def test_drain_refuses_new_requests_and_finishes_those_in_flight(
     in_flight = asyncio.ensure_future(rpc(daemon, "ping"))
     await entered.wait()
     closing = asyncio.ensure_future(daemon.close())
-    while not daemon.runner.app[GATE_KEY].closed:
-        await asyncio.sleep(0.01)
+    gate = daemon.runner.app[GATE_KEY]
+    await wait_for_async(lambda: gate.closed, what="the drain to close the gate")
     status, reply = await rpc(daemon, "nodes")
     assert status == 503 and reply["error"]["code"] == "shutting_down"
     assert "shutting down" in reply["error"]["message"]
@@ -195,9 +203,11 @@ async def test_drain_lets_a_submission_reach_the_disk(daemon: MasterDaemon,
     master = daemon.master
     assert master is not None
     # Occupy the journal writer so the submission's commit is still pending when SIGTERM comes.
-    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 0.5))
+    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 1.0))
     submit = asyncio.ensure_future(rpc(daemon, "submit", {"job": JOB, "id": "late-1"}))
-    await asyncio.sleep(0.1)
+    await wait_for_async(
+        lambda: not blocker.done() and master.journal.in_flight >= 2,
+        what="the submission to be queued in the journal behind the busy writer")
     await daemon.close()
     status, reply = await submit
     await blocker
@@ -219,9 +229,12 @@ async def test_a_killed_journal_writer_costs_only_what_was_in_flight(daemon: Mas
     assert status == 200 and "result" in reply
     writer = master.journal._writer
     assert writer is not None
-    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 5))
+    busy = tmp_path / "writer-busy"
+    blocker = asyncio.ensure_future(master.journal.call(writer_sleep, 5, str(busy)))
     in_flight = asyncio.ensure_future(rpc(daemon, "submit", {"job": JOB, "id": "lost"}))
-    await asyncio.sleep(0.3)
+    # Killed while it is inside the blocking call, with the submission issued behind it.
+    await wait_for_async(lambda: busy.exists() and master.journal.in_flight >= 2,
+                         what="the writer to be busy with the submission queued behind it")
     os.kill(writer.proc.pid, signal.SIGKILL)
     status, reply = await in_flight
     assert reply["error"]["code"] == "store_unavailable", reply
@@ -293,7 +306,8 @@ async def test_metrics_follow_the_master(daemon: MasterDaemon) -> None:
         assert (await rpc(daemon, "submit", {"job": JOB, "id": f"q{i}"}))[0] == 200
     await rpc(daemon, "launch_missiles")
     await rpc(daemon, "launch_missiles_again")
-    await asyncio.sleep(0.05)
+    # Each submission asked for a scheduling pass, run soon after it rather than within it.
+    await wait_for_async(lambda: master.passes >= 2, what="the submissions' scheduling passes")
     m = await scrape(daemon)
     assert value(m["trellis_jobs"], "trellis_jobs", state="queued", kind="training") == 2
     assert value(m["trellis_jobs"], "trellis_jobs", state="running", kind="training") == 0

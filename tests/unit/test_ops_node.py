@@ -16,6 +16,7 @@ from demo.cluster import free_port
 from noded.main import NodeDaemon
 from shared.config import NodeConfig, load_config
 from shared.sdnotify import Notifier
+from tests.unit.helpers import wait_for_async
 
 
 @pytest.fixture
@@ -92,8 +93,11 @@ async def test_node_lifecycle_ready_reload_metrics_stop(
         assert "retrying" in ready and "master unreachable" in ready
         got = await messages(sock, "WATCHDOG=1")
 
-        await asyncio.sleep(0.2)  # a GPU sample or two
-        m = await scrape(port)
+        async def sampled() -> dict[str, list] | None:
+            m = await scrape(port)
+            return m if m.get("trellis_gpu_utilization_ratio") else None
+
+        m = await wait_for_async(sampled, what="a GPU sample in the node's metrics")
         util = m["trellis_gpu_utilization_ratio"]
         assert sorted(s.labels["gpu"] for s in util) == ["0", "1"]
         assert all(s.labels["node"] == unique_name and s.labels["job"] == "" and s.value == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 import uuid
@@ -110,12 +111,35 @@ def test_send_failure_does_not_raise(tmp_path: Path) -> None:
 async def test_watchdog_loop_pings_at_half_the_interval(
         listener: tuple[str, socket.socket]) -> None:
     path, sock = listener
+    loop = asyncio.get_running_loop()
     n = Notifier(environ={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
-    task = asyncio.get_running_loop().create_task(n.watchdog_loop())
-    await asyncio.sleep(0.35)  # pings at 0, 0.1, 0.2, 0.3
-    task.cancel()
-    pings = recv_all(sock)
-    assert 3 <= len(pings) <= 5 and set(pings) == {"WATCHDOG=1"}
+    sent: list[float] = []  # the loop's clock at each ping
+    ping = n.watchdog
+
+    def timed_ping() -> bool:
+        sent.append(loop.time())
+        return ping()
+
+    n.watchdog = timed_ping  # type: ignore[method-assign]
+    sock.setblocking(False)
+    received: list[str] = []
+
+    async def five_pings() -> None:
+        while len(received) < 5:
+            received.append((await loop.sock_recv(sock, 4096)).decode())
+
+    task = loop.create_task(n.watchdog_loop())
+    try:
+        await asyncio.wait_for(five_pings(), 10)
+    finally:
+        task.cancel()
+    assert received == ["WATCHDOG=1"] * 5
+    gaps = [b - a for a, b in itertools.pairwise(sent[:5])]
+    # Half of the 0.2 s interval: the loop never wakes a sleep early, so no gap is shorter.
+    assert all(g >= 0.1 - 1e-6 for g in gaps), gaps
+    # A late wake-up on a busy machine may stretch one gap, but pinging only once per
+    # interval would put the mean at 0.2 s or more: systemd would kill a healthy daemon.
+    assert sum(gaps) / len(gaps) < 0.2, gaps
 
 
 async def test_watchdog_loop_returns_when_no_watchdog(
