@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.features.genie.prediction import predict
 from masterd.features.genie.profiler import ProfileRequest
+from masterd.service.master import Master
 from shared.model import NAME_PATTERN, UNIX_USER_PATTERN, Job
 from shared.schema import bounded
-
-if TYPE_CHECKING:
-    from masterd.service.master import Master
 
 Handler = tuple[type, Callable[[Any], Awaitable[Any]]]
 
@@ -63,19 +61,20 @@ class ProfilesParams:
 
 
 def method_table(master: Master) -> dict[str, Handler]:
+    features = master.features
     async def models(_: NoParams) -> dict[str, Any]:
-        return {"models": master.models.listing(),
-                "default_gpu_model": master.models.db.default_gpu_model}
+        return {"models": features.models.listing(),
+                "default_gpu_model": features.models.db.default_gpu_model}
 
     async def load_models(p: LoadModelsParams) -> dict[str, Any]:
         if (p.path is None) == (p.rows is None):
             raise JobError("invalid_params", "give either path (a .json/.toml file on the "
                            "master's host) or rows")
         if p.path is not None:
-            entries = await master.models.load_file(p.path)
+            entries = await features.models.load_file(p.path)
         else:
             assert p.rows is not None
-            entries = await master.models.load_rows(p.rows, "rpc", p.default_gpu_model)
+            entries = await features.models.load_rows(p.rows, "rpc", p.default_gpu_model)
         master.request_pass()
         return {"loaded": len(entries),
                 "models": [f"{e.model_type}/{e.gpu_model}/{e.kind}" for e in entries]}
@@ -89,20 +88,21 @@ def method_table(master: Master) -> dict[str, Handler]:
             memory_mib=p.memory_mib, tenant=p.tenant, family=p.family, params_m=p.params_m,
             env=p.env,
         )
-        campaign = await master.profiler.start(request)
-        return {"profile": master.profiler.view(campaign)}
+        campaign = await features.profiler.start(request)
+        return {"profile": features.profiler.view(campaign)}
 
     async def profiles(p: ProfilesParams) -> dict[str, Any]:
         if p.id is not None:
-            return {"profiles": [master.profiler.view(master.profiler.get(p.id))]}
-        return {"profiles": [master.profiler.view(c) for c in master.profiler.campaigns.values()]}
+            return {"profiles": [features.profiler.view(features.profiler.get(p.id))]}
+        campaigns = features.profiler.campaigns.values()
+        return {"profiles": [features.profiler.view(c) for c in campaigns]}
 
     async def pools(_: NoParams) -> dict[str, Any]:
-        return master.arrays.summary()
+        return features.arrays.summary()
 
     async def resize_arrays(_: NoParams) -> dict[str, Any]:
-        master.arrays._require()
-        return await master.arrays.resize_now()
+        features.arrays.require()
+        return await features.arrays.resize_now()
 
     return {
         "models": (NoParams, models),
@@ -117,6 +117,7 @@ def method_table(master: Master) -> dict[str, Handler]:
 def job_extras(master: Master, job: Job) -> dict[str, Any]:
     """The ``prediction`` and ``metrics`` parts of a ``job`` result."""
     return {
-        "prediction": predict(master, job, master.clock()),
+        "prediction": predict(master.context.core, master.features.models.db, job,
+                              master.clock()),
         "metrics": master.job_metrics.of(job.id),
     }

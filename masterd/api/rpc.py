@@ -9,8 +9,8 @@ from typing import Any
 
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
+from masterd.api.inference import method_table as inference_methods
 from masterd.core.scheduler import JobError
-from masterd.features.inference import method_table as inference_methods
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
 from masterd.service.master import Master
@@ -105,7 +105,7 @@ class Rpc:
         }
         self._wants_params = frozenset({"submit"})  # handlers given the raw params too
         # The placement RPC for inference services (SODA §V-D).
-        self.methods.update(inference_methods(master.inference))
+        self.methods.update(inference_methods(master.features.inference))
         # GENIE's model database and profiler, SODA's pools.
         self.methods.update(genie_methods(master))
 

@@ -23,15 +23,13 @@ tuned: it runs on exactly the cores it was given.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from masterd.core.cluster import AllocationError
 from masterd.core.cores import category_of, declared_traits, remember, start_point
-from masterd.core.scheduler import JobError, SchedulingCore
+from masterd.core.scheduler import JobError
 from masterd.journal.cores import load_history, remember_cores
-from masterd.journal.journal import Journal
-from masterd.journal.store import Store
+from masterd.runtime.context import FeatureContext
 from shared.messages import CorePlan, CoresChanged
 from shared.model import Job, JobKind, JobSpec, JobState, NodeAllocation
 
@@ -43,31 +41,15 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 class AdaptiveCpus:
-    def __init__(
-        self,
-        core: SchedulingCore,
-        store: Store,
-        journal: Journal,
-        enabled: bool,
-        clock: Callable[[], float],
-        persist: Callable[[list[Job], list[tuple]], Coroutine[Any, Any, None]],
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-        request_pass: Callable[[], None],
-    ) -> None:
-        self.core = core
-        self.store = store
-        self.journal = journal
+    def __init__(self, ctx: FeatureContext, enabled: bool) -> None:
+        self.ctx = ctx
         self.enabled = enabled
-        self.clock = clock
-        self._persist = persist
-        self._spawn = spawn
-        self._request_pass = request_pass
-        self.history: dict[tuple[str, str], int] = {}
-
-    def load(self) -> None:
-        """Read the history (before serving: the store is used from this thread then)."""
-        self.history = load_history(self.store)
+        # Read before serving (the store is used from this thread then).
+        self.history: dict[tuple[str, str], int] = ctx.journal.now(load_history)
         log.info("core history loaded entries=%d", len(self.history))
+        ctx.events.submitting.subscribe(self.check)
+        ctx.events.core_plan.provide(self.plan)
+        ctx.events.node_event.subscribe(self.on_node_event)
 
     # -- submission ------------------------------------------------------------------------
     def check(self, spec: JobSpec) -> None:
@@ -110,14 +92,18 @@ class AdaptiveCpus:
         detail = {"n_start": start.cores, "max_cores": len(alloc.cpus),
                   "category": start.category, "warm": start.from_history,
                   "reason": start.reason}
-        self._spawn(self._persist([], [(self.clock(), job.id, alloc.node, "cores_start",
-                                        detail)]))
+        self.ctx.tasks.spawn(self.ctx.journal.persist(
+            [], [(self.ctx.clock(), job.id, alloc.node, "cores_start", detail)]))
         return CorePlan(n_start=start.cores, warm=start.from_history,
                         launch_cores=start.cores)
 
     # -- events from nodes -----------------------------------------------------------------
+    async def on_node_event(self, node: str, event: Any) -> None:
+        if isinstance(event, CoresChanged):
+            await self.cores_changed(node, event)
+
     async def cores_changed(self, node: str, event: CoresChanged) -> None:
-        job = self.core.jobs.get(event.job_id)
+        job = self.ctx.core.job(event.job_id)
         if job is None or job.state not in (JobState.STARTING, JobState.RUNNING):
             log.warning("node=%s cores_changed for job=%s that is not running here; ignored",
                         node, event.job_id)
@@ -130,29 +116,29 @@ class AdaptiveCpus:
                         "ignored", node, job.id, sorted(set(event.cpus) - held))
             return
         try:
-            self.core.cores_changed(job.id, node, tuple(event.cpus))
+            self.ctx.jobs.cores_changed(job.id, node, tuple(event.cpus))
         except (JobError, AllocationError) as exc:
             log.warning("node=%s job=%s cores_changed refused: %s", node, job.id, exc)
             return
-        now = self.clock()
+        now = self.ctx.clock()
         detail = {
             "cpus": list(event.cpus), "pinned": list(event.pinned), "step": event.step,
             "utilisation": None if event.utilisation is None else round(event.utilisation, 2),
             "measured_cores": event.measured_cores, "converged": event.converged,
             "reason": event.reason,
         }
-        await self._persist([job], [(now, job.id, node, "cores_changed", detail)])
+        await self.ctx.journal.persist([job], [(now, job.id, node, "cores_changed", detail)])
         log.info("job=%s node=%s cores=%d pinned=%d step=%d util=%s converged=%s", job.id,
                  node, len(event.cpus), len(event.pinned), event.step, event.utilisation,
                  event.converged)
         if event.converged:
             await self._remember(job, len(event.pinned), now)
-        self._request_pass()  # cores came free: a queued job may fit now
+        self.ctx.request_pass()  # cores came free: a queued job may fit now
 
     async def _remember(self, job: Job, cores: int, now: float) -> None:
         category = category_of(job.spec) or "unknown"  # as cores.remember keys it
-        stored = await self.journal.call(remember_cores, job.spec.user, category,
-                                         cores, now)
+        stored = await self.ctx.journal.call(remember_cores, job.spec.user, category,
+                                             cores, now)
         remember(self.history, job.spec, cores)
         self.history[(job.spec.user, category)] = stored
         log.info("core history owner=%s category=%s converged=%d stored=%d", job.spec.user,

@@ -33,7 +33,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.inference import (
@@ -52,7 +52,8 @@ from masterd.core.inference import (
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import JobError
 from masterd.journal.services import delete_service, ensure_schema, load_services, save_service
-from masterd.journal.store import Store
+from masterd.runtime.context import FeatureContext
+from shared.config import InferenceConfig
 from shared.model import (
     NAME_PATTERN,
     UNIX_USER_PATTERN,
@@ -62,9 +63,6 @@ from shared.model import (
     JobState,
 )
 from shared.schema import SchemaError, bounded, decode, encode
-
-if TYPE_CHECKING:
-    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.inference")
 
@@ -172,9 +170,8 @@ class GpuNodeHeadroom(Mapping[str, float]):
 
 
 class InferenceService:
-    def __init__(self, master: Master) -> None:
-        self.master = master
-        cfg = master.config.inference
+    def __init__(self, ctx: FeatureContext, cfg: InferenceConfig) -> None:
+        self.ctx = ctx
         try:
             self.placer = InferencePlacer(PlacerConfig(
                 scale_out_fraction=cfg.scale_out_fraction,
@@ -185,7 +182,7 @@ class InferenceService:
         except PlacerError as exc:
             raise ValueError(f"[master.inference]: {exc}") from None
         self.config = cfg
-        ensure_schema(master.store)  # before serving, on this thread, like Master.restore
+        ctx.journal.now(ensure_schema)  # before serving, on this thread, like the restore
         self.registrations: dict[str, RegisterServiceParams] = {}
         self.jobs: dict[str, str] = {}  # placer replica id -> job id
         # Measured memory-bandwidth headroom per node (GB/s), fed by the contention monitor;
@@ -194,7 +191,7 @@ class InferenceService:
         self._cache: dict[str, _Cached] = {}
         # Versions handed to clients: one counter per service, started from the clock in
         # milliseconds, so they keep growing across re-registrations and master restarts.
-        self._epoch = int(master.clock() * 1000)
+        self._epoch = int(ctx.clock() * 1000)
         self._versions: dict[str, int] = {}
         self._generation: dict[str, int] = {}  # bumped by every (re-)registration
         self._last_now = 0.0
@@ -202,12 +199,15 @@ class InferenceService:
         self._failures: dict[str, int] = {}  # service -> consecutive failed replicas
         self.live: set[str] = set()  # replica job ids not yet ended
         self._ended: dict[str, float] = {}  # replica id -> when its job was seen ended
+        ctx.events.restored.subscribe(self.restore)
+        ctx.events.before_pass.subscribe(self.before_pass)
+        ctx.events.job_forgotten.subscribe(self.forgetting)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> None:
         """Re-register journalled services and adopt their running replicas (before serving)."""
-        master = self.master
-        for name, data in load_services(master.store).items():
+        ctx = self.ctx
+        for name, data in ctx.journal.now(load_services).items():
             try:
                 reg = decode(RegisterServiceParams, data)
                 self.placer.register(reg.profile())
@@ -216,7 +216,7 @@ class InferenceService:
                 continue
             self.registrations[name] = reg
         stale: list[Job] = []
-        for job in master.core.jobs.values():
+        for job in ctx.core.jobs.values():
             service = job.spec.env.get(SERVICE_ENV)
             if (job.spec.kind is not JobKind.INFERENCE or service not in self.registrations
                     or job.state.terminal):
@@ -233,12 +233,8 @@ class InferenceService:
                 continue
             self.jobs[replica.id] = job.id
             self.live.add(job.id)
-        now = master.clock()
         for job in stale:
-            transition, _ = master.core.cancel(job.id, now)
-            if transition is not None:  # queued: cancelled at once, nothing runs
-                master.store.update_jobs([job], [(now, job.id, None, "cancelled",
-                                                  {"reason": "stale inference replica"})])
+            ctx.jobs.cancel_restored(job.id, "stale inference replica")
         if self.registrations:
             log.info("inference services restored=%d replicas adopted=%d",
                      len(self.registrations), len(self.jobs))
@@ -250,7 +246,7 @@ class InferenceService:
         if placement is None or len(placement.allocations) != 1 or REPLICA_ENV not in env:
             return None
         alloc = placement.allocations[0]
-        view = self.master.core.cluster.node(alloc.node)
+        view = self.ctx.core.node(alloc.node)
         kind = ReplicaKind.GPU if alloc.gpus else ReplicaKind.CPU
         reg = self.registrations[env[SERVICE_ENV]]
         return Replica(
@@ -264,13 +260,13 @@ class InferenceService:
 
     def _now(self) -> float:
         # The placer needs non-decreasing report times; the wall clock may step back.
-        self._last_now = max(self._last_now, self.master.clock())
+        self._last_now = max(self._last_now, self.ctx.clock())
         return self._last_now
 
     def _ensure_ticker(self) -> None:
         if not self._ticking:
             self._ticking = True
-            self.master._spawn(self._tick())
+            self.ctx.tasks.spawn(self._tick(), "inference-tick")
 
     async def _tick(self) -> None:
         """Re-plan while services exist: sustained conditions mature with time alone."""
@@ -294,7 +290,7 @@ class InferenceService:
     def plan(self) -> list[ReplicaAction]:
         self._guard_queue()
         self._forget_lost()
-        snapshot = self.master.core.snapshot()
+        snapshot = self.ctx.core.snapshot()
         headroom = GpuNodeHeadroom(snapshot, self.headroom, self.config.mbw_headroom_gbps)
         actions = self.placer.plan(snapshot, self._now(), headroom)
         for action in actions:
@@ -309,9 +305,8 @@ class InferenceService:
     def _guard_queue(self) -> None:
         """Cancel replica jobs a failed start put back in the queue (this runs before every
         policy pass): a replica runs where the placer put it or not at all."""
-        core = self.master.core
         for job_id in list(self.live):
-            job = core.jobs.get(job_id)
+            job = self.ctx.core.job(job_id)
             if job is None or job.state.terminal:
                 self.live.discard(job_id)
             elif job.state is JobState.QUEUED:
@@ -326,10 +321,10 @@ class InferenceService:
         each consecutive failure of the service: a node that refuses a service's replicas
         must not turn every scheduling pass into another launch.
         """
-        core, now = self.master.core, self.master.clock()
+        now = self.ctx.clock()
         for service in list(self.registrations):
             for replica in self.placer.replicas(service):
-                job = core.jobs.get(self.jobs.get(replica.id, ""))
+                job = self.ctx.core.job(self.jobs.get(replica.id, ""))
                 if job is not None and job.state is JobState.RUNNING:
                     self._failures.pop(service, None)
                     continue
@@ -372,7 +367,7 @@ class InferenceService:
         if replica_id is None or service is None or self.jobs.get(replica_id) != job.id:
             return
         if replica_id not in self._ended:
-            self._replica_ended(service, replica_id, job, self.master.clock())
+            self._replica_ended(service, replica_id, job, self.ctx.clock())
 
     def _backoff(self, service: str) -> float:
         failures = self._failures.get(service, 0)
@@ -380,15 +375,11 @@ class InferenceService:
 
     def _cancel_queued(self, job: Job) -> None:
         """A replica job must never run outside the placer's control: drop it from the queue."""
-        transition, _ = self.master.core.cancel(job.id, self.master.clock())
-        if transition is not None:
-            self.master._spawn(self.master._record(transition))
+        self.ctx.jobs.drop_queued(job.id)
 
     def _launch(self, action: LaunchReplica) -> None:
-        master, replica = self.master, action.replica
+        replica = action.replica
         reg = self.registrations[replica.service]
-        seq = master.next_seq()
-        job_id = f"{replica.id}-{seq}"
         number = replica.id.rsplit("-", 1)[-1]
         port = reg.port + int(number) if reg.port and number.isdigit() else 0
         env = dict(reg.env)
@@ -405,60 +396,34 @@ class InferenceService:
                 gpus=1 if replica.gpu is not None else 0, gpu_model=reg.gpu_model,
                 cpus=len(replica.cpus), memory_mib=replica.memory_mib, env=env,
             )
-            job = Job(id=job_id, spec=spec, submit_time=master.clock(),
-                      state=JobState.STARTING, placement=replica.placement, attempts=1,
-                      node_states={replica.node: "preparing"})
-            master.core.cluster.allocate(job_id, replica.placement)
+            job = self.ctx.jobs.launch_placed(spec, replica.placement, replica.id,
+                                              f"service {reg.service}: {action.reason}")
         except (ValueError, RuntimeError) as exc:
             log.error("service=%s replica=%s cannot be launched: %s", replica.service,
                       replica.id, exc)
             self.placer.replica_lost(replica.service, replica.id)
             return
-        master.core.submit(job)
-        self.jobs[replica.id] = job_id
-        self.live.add(job_id)
-        master._launching.add(job_id)
-        master._spawn(self._start(seq, job, action.reason))
-
-    async def _start(self, seq: int, job: Job, reason: str) -> None:
-        master = self.master
-        try:
-            await master.journal.call(Store.insert_jobs, [(seq, job)])
-        except Exception as exc:
-            log.error("replica job %s cannot be journalled: %s", job.id, exc)
-            master._launching.discard(job.id)
-            # Free its resources and end it (in memory: it never reached the journal); the
-            # next plan sees it ended and replaces it.
-            master.core.start_failed(job.id, f"not journalled: {exc}", master.clock())
-            if master.core.jobs[job.id].state is JobState.QUEUED:
-                master.core.cancel(job.id, master.clock())
-            master.note_ended(job.id)  # counted like any ended job, so it is forgotten too
-            return
-        log.info("service=%s replica job=%s launching reason=%r",
-                 job.spec.env.get(SERVICE_ENV), job.id, reason)
-        await master._launch(job)
-        if job.state is JobState.QUEUED:  # the node refused it: never let the policy run it
-            self._cancel_queued(job)
-            master.request_pass()
+        self.jobs[replica.id] = job.id
+        self.live.add(job.id)
 
     def _retire(self, action: RetireReplica) -> None:
         job_id = self.jobs.pop(action.replica.id, None)
-        job = self.master.core.jobs.get(job_id or "")
+        job = self.ctx.core.job(job_id or "")
         if job is None or job.state.terminal:
             return
         log.info("service=%s replica job=%s retiring reason=%r", action.replica.service,
                  job.id, action.reason)
-        self.master._spawn(self._cancel(job.id))
+        self.ctx.tasks.spawn(self._cancel(job.id))
 
     async def _cancel(self, job_id: str) -> None:
         try:
-            await self.master.cancel(job_id)
+            await self.ctx.jobs.cancel(job_id)
         except JobError as exc:  # it ended meanwhile
             log.debug("replica job %s not cancelled: %s", job_id, exc)
 
     def _preempt(self, decision: Preempt) -> None:
         """The master's preemption path: mark the victim as the core does, stop its parts."""
-        if self.master.preempt(decision):
+        if self.ctx.jobs.preempt(decision):
             log.info("inference preempts job=%s reason=%r", decision.job_id, decision.reason)
 
     # -- RPC ---------------------------------------------------------------------------------
@@ -477,9 +442,8 @@ class InferenceService:
                 len(self.registrations) >= self.config.max_services:
             raise JobError("too_many_services",
                            f"the master serves at most {self.config.max_services} services")
-        self.master.check_user(p.user)
-        await self.master.journal.call(save_service, p.service, encode(p),
-                                       self.master.clock())
+        self.ctx.jobs.check_user(p.user)
+        await self.ctx.journal.call(save_service, p.service, encode(p), self.ctx.clock())
         new = p.service not in self.registrations
         self.registrations[p.service] = p
         self._generation[p.service] = self._generation.get(p.service, 0) + 1
@@ -517,7 +481,7 @@ class InferenceService:
     def _place(self, service: str) -> dict[str, Any]:
         """The cached reply: rebuilt only when the placer's version or readiness changed."""
         version = self.placer.version(service)
-        jobs, core_jobs = self.jobs, self.master.core.jobs
+        jobs, core_jobs = self.jobs, self.ctx.core.jobs
         ready = frozenset(
             r.id for r in self.placer.replicas(service)
             if (job := core_jobs.get(jobs.get(r.id, ""))) is not None
@@ -547,7 +511,7 @@ class InferenceService:
 
     async def deregister_service(self, p: ServiceParams) -> dict[str, Any]:
         self._service(p.service)
-        await self.master.journal.call(delete_service, p.service)
+        await self.ctx.journal.call(delete_service, p.service)
         del self.registrations[p.service]
         self._cache.pop(p.service, None)
         self._failures.pop(p.service, None)
@@ -574,14 +538,3 @@ class InferenceService:
     def set_headroom(self, node: str, gbps: float) -> None:
         """The contention monitor's measured bandwidth headroom of a node (GB/s)."""
         self.headroom[node] = max(0.0, float(gbps))
-
-
-def method_table(svc: InferenceService) -> Mapping[str, tuple[type, Any]]:
-    """The placement RPC's entries for :class:`masterd.api.rpc.Rpc`'s method table."""
-    return {
-        "register_service": (RegisterServiceParams, svc.register_service),
-        "report_load": (ReportLoadParams, svc.report_load),
-        "place": (ServiceParams, svc.place),
-        "deregister_service": (ServiceParams, svc.deregister_service),
-        "services": (NoServiceParams, svc.services),
-    }

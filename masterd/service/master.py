@@ -1,4 +1,9 @@
-"""The master: drives the scheduling core from real events and carries out its decisions."""
+"""The master: drives the scheduling core from real events and carries out its decisions.
+
+Its features (``masterd.features``) are built by :mod:`masterd.service.features` around a
+:class:`~masterd.runtime.context.FeatureContext` and hear from the master only through its
+events (:class:`~masterd.runtime.events.MasterEvents`): the master names none of them.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +18,28 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from masterd.core.cluster import AllocationError
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
-from masterd.core.profiling import ProfilingPolicy
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
-from masterd.features.adaptive import AdaptiveCpus
-from masterd.features.arrays.pools import ArraysLive
-from masterd.features.genie.models import ModelStore, build_policy
-from masterd.features.genie.profiler import Profiler
-from masterd.features.inference import InferenceService
-from masterd.features.jobmetrics import JobMetrics
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
 from masterd.journal.writer import set_log_level
+from masterd.runtime.context import (
+    CoreView,
+    FeatureContext,
+    JobActions,
+    JournalPort,
+    NodeCommands,
+)
+from masterd.runtime.events import MasterEvents
+from masterd.runtime.tasks import TaskSupervisor
+from masterd.service.features import Features, assemble
+from masterd.service.jobmetrics import JobMetrics
 from masterd.service.sessions import CommandFailed, NodeSession
 from shared.config import MasterConfig
 from shared.messages import (
     Contention,
-    CoresChanged,
     ForgetJob,
     GpuHealth,
     GpuUtil,
@@ -43,7 +52,7 @@ from shared.messages import (
     StartJob,
     StopJob,
 )
-from shared.model import Job, JobSpec, JobState, NodeInventory, check_name
+from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, check_name
 from shared.schema import encode
 
 _ROUTINE = frozenset({JobState.RUNNING, JobState.FINISHED})
@@ -101,7 +110,7 @@ class Master:
         self._seq = self.store.next_seq()
         self._pass_pending = False
         self._launching: set[str] = set()
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
         # Ended jobs still in core.jobs, oldest-ended first: beyond
@@ -110,20 +119,28 @@ class Master:
         # Set by masterd.api.metrics when metrics are served: (pass seconds, decisions) -> None.
         self.observe_pass: Callable[[float, list[Any]], None] | None = None
         self._users = UserCache(clock)
-        self.adaptive = AdaptiveCpus(self.core, self.store, self.journal, config.adaptive_cpus,
-                                     clock, self._persist, self._spawn, self.request_pass)
-        self.adaptive.load()
-        self.inference = InferenceService(self)
-        # GENIE's model database (journalled) shared by every predicting policy, its
-        # profiler, the jobs' reported metrics, and SODA's pools (see those modules).
-        self.models = ModelStore.for_config(self.store, self.journal, config.policy,
-                                            config.policy_options)
-        self.profiler = Profiler(self)
-        self.core.policy = ProfilingPolicy(
-            build_policy(config.policy, config.policy_options, self.models.db),
-            self.profiler.is_run, self.profiler.any_runs)
-        self.job_metrics = JobMetrics(clock, self.profiler.on_metric)
-        self.arrays = ArraysLive(self)
+        # What jobs report on their metrics channel (for trellisctl show and the features).
+        self.job_metrics = JobMetrics(clock)
+        self.events = MasterEvents()
+        self.context = FeatureContext(
+            clock=clock,
+            config=lambda: self.config,
+            journal=JournalPort(self.journal, self.store),
+            core=CoreView(self.core),
+            request_pass=self.request_pass,
+            jobs=JobActions(
+                check_user=self.check_user, submit=self.submit, cancel=self.cancel,
+                preempt=self.preempt, drop_queued=self.drop_queued,
+                launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
+                cancel_restored=self.cancel_restored),
+            nodes=NodeCommands(send=self._command, status=self.node_status),
+            tasks=self.tasks,
+            events=self.events,
+        )
+        # The features subscribe to self.events; the policy comes out with GENIE's live
+        # model database in every predicting part of it, and the profiler's runs set apart.
+        self.features: Features
+        self.features, self.core.policy = assemble(self.context, config)
 
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
@@ -143,44 +160,30 @@ class Master:
                 problem = self.core.claim_restored(job.id)
                 if problem:
                     log.error("job=%s cannot re-claim its resources: %s", job.id, problem)
-        self.inference.restore()
+        # The features settle what they journalled (services, campaigns, array demand).
+        self.events.restored.emit()
         active = sum(1 for j in jobs if not j.state.terminal and j.state is not JobState.QUEUED)
         log.info(
             "restored jobs=%d queued=%d active=%d nodes=%d",
             len(jobs), len(self.core.queue()), active, len(self.core.cluster.node_names),
         )
-        self.profiler.restore()
-        # Oldest-ended first, as if they had ended in this run (the inference restore above
-        # may have cancelled some, so this comes after it).
+        # Oldest-ended first, as if they had ended in this run (a feature's restore above may
+        # have cancelled some, so this comes after it).
         ended = sorted((j for j in self.core.jobs.values() if j.state.terminal),
                        key=lambda j: j.end_time if j.end_time is not None else j.submit_time)
         for job in ended:
             self.note_ended(job.id)
-        self.arrays.start()
 
     async def close(self) -> None:
         for handle in self._grace.values():
             handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.close()
         self.journal.close()
 
     def log_level_changed(self, level: str) -> None:
         """The daemon's log level changed (SIGHUP): the journal writer, a process of its
         own, follows."""
-        self._spawn(self.journal.call(set_log_level, level))
-
-    def _spawn(self, awaitable: Any) -> None:
-        """Run a coroutine, or follow a future (a journal operation), in the background."""
-        task = asyncio.ensure_future(awaitable)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task failed", exc_info=task.exception())
+        self.tasks.spawn(self.journal.call(set_log_level, level))
 
     # -- submissions ---------------------------------------------------------------------
     def check_user(self, user: str) -> None:
@@ -199,7 +202,7 @@ class Master:
             check_name(job_id, "job id")
         self.check_user(spec.user)
         self.core.check_submittable(spec)
-        self.adaptive.check(spec)
+        self.events.submitting(spec)
         seq = self._seq
         self._seq += 1
         if job_id is None:
@@ -266,7 +269,7 @@ class Master:
         # Everything else the master keeps per job goes with it.
         self.journal.wire.forget(job_id)
         self.job_metrics.forget(job_id)
-        self.inference.forgetting(job)
+        self.events.job_forgotten.emit(job)
         log.debug("job=%s forgotten state=%s (kept in the journal)", job_id, job.state.value)
 
     async def cancel(self, job_id: str) -> Job:
@@ -277,7 +280,7 @@ class Master:
         if transition is not None:
             await self._record(transition)
         for node in stop_on:
-            self._spawn(self._stop_part(job_id, node, "cancelled"))
+            self.tasks.spawn(self._stop_part(job_id, node, "cancelled"))
         return job
 
     # -- scheduling ----------------------------------------------------------------------
@@ -291,7 +294,7 @@ class Master:
         self._pass_pending = False
         # Inference first: resources an event freed go to the service that asked for them
         # (a preempted job re-queued at the head must not take them straight back).
-        self.inference.before_pass()
+        self.events.before_pass.emit()
         now = self.clock()
         started = time.perf_counter()
         decisions = self.core.schedule(now)
@@ -303,9 +306,9 @@ class Master:
             if isinstance(decision, Start):
                 job = self.core.jobs[decision.job_id]
                 self._launching.add(job.id)
-                self._spawn(self._launch(job))
+                self.tasks.spawn(self._launch(job))
             elif isinstance(decision, Preempt):
-                self._spawn(self._preempt(decision))
+                self.tasks.spawn(self._preempt(decision))
 
     async def _launch(self, job: Job) -> None:
         """Two-phase start: every node prepares (checks user, GPUs, creates its cgroup), then
@@ -324,7 +327,7 @@ class Master:
             prepares = [
                 self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.adaptive.plan(job, a)), spec))
+                    cores=self.events.core_plan(job, a)), spec))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -382,7 +385,7 @@ class Master:
         log.info("job=%s preempted reason=%s", job.id, decision.reason)
         for node, state in job.node_states.items():
             if state != "exited":
-                self._spawn(self._stop_part(job.id, node, decision.reason))
+                self.tasks.spawn(self._stop_part(job.id, node, decision.reason))
 
     def preempt(self, decision: Preempt) -> bool:
         """Preempt a running job outside a policy pass (the inference placer, SODA §V-D2).
@@ -397,7 +400,7 @@ class Master:
             return False
         job.stopping = True
         job.reason = f"preempted: {decision.reason}"
-        self._spawn(self._preempt(decision))
+        self.tasks.spawn(self._preempt(decision))
         return True
 
     def next_seq(self) -> int:
@@ -405,6 +408,61 @@ class Master:
         seq = self._seq
         self._seq += 1
         return seq
+
+    def drop_queued(self, job_id: str) -> None:
+        """Cancel a waiting job (a feature's job that must not run where the policy puts it)."""
+        transition, _ = self.core.cancel(job_id, self.clock())
+        if transition is not None:
+            self.tasks.spawn(self._record(transition))
+
+    def cancel_restored(self, job_id: str, reason: str) -> None:
+        """While restoring (before serving, nothing else writes): cancel a restored job for
+        good, written to the store directly."""
+        now = self.clock()
+        transition, _ = self.core.cancel(job_id, now)
+        if transition is not None:  # queued: cancelled at once, nothing runs
+            self.store.update_jobs([self.core.jobs[job_id]],
+                                   [(now, job_id, None, "cancelled", {"reason": reason})])
+
+    def launch_placed(self, spec: JobSpec, placement: Placement, id_prefix: str,
+                      reason: str) -> Job:
+        """Start a job on exactly ``placement``, bypassing the queue (an inference replica).
+
+        Its resources are taken at once, so the next pass sees them taken; the job is
+        journalled, then launched by the ordinary two-phase launch. A launch that fails ends
+        the job: it never waits in the queue for the policy to put it elsewhere.
+        """
+        seq = self.next_seq()
+        job_id = f"{id_prefix}-{seq}"
+        job = Job(id=job_id, spec=spec, submit_time=self.clock(), state=JobState.STARTING,
+                  placement=placement, attempts=1,
+                  node_states={node: "preparing" for node in placement.nodes})
+        try:
+            self.core.cluster.allocate(job_id, placement)
+        except AllocationError as exc:
+            raise ValueError(f"job {job_id} cannot take its placement: {exc}") from None
+        self.core.submit(job)
+        self._launching.add(job_id)
+        self.tasks.spawn(self._start_placed(seq, job, reason))
+        return job
+
+    async def _start_placed(self, seq: int, job: Job, reason: str) -> None:
+        try:
+            await self.journal.call(Store.insert_jobs, [(seq, job)])
+        except Exception as exc:
+            log.error("job=%s cannot be journalled: %s", job.id, exc)
+            self._launching.discard(job.id)
+            # Free its resources and end it (in memory: it never reached the journal).
+            self.core.start_failed(job.id, f"not journalled: {exc}", self.clock())
+            if self.core.jobs[job.id].state is JobState.QUEUED:
+                self.core.cancel(job.id, self.clock())
+            self.note_ended(job.id)  # counted like any ended job, so it is forgotten too
+            return
+        log.info("job=%s launching on its given placement reason=%r", job.id, reason)
+        await self._launch(job)
+        if job.state is JobState.QUEUED:  # the node refused it: never let the policy run it
+            self.drop_queued(job.id)
+            self.request_pass()
 
     async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
         session = self.sessions.get(node)
@@ -422,11 +480,7 @@ class Master:
 
     # -- persistence ---------------------------------------------------------------------
     async def _persist(self, jobs: list[Job], events: list[tuple]) -> None:
-        try:
-            await self.journal.update(jobs, events)
-        except StoreError as exc:
-            log.error("store write failed: %s", exc)
-            raise
+        await self.context.journal.persist(jobs, events)
 
     async def _record(self, transition: Transition, node: str | None = None) -> None:
         job = self.core.jobs.get(transition.job_id)
@@ -440,7 +494,7 @@ class Master:
         await self._persist([job], [(self.clock(), job.id, node, transition.state.value, detail)])
         if transition.state.terminal:
             self.journal.wire.forget(job.id)
-        await self.profiler.on_transition(job, transition)
+        await self.events.job_transition.emit(job, transition)
         # The routine steps of a healthy job are in the journal (trellisctl events); logging
         # each at info cost a tenth of the master's time at a few hundred jobs a second.
         # Failures, cancellations and re-queues are what an operator reads logs for.
@@ -448,7 +502,7 @@ class Master:
                 "job=%s state=%s%s", job.id, transition.state.value,
                 f" reason={transition.reason!r}" if transition.reason else "")
         if transition.state.terminal:
-            self.arrays.job_ended(job)
+            self.events.job_ended.emit(job)
             self.note_ended(job.id)
         if transition.state is not JobState.RUNNING:
             self.request_pass()
@@ -494,18 +548,18 @@ class Master:
             )
             if not mine:
                 if report.state == "exited":
-                    self._spawn(self._forget(node, report.job_id))
+                    self.tasks.spawn(self._forget(node, report.job_id))
                 else:
                     log.warning("node=%s job=%s is not the master's; stopping it", node,
                                 report.job_id)
-                    self._spawn(self._stop_part(report.job_id, node, "unknown to the master"))
+                    self.tasks.spawn(self._stop_part(report.job_id, node, "unknown to the master"))
                 continue
             assert job is not None
             if report.state == "running":
                 if job.node_states[node] == "preparing":
                     await self._on_started(job.id, node)
                 if job.stopping:
-                    self._spawn(self._stop_part(job.id, node, job.reason))
+                    self.tasks.spawn(self._stop_part(job.id, node, job.reason))
             elif report.state == "exited":
                 await self._on_exited(node, JobExited(report.job_id, report.exit_code,
                                                       report.signal))
@@ -561,9 +615,9 @@ class Master:
         if transition is not None:
             await self._record(transition, node)
         for other in stop_on:
-            self._spawn(self._stop_part(event.job_id, other, f"rank on {node} failed"))
+            self.tasks.spawn(self._stop_part(event.job_id, other, f"rank on {node} failed"))
         # The exit is on disk now: the node may drop its record.
-        self._spawn(self._forget(node, event.job_id))
+        self.tasks.spawn(self._forget(node, event.job_id))
 
     async def node_event(self, node: str, type_: str, body: Any) -> None:
         if type_ == "job_started":
@@ -588,12 +642,14 @@ class Master:
                 self.clock(), body.job_id, node, "contention",
                 {"action": body.action, "value": body.value, "previous": body.previous,
                  "reason": body.reason})])
-        elif type_ == "cores_changed":
-            assert isinstance(body, CoresChanged)
-            await self.adaptive.cores_changed(node, body)
         elif type_ == "job_metric":
             assert isinstance(body, JobMetric)
-            self.job_metrics.on_event(node, body, self.core.jobs.get(body.job_id))
+            job = self.core.jobs.get(body.job_id)
+            if self.job_metrics.on_event(node, body, job):
+                assert job is not None
+                self.events.job_metric.emit(node, job, body)
+        else:
+            await self.events.node_event.emit(node, body)
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         view = self.core.cluster.node(node)

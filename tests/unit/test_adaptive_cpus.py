@@ -48,16 +48,16 @@ async def test_launch_carries_n_start_and_tuning_frees_cores(tmp_path: Path) -> 
         await started(master, "g1", job.id)
         held = prepare.allocation.cpus
         # A probe: the tuner keeps four cores, runs on two.
-        await master.adaptive.cores_changed("g1", CoresChanged(
+        await master.features.adaptive.cores_changed("g1", CoresChanged(
             job_id=job.id, cpus=held[:4], pinned=held[:2], step=1, utilisation=80.0,
             measured_cores=6))
         assert master.core.cluster.node("g1").free_cpus == frozenset(range(8)) - set(held[:4])
         # Converged on two: the rest is free, and the count is history.
-        await master.adaptive.cores_changed("g1", CoresChanged(
+        await master.features.adaptive.cores_changed("g1", CoresChanged(
             job_id=job.id, cpus=held[:2], pinned=held[:2], step=2, utilisation=79.0,
             measured_cores=2, converged=True))
         assert job.placement is not None and job.placement.allocations[0].cpus == held[:2]
-        assert master.adaptive.history == {("nobody", "cv"): 2}
+        assert master.features.adaptive.history == {("nobody", "cv"): 2}
         assert load_history(master.store) == {("nobody", "cv"): 2}
         kinds = [e.kind for e in master.store.events(job.id)]
         assert kinds.count("cores_changed") == 2 and "cores_start" in kinds
@@ -91,9 +91,9 @@ async def test_bogus_core_reports_change_nothing(tmp_path: Path) -> None:
             ("g1", CoresChanged(job_id="ghost", cpus=held, pinned=held, step=1)),
             ("g9", CoresChanged(job_id=job.id, cpus=held[:1], pinned=held[:1], step=1)),
         ):
-            await master.adaptive.cores_changed(node, event)
+            await master.features.adaptive.cores_changed(node, event)
         assert master.core.cluster.node("g1").free_cpus == free
-        assert master.adaptive.history == {}
+        assert master.features.adaptive.history == {}
     finally:
         await master.close()
 

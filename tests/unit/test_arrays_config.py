@@ -12,7 +12,7 @@ from masterd.core.arrays import (
     Size,
     parse_size,
 )
-from masterd.core.policies import make_policy
+from masterd.core.policies import make_policy, soda_arrays
 from masterd.core.policies.drf import DrfPolicy
 
 
@@ -109,13 +109,13 @@ def test_bad_tables_name_the_key(table: dict[str, object], message: str) -> None
 
 def test_policy_rejects_unknown_or_nested_inner_policies() -> None:
     with pytest.raises(ArrayConfigError, match=r"inner.small: unknown policy 'nope'; known:.*fifo"):
-        ArrayPolicy(inner={"small": "nope"})
+        soda_arrays(inner={"small": "nope"})
     with pytest.raises(ArrayConfigError, match="cannot nest"):
-        ArrayPolicy(inner={"cpu": "soda-arrays"})
+        soda_arrays(inner={"cpu": "soda-arrays"})
     with pytest.raises(ArrayConfigError, match="not both"):
-        ArrayPolicy(ArrayConfig(), borrowing=False)
+        soda_arrays(ArrayConfig(), borrowing=False)
     with pytest.raises(ArrayConfigError, match="inner_factories"):
-        ArrayPolicy(inner_factories={"gpu": DrfPolicy})
+        soda_arrays(inner_factories={"gpu": DrfPolicy})
 
 
 def test_registry_builds_both_policies_from_options() -> None:

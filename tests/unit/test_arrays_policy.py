@@ -10,7 +10,7 @@ import pytest
 from masterd.core.arrays import ArrayId, ArrayPolicy, ArraySummary
 from masterd.core.arrays.accounting import allocs
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.policies import REGISTRY
+from masterd.core.policies import POLICIES, soda_arrays
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policy import Decision, Preempt, Start
 from shared.model import Job, JobState, NodeAllocation, Placement
@@ -33,7 +33,7 @@ GPU_CPU, CPU = ArrayId("gpu-cpu", "A100"), ArrayId("cpu")
 def policy(**table: object) -> ArrayPolicy:
     table.setdefault("models", {"*": {"large": 8, "cpu_job_cores": 4}})
     table.setdefault("inner", {"small": "fifo", "large": "fifo", "cpu": "drf"})
-    return ArrayPolicy(**table)
+    return soda_arrays(**table)
 
 
 def two_nodes(pol: ArrayPolicy, *extra: object):  # n1 is the large node, n2 the small one
@@ -296,14 +296,14 @@ class _Recorder:
 def test_gpu_arrays_default_to_swaf_when_it_is_registered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pol = ArrayPolicy(models={"*": {"large": 8}})
+    pol = soda_arrays(models={"*": {"large": 8}})
     core = two_nodes(pol)
     core.submit(job(gpus=1, cpus=1))
     run_pass(core, 1.0)  # no swaf registered: FIFO places it
     assert len(core.running()) == 1
     _Recorder.calls = []
-    monkeypatch.setitem(REGISTRY, "swaf", _Recorder)
-    pol = ArrayPolicy(models={"*": {"large": 8}})
+    monkeypatch.setitem(POLICIES, "swaf", _Recorder)
+    pol = soda_arrays(models={"*": {"large": 8}})
     core = two_nodes(pol)
     core.submit(job(gpus=1, cpus=1))
     core.submit(job(gpus=4, cpus=1))
@@ -332,7 +332,7 @@ def test_inner_decisions_outside_the_array_or_reusing_units_are_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     pol = policy(models={"*": {"large": 8}})
-    pol = ArrayPolicy(pol.config, inner_factories={"small": _Rogue})
+    pol = soda_arrays(pol.config, inner_factories={"small": _Rogue})
     core = two_nodes(pol)
     core.submit(job(gpus=1, cpus=1, job_id="x"))
     core.submit(job(gpus=1, cpus=1, job_id="y"))
@@ -356,8 +356,8 @@ class _Spy:
 
 def test_inner_policies_see_running_jobs_cut_to_their_array() -> None:
     base = policy(models={"*": {"large": 8, "cpu_job_cores": 2}})
-    pol = ArrayPolicy(base.config, inner_factories={"large": _Spy})
-    core = two_nodes(ArrayPolicy(base.config))
+    pol = soda_arrays(base.config, inner_factories={"large": _Spy})
+    core = two_nodes(soda_arrays(base.config))
     core.submit(job(gpus=4, cpus=2, job_id="large-job"))
     for i in range(4):  # 2 CPU-job cores per node: two jobs at home, two borrow
         core.submit(job(cpus=2, submit=float(i), job_id=f"c{i}"))

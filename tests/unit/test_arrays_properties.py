@@ -16,6 +16,7 @@ from masterd.core.arrays.layout import GPU_CPU, ArrayId
 from masterd.core.arrays.policy import _release
 from masterd.core.arrays.views import Scratch, ViewBuilder
 from masterd.core.placement import FreePool, pack
+from masterd.core.policies import soda_arrays
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore
 from shared.model import Job, JobSpec, JobState, NodeInventory
@@ -176,7 +177,7 @@ def check_state(pol: ArrayPolicy, core: SchedulingCore,
 def test_random_sequences_keep_the_array_invariants(
     nodes: list[NodeInventory], table: dict[str, object], steps: list[tuple]  # type: ignore[type-arg]
 ) -> None:
-    pol = ArrayPolicy(ArrayConfig.from_table(table))
+    pol = soda_arrays(ArrayConfig.from_table(table))
     core = SchedulingCore(pol)
     for inv in nodes:
         core.node_up(inv)

@@ -15,6 +15,7 @@ from masterd.core.arrays.policy import ArrayPolicy, PassResult
 from masterd.core.genie import model as perf
 from masterd.core.genie.model import Coefficients
 from masterd.core.genie.modeldb import ModelDB, ModelDBError, ModelEntry
+from masterd.core.policies import soda_arrays
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policies.minmin import MinMinPolicy
 from masterd.core.policies.swaf import SwafPolicy
@@ -28,9 +29,8 @@ from masterd.features.genie.profiler import (
     measured_rate,
     substitute,
 )
-from masterd.features.jobmetrics import MAX_NAMES, JobMetrics
-from masterd.journal.journal import Journal
 from masterd.journal.store import Store
+from masterd.service.jobmetrics import MAX_NAMES, JobMetrics
 from shared.messages import JobMetric
 from shared.model import Job, JobState
 from tests.unit.arrays_fixtures import (
@@ -40,6 +40,7 @@ from tests.unit.arrays_fixtures import (
     run_pass,
     starts,
 )
+from tests.unit.feature_context import FeatureHarness
 from tests.unit.helpers import job as model_job
 
 TRUTH = Coefficients(40.0, 12.0, -0.05, 0.8, 0.3)
@@ -127,7 +128,7 @@ def test_scheduler_copies_plan_notes_into_reasons_and_drops_stale_ones() -> None
 
 
 def test_array_policy_notes_reach_jobs() -> None:
-    policy = ArrayPolicy({"models": {"*": {"large": 0.5, "cpu_job_cores": 0}}})
+    policy = soda_arrays({"models": {"*": {"large": 0.5, "cpu_job_cores": 0}}})
     core = make_core(policy, [gpu_node("n1", gpus=4), gpu_node("n2", gpus=4)])
     for i in range(3):
         core.submit(job(gpus=2, model="A100", job_id=f"s{i}", submit=float(i)))
@@ -144,9 +145,8 @@ def entry(model_type: str, k0: float = 10.0, source: str = "") -> ModelEntry:
 
 def test_model_store_persists_rows_and_policies_share_the_database(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = Store(tmp_path / "master.db")
-        journal = Journal(store)
-        models = ModelStore(store, journal, ModelDB.default())
+        harness = FeatureHarness(tmp_path)
+        models = ModelStore(harness.ctx, ModelDB.default())
         swaf = build_policy("swaf", {"theta": 0.3}, models.db)
         assert isinstance(swaf, SwafPolicy) and swaf.estimator.db is models.db
         assert swaf.settings.theta == 0.3
@@ -155,9 +155,9 @@ def test_model_store_persists_rows_and_policies_share_the_database(tmp_path: Pat
         assert isinstance(build_policy("fifo", {"backfill": True}, models.db), FifoPolicy)
         arrays = build_policy("soda-arrays", {"inner": {"large": "fifo"}}, models.db)
         assert isinstance(arrays, ArrayPolicy)
-        small = arrays._inner_for(next(a for a in _arrays(arrays) if a.kind == "small"))
+        small = arrays.inner_for(next(a for a in _arrays(arrays) if a.kind == "small"))
         assert isinstance(small, SwafPolicy) and small.estimator.db is models.db
-        large = arrays._inner_for(next(a for a in _arrays(arrays) if a.kind == "large"))
+        large = arrays.inner_for(next(a for a in _arrays(arrays) if a.kind == "large"))
         assert isinstance(large, FifoPolicy)
 
         version = models.db.version
@@ -168,18 +168,18 @@ def test_model_store_persists_rows_and_policies_share_the_database(tmp_path: Pat
         with pytest.raises(ModelDBError, match="row 0: k1"):
             await models.load_rows([{"model_type": "x", "gpu_model": "A100", "k0": 1,
                                      "k1": "fast", "k2": 0}], "rpc")
-        journal.close()
+        await harness.close()
 
-        store = Store(tmp_path / "master.db")
-        again = ModelStore(store, Journal(store), ModelDB())
+        harness = FeatureHarness(tmp_path)
+        again = ModelStore(harness.ctx, ModelDB())
         got = {e.model_type: e for e in again.db.entries()}
         assert set(got) == {"net-a", "net-b"} and got["net-a"].source == "bench"
         assert got["net-a"].coefficients.gamma == 0.5
         assert again.db.default_gpu_model == "A100"
         assert {m["model_type"] for m in again.listing() if m["stored"]} == {"net-a", "net-b"}
-        events = store.events()
+        events = harness.store.events()
         assert [e.kind for e in events] == ["models_loaded", "models_loaded"]
-        store.close()
+        await harness.close()
 
     asyncio.run(scenario())
 
@@ -306,23 +306,10 @@ def test_starts_are_decisions(runs: set[str]) -> None:
 
 
 # -- a restarted master settles the campaigns it journalled ---------------------------------------
-class _FakeMaster:
-    """What the profiler uses of the master, around a real journal."""
-
-    def __init__(self, store: Store, journal: Journal, jobs: dict[str, Job]) -> None:
-        self.store, self.journal = store, journal
-        self.clock = lambda: 1000.0
-        self.core = type("Core", (), {"jobs": jobs})()
-        self.spawned: list[object] = []
-
-    def _spawn(self, coro: object) -> None:
-        self.spawned.append(coro)
-
-
 def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
     tmp_path: Path,
 ) -> None:
-    from masterd.features.genie.profiler import create_tables, write_campaign
+    from masterd.journal.profiles import create_tables, write_campaign
 
     store = Store(tmp_path / "master.db")
     create_tables(store)
@@ -335,36 +322,35 @@ def test_restored_campaign_fails_runs_that_ended_unseen_and_keeps_the_rest(
               ProfileRun("profile-1-r2", "batch", 1, 1, 32)],
     )
     write_campaign(store, asdict(campaign), None)
+    store.close()
     ended, still = model_job("profile-1-r1", gpus=1), running("profile-1-r2")
     ended.state = JobState.FINISHED
-    journal = Journal(store)
+    harness = FeatureHarness(tmp_path)
     try:
-        master = _FakeMaster(store, journal, {ended.id: ended, still.id: still})
-        profiler = Profiler(master)  # type: ignore[arg-type]
+        for job_ in (ended, still):
+            harness.core.restore(job_)
+        profiler = Profiler(harness.ctx, ModelStore(harness.ctx, ModelDB()))
         assert profiler.is_run("profile-1-r1") and profiler.is_run("profile-1-r2")
-        profiler.restore()
+        harness.events.restored.emit()
         restored = profiler.get("profile-1")
         assert not profiler.is_run("profile-1-r1") and profiler.is_run("profile-1-r2")
         assert restored.runs[1].state == "failed"
         assert "while the master was down" in restored.runs[1].reason
-        assert restored.state == "running" and not master.spawned  # r2 still runs
+        assert restored.state == "running" and not len(harness.tasks)  # r2 still runs
         assert profiler.view(restored)["runs_pending"] == 1
     finally:
-        journal.close()
+        harness.journal.close()
+        harness.store.close()
 
 
 def test_profile_requests_are_checked_against_the_cluster(tmp_path: Path) -> None:
-    from masterd.core.cluster import ClusterState
     from masterd.core.scheduler import JobError
     from masterd.features.genie.profiler import ProfileRequest, plan_runs
 
-    store = Store(tmp_path / "master.db")
-    journal = Journal(store)
+    harness = FeatureHarness(tmp_path)
     try:
-        master = _FakeMaster(store, journal, {})
-        cluster = ClusterState()
-        master.core.cluster = cluster  # type: ignore[attr-defined]
-        profiler = Profiler(master)  # type: ignore[arg-type]
+        cluster = harness.core.cluster
+        profiler = Profiler(harness.ctx, ModelStore(harness.ctx, ModelDB()))
         req = ProfileRequest(model_type="net", command=("train",), user="nobody")
         with pytest.raises(JobError, match="no GPU node"):
             profiler.check(req)
@@ -398,4 +384,5 @@ def test_profile_requests_are_checked_against_the_cluster(tmp_path: Path) -> Non
         assert (spec.gpus, spec.cpus, spec.max_nodes, spec.batch) == (4, 2, 1, 64)
         assert spec.env["TRELLIS_BATCH"] == "64"
     finally:
-        journal.close()
+        harness.journal.close()
+        harness.store.close()

@@ -30,7 +30,7 @@ async def test_a_replica_is_a_real_job_and_place_is_cached(tmp_path: Path) -> No
     clock = Clock()
     master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
     try:
-        reply = await master.inference.register_service(SVC)
+        reply = await master.features.inference.register_service(SVC)
         [ep] = reply["endpoints"]
         assert reply["mode"] == "cpu" and ep["kind"] == "cpu" and not ep["ready"]
         job = master.core.jobs[ep["job"]]
@@ -49,9 +49,9 @@ async def test_a_replica_is_a_real_job_and_place_is_cached(tmp_path: Path) -> No
         assert stored[job.id].spec.kind is JobKind.INFERENCE
 
         await started(master, "g1", job.id)
-        first = await master.inference.place(ServiceParams("resnet"))
+        first = await master.features.inference.place(ServiceParams("resnet"))
         assert first["endpoints"][0]["ready"] and first["version"] > reply["version"]
-        again = await master.inference.place(ServiceParams("resnet"))
+        again = await master.features.inference.place(ServiceParams("resnet"))
         assert again is first  # the cached reply, not a rebuild
     finally:
         await master.close()
@@ -61,12 +61,12 @@ async def test_high_load_moves_to_gpus_and_retires_the_cpu_replica(tmp_path: Pat
     clock = Clock()
     master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
     try:
-        await master.inference.register_service(SVC)
+        await master.features.inference.register_service(SVC)
         [cpu_job] = replica_jobs(master)
         await until("the launch", lambda: sessions["g1"].commands("start_job"))
         await started(master, "g1", cpu_job)
         clock.now += 1
-        reply = await master.inference.report_load(ReportLoadParams("resnet", load=12.0))
+        reply = await master.features.inference.report_load(ReportLoadParams("resnet", load=12.0))
         assert reply["mode"] == "gpu"
         assert sorted(e["gpu"] for e in reply["endpoints"]) == [0, 1]
         await until("the CPU replica to be stopped", lambda: any(
@@ -76,7 +76,7 @@ async def test_high_load_moves_to_gpus_and_retires_the_cpu_replica(tmp_path: Pat
         gpu_jobs = [j for j in replica_jobs(master).values() if j.spec.gpus == 1]
         assert len(gpu_jobs) == 2 and all(j.state is JobState.STARTING for j in gpu_jobs)
         with pytest.raises(JobError) as err:
-            await master.inference.report_load(ReportLoadParams("resnet", qps=-1.0))
+            await master.features.inference.report_load(ReportLoadParams("resnet", qps=-1.0))
         assert err.value.code == "invalid_params" and "qps" in str(err.value)
     finally:
         await master.close()
@@ -99,7 +99,7 @@ async def test_inference_preempts_the_newest_training_job_which_requeues_at_the_
             await started(master, "g1", job.id)
         gpu_only = RegisterServiceParams(service="bert", command=("serve",), user="nobody",
                                          bs_gpu=8)
-        await master.inference.register_service(gpu_only)
+        await master.features.inference.register_service(gpu_only)
         assert newer.reason.startswith("preempted: inference service bert")
         assert older.state is JobState.RUNNING
         await until("the victim stopped", lambda: any(
@@ -126,7 +126,7 @@ async def test_a_refused_replica_backs_off_instead_of_relaunching_every_pass(
     master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
     sessions["g1"].refuse_prepare = True
     try:
-        await master.inference.register_service(SVC)
+        await master.features.inference.register_service(SVC)
         await until("a refused prepare", lambda: sessions["g1"].commands("prepare_job"))
         [job] = replica_jobs(master).values()
         await until("the replica cancelled", lambda: job.state is JobState.CANCELLED)
@@ -134,7 +134,7 @@ async def test_a_refused_replica_backs_off_instead_of_relaunching_every_pass(
             master.request_pass()
             await until("a pass", lambda: not master._pass_pending)
         assert len(sessions["g1"].commands("prepare_job")) == 1
-        place = await master.inference.place(ServiceParams("resnet"))
+        place = await master.features.inference.place(ServiceParams("resnet"))
         assert len(place["endpoints"]) == 1 and not place["endpoints"][0]["ready"]
         clock.now += 2  # past the first back-off (1 s)
         master.request_pass()
@@ -151,27 +151,27 @@ async def test_a_refused_replica_backs_off_instead_of_relaunching_every_pass(
 async def test_a_restarted_master_keeps_services_and_adopts_replicas(tmp_path: Path) -> None:
     clock = Clock()
     master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
-    await master.inference.register_service(SVC)
+    await master.features.inference.register_service(SVC)
     [job_id] = replica_jobs(master)
     await until("the launch", lambda: sessions["g1"].commands("start_job"))
     await started(master, "g1", job_id)
-    before = await master.inference.place(ServiceParams("resnet"))
+    before = await master.features.inference.place(ServiceParams("resnet"))
     await master.close()
 
     clock.now += 10
     again, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
     try:
-        listed = (await again.inference.services(None))["services"]  # type: ignore[arg-type]
+        listed = (await again.features.inference.services(None))["services"]  # type: ignore[arg-type]
         assert [s["service"] for s in listed] == ["resnet"]
-        after = await again.inference.place(ServiceParams("resnet"))
+        after = await again.features.inference.place(ServiceParams("resnet"))
         assert [e["job"] for e in after["endpoints"]] == [job_id]
         assert after["version"] > before["version"]
-        again.inference.plan()
+        again.features.inference.plan()
         assert list(replica_jobs(again)) == [job_id]  # adopted, not relaunched
         # Replicas launched from now on are numbered past the adopted one.
-        await again.inference.report_load(ReportLoadParams("resnet", load=3.9))
+        await again.features.inference.report_load(ReportLoadParams("resnet", load=3.9))
         ids = sorted(e["replica"] for e in
-                     (await again.inference.place(ServiceParams("resnet")))["endpoints"])
+                     (await again.features.inference.place(ServiceParams("resnet")))["endpoints"])
         assert ids == ["resnet-cpu-1", "resnet-cpu-2"]
     finally:
         await again.close()
@@ -181,19 +181,19 @@ async def test_unknown_services_and_deregistration(tmp_path: Path) -> None:
     clock = Clock()
     master, _sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE)
     try:
-        for call in (master.inference.place(ServiceParams("nope")),
-                     master.inference.deregister_service(ServiceParams("nope")),
-                     master.inference.report_load(ReportLoadParams("nope", load=1.0))):
+        for call in (master.features.inference.place(ServiceParams("nope")),
+                     master.features.inference.deregister_service(ServiceParams("nope")),
+                     master.features.inference.report_load(ReportLoadParams("nope", load=1.0))):
             with pytest.raises(JobError) as err:
                 await call
             assert err.value.code == "unknown_service" and "'nope'" in str(err.value)
-        await master.inference.register_service(SVC)
+        await master.features.inference.register_service(SVC)
         [job_id] = replica_jobs(master)
-        gone = await master.inference.deregister_service(ServiceParams("resnet"))
+        gone = await master.features.inference.deregister_service(ServiceParams("resnet"))
         assert gone["retired"] == ["resnet-cpu-1"]
         await until("the replica cancelled",
                     lambda: master.core.jobs[job_id].reason == "cancelled")
-        assert (await master.inference.services(None))["services"] == []  # type: ignore[arg-type]
+        assert (await master.features.inference.services(None))["services"] == []  # type: ignore[arg-type]
         assert master.store.db.execute("SELECT COUNT(*) FROM inference_services").fetchone()[0] \
             == 0
     finally:

@@ -21,8 +21,8 @@ from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.scheduler import JobError, SchedulingCore
 from masterd.features.arrays.demand import DemandLog
 from masterd.features.inference import RegisterServiceParams
-from masterd.features.jobmetrics import JobMetrics
 from masterd.journal.store import Store
+from masterd.service.jobmetrics import JobMetrics
 from masterd.service.master import Master
 from masterd.service.sessions import CommandFailed, NodeSession
 from shared.messages import CoresChanged, Hello, JobExited, JobMetric, JobStarted
@@ -68,7 +68,8 @@ def per_job_state(master: Master, job_id: str) -> list[str]:
         "wire.spec_views": job_id in wire._spec_views,
         "wire.placement_views": job_id in wire._placement_views,
         "job_metrics": job_id in master.job_metrics._values or job_id in master.job_metrics._last,
-        "ended record": job_id in master._ended, "inference.live": job_id in master.inference.live,
+        "ended record": job_id in master._ended,
+        "inference.live": job_id in master.features.inference.live,
     }
     return [name for name, held in places.items() if held]
 
@@ -373,7 +374,7 @@ async def test_a_forgotten_failed_replica_still_backs_off(tmp_path: Path) -> Non
     master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, finished_jobs_in_memory=0,
                                    inference={"sustain_s": 0.0})
     try:
-        await master.inference.register_service(RegisterServiceParams(
+        await master.features.inference.register_service(RegisterServiceParams(
             service="svc", command=("serve",), user="nobody", bs_gpu=10, cpu_batch=4,
             cpu_cores=1, cpu_mbw_gbps=1.0))
         await until("the launch", lambda: sessions["g1"].commands("start_job"))
@@ -385,7 +386,7 @@ async def test_a_forgotten_failed_replica_still_backs_off(tmp_path: Path) -> Non
             master.request_pass()
             await until("a pass", lambda: not master._pass_pending)
         assert len(sessions["g1"].commands("prepare_job")) == 1
-        assert master.inference.live == set()
+        assert master.features.inference.live == set()
         clock.now += 2  # past the first back-off (1 s)
         master.request_pass()
         await until("a second attempt",
@@ -448,9 +449,9 @@ async def test_array_demand_outlives_forgotten_jobs_and_restarts(tmp_path: Path)
             clock.now += 10
             await exited(master, "n1", f"c{i}")
         assert master.core.jobs == {}
-        [record] = master.arrays.history(clock.now - 3600)
+        [record] = master.features.arrays.history(clock.now - 3600)
         assert record.array_kind == "cpu" and record.core_seconds == pytest.approx(60.0)
-        assert (await master.arrays.resize_now())["jobs"] == 3
+        assert (await master.features.arrays.resize_now())["jobs"] == 3
     finally:
         await master.close()
 
@@ -458,10 +459,10 @@ async def test_array_demand_outlives_forgotten_jobs_and_restarts(tmp_path: Path)
     again, _ = make_master(tmp_path, clock, NODE, **options)
     try:
         assert again.core.jobs == {}
-        [record] = again.arrays.history(clock.now - 3600)
+        [record] = again.features.arrays.history(clock.now - 3600)
         assert record.core_seconds == pytest.approx(60.0)  # read back from the journal
         clock.now += 8 * 86_400  # past the 7-day window
-        assert again.arrays.history(clock.now - 7 * 86_400) == []
+        assert again.features.arrays.history(clock.now - 7 * 86_400) == []
     finally:
         await again.close()
 

@@ -88,9 +88,12 @@ class ArrayPolicy:
         self,
         config: ArrayConfig | Mapping[str, Any] | None = None,
         *,
+        registry: Mapping[str, Callable[..., Policy]],
         inner_factories: Mapping[str, InnerFactory] | None = None,
         **table: Any,
     ) -> None:
+        """``registry``: the policies an array may be ordered by, by name (given, not
+        imported: the policy registry lists this policy too)."""
         if isinstance(config, ArrayConfig):
             if table:
                 raise ArrayConfigError(
@@ -98,6 +101,8 @@ class ArrayPolicy:
                 )
         else:
             config = ArrayConfig.from_table({**(config or {}), **table})
+        self._registry = {name: factory for name, factory in registry.items()
+                          if name != self.name}
         self._factories = dict(inner_factories or {})
         for kind in self._factories:
             if kind not in JOB_ARRAY_KINDS:
@@ -125,15 +130,8 @@ class ArrayPolicy:
         self._config = config
         self._map = None
 
-    @staticmethod
-    def _registry() -> Mapping[str, Callable[..., Policy]]:
-        # Imported here: the registry imports this module.
-        from masterd.core.policies import REGISTRY
-
-        return REGISTRY
-
     def _check_inner_names(self, config: ArrayConfig) -> None:
-        registry = self._registry()
+        registry = self._registry
         for kind, spec in config.inner.items():
             if spec.name == self.name:
                 raise ArrayConfigError(f"inner.{kind}: {self.name} cannot nest inside itself")
@@ -143,7 +141,8 @@ class ArrayPolicy:
                     f"inner.{kind}: unknown policy {spec.name!r}; known: {known}"
                 )
 
-    def _inner_for(self, array: ArrayId) -> Policy:
+    def inner_for(self, array: ArrayId) -> Policy:
+        """The policy that orders one array's jobs (made on first use)."""
         policy = self._inner.get(array)
         if policy is not None:
             return policy
@@ -151,7 +150,7 @@ class ArrayPolicy:
         if factory is not None:
             policy = factory()
         else:
-            registry = self._registry()
+            registry = self._registry
             spec = self._config.inner.get(array.kind)
             if spec is None:
                 if array.kind in GPU_KINDS:
@@ -356,7 +355,7 @@ class _Pass:
         return PassResult(self.decisions, self.notes)
 
     def home_pass(self, array: ArrayId) -> None:
-        inner = self.policy._inner_for(array)
+        inner = self.policy.inner_for(array)
         excluded: set[str] = set()
         while True:
             queue = [

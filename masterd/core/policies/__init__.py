@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from masterd.core.arrays.policy import ArrayPolicy
 from masterd.core.policies.capacity import CapacityPolicy
@@ -15,11 +16,11 @@ from masterd.core.policies.tetris import TetrisCerPolicy, TetrisPerfPolicy
 from masterd.core.policies.weighted_fair import WeightedFairPolicy
 from masterd.core.policy import Policy
 
-# name -> factory taking the policy's options table from the configuration.
-REGISTRY: dict[str, Callable[..., Policy]] = {
+# name -> factory taking the policy's options table from the configuration: every policy that
+# orders one queue (what SODA's arrays may use inside each array) ...
+POLICIES: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
     "drf": DrfPolicy,
-    "soda-arrays": ArrayPolicy,
     "swaf": SwafPolicy,
     "capacity": CapacityPolicy,
     "min-min": MinMinPolicy,
@@ -28,6 +29,15 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
     "tetris-cer": TetrisCerPolicy,
     "sjf": SjfPolicy,
 }
+
+
+def soda_arrays(config: Any = None, **options: Any) -> ArrayPolicy:
+    """SODA's multi-array pools, their arrays ordered by the policies above."""
+    return ArrayPolicy(config, registry=POLICIES, **options)
+
+
+# ... and every policy, the composite ones too.
+REGISTRY: dict[str, Callable[..., Policy]] = {**POLICIES, ArrayPolicy.name: soda_arrays}
 
 
 def make_policy(name: str, **options: object) -> Policy:

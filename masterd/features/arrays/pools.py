@@ -11,65 +11,65 @@ needs the units back.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from masterd.core.arrays.policy import ArrayPolicy
 from masterd.core.arrays.resize import DAY, DemandRecord, demand_of, resize
-from masterd.core.profiling import unwrap
 from masterd.core.scheduler import JobError
 from masterd.features.arrays.demand import DemandLog
+from masterd.journal.store import Store
+from masterd.runtime.context import FeatureContext
 from shared.model import Job
-
-if TYPE_CHECKING:
-    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.arrays")
 
 
-class ArraysLive:
-    def __init__(self, master: Master) -> None:
-        self.master = master
+class ArrayPools:
+    def __init__(self, ctx: FeatureContext) -> None:
+        self.ctx = ctx
         self.last_resize: dict[str, Any] | None = None  # the latest re-sizing pass
         self.last_change: dict[str, Any] | None = None  # the latest one that changed sizes
         # The window's demand, summed as jobs end (None unless the policy has arrays): the
         # master keeps only the newest ended jobs in memory, not the window's.
         self.demand: DemandLog | None = None
+        ctx.events.restored.subscribe(self.start)
+        ctx.events.job_ended.subscribe(self.job_ended)
 
     def policy(self) -> ArrayPolicy | None:
-        base = unwrap(self.master.core.policy)
+        base = self.ctx.core.policy
         return base if isinstance(base, ArrayPolicy) else None
 
-    def _require(self) -> ArrayPolicy:
+    def require(self) -> ArrayPolicy:
+        """The array policy, or a JobError saying this master runs another one."""
         policy = self.policy()
         if policy is None:
             raise JobError(
                 "not_supported",
                 f"pools exist only under the soda-arrays policy; this master runs "
-                f"{self.master.core.policy.name!r} (set [master] policy = \"soda-arrays\")",
+                f"{self.ctx.core.policy_name!r} (set [master] policy = \"soda-arrays\")",
             )
         return policy
 
     def sizes(self, policy: ArrayPolicy) -> dict[str, int]:
-        snapshot = self.master.core.snapshot()
+        snapshot = self.ctx.core.snapshot()
         return {s.name: s.size for s in policy.summary(snapshot, ())}
 
     def summary(self) -> dict[str, Any]:
-        policy = self._require()
-        core = self.master.core
+        policy = self.require()
+        core = self.ctx.core
         arrays = [dataclasses.asdict(s) for s in policy.summary(core.snapshot(), core.queue())]
         return {
             "arrays": arrays,
             "history_days": self.history_days(policy),
-            "resize_interval_s": self.master.config.array_resize_interval_s,
+            "resize_interval_s": self.ctx.config().array_resize_interval_s,
             "last_resize": self.last_resize,
             "last_change": self.last_change,
         }
 
     def history_days(self, policy: ArrayPolicy) -> float:
-        configured = self.master.config.array_history_days
+        configured = self.ctx.config().array_history_days
         return configured if configured is not None else policy.config.history_days
 
     # -- re-sizing -------------------------------------------------------------------------
@@ -80,18 +80,18 @@ class ArraysLive:
         if policy is None:
             return
         self._load_demand(policy)
-        interval = self.master.config.array_resize_interval_s
+        interval = self.ctx.config().array_resize_interval_s
         if interval > 0:
-            self.master._spawn(self._every(interval))
+            self.ctx.tasks.every(interval, self._resize_periodically, "arrays-resize")
 
     def _load_demand(self, policy: ArrayPolicy) -> None:
         window = self.history_days(policy) * DAY
-        now = self.master.clock()
+        now = self.ctx.clock()
         self.demand = DemandLog(window)
         # Jobs submitted up to a window before it starts: one that ran longer than the whole
         # window before ending in it is left out (the journal is read in submission order, so
         # the read stops at the window instead of going through every job ever run).
-        jobs = self.master.store.ended_jobs(now - 2 * window)
+        jobs = self.ctx.journal.now(Store.ended_jobs, now - 2 * window)
         for job in jobs:
             record = demand_of(job)
             if record is not None and record.end_time >= now - window:
@@ -106,24 +106,19 @@ class ArraysLive:
             if record is not None:
                 self.demand.add(record)
 
-    async def _every(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.resize_now()
-            except Exception:  # a bad pass must not end the periodic task
-                log.exception("array re-sizing failed")
+    async def _resize_periodically(self) -> None:
+        await self.resize_now()
 
     def history(self, since: float) -> list[DemandRecord]:
         if self.demand is None:
             return []
-        self.demand.prune(self.master.clock())
+        self.demand.prune(self.ctx.clock())
         return self.demand.records(since)
 
     async def resize_now(self) -> dict[str, Any]:
         """Re-derive array sizes from recent demand; returns what changed."""
-        policy = self._require()
-        now = self.master.clock()
+        policy = self.require()
+        now = self.ctx.clock()
         config = dataclasses.replace(policy.config, history_days=self.history_days(policy))
         since = now - config.history_days * DAY
         records = self.history(since)
@@ -139,11 +134,11 @@ class ArraysLive:
         self.last_resize = result
         if after != before:
             self.last_change = result
-            await self.master._persist([], [(now, None, None, "arrays_resized", {
+            await self.ctx.journal.persist([], [(now, None, None, "arrays_resized", {
                 "jobs": jobs, "before": before, "after": after})])
             log.info("arrays_resized jobs=%d sizes=%s", jobs,
                      ",".join(f"{k}={v}" for k, v in after.items()))
-            self.master.request_pass()
+            self.ctx.request_pass()
         else:
             log.debug("arrays_resize_unchanged jobs=%d", jobs)
         return result

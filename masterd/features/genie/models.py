@@ -7,7 +7,7 @@ re-plan). It starts from a *base* — the ``modeldb`` file named in the policy o
 built-in table — with the rows of the journal's ``genie_models`` table on top: everything
 loaded with ``load_models`` or fitted by the profiler, which therefore survives restarts.
 
-The table lives in the master's SQLite journal (same connection). It is created and read
+The table (``masterd.journal.models``) lives in the master's journal. It is created and read
 synchronously when the master starts, before anything is written through the journal (as the
 master's own restore does); later writes go through the journal's writer process.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,87 +23,16 @@ from typing import Any
 from masterd.core.arrays.config import ArrayConfig
 from masterd.core.arrays.layout import GPU_KINDS
 from masterd.core.arrays.policy import ArrayPolicy
-from masterd.core.genie.modeldb import ROW_FIELDS, ModelDB, ModelDBError, ModelEntry
+from masterd.core.genie.modeldb import ModelDB, ModelDBError, ModelEntry
 from masterd.core.genie.options import load_modeldb
-from masterd.core.policies import REGISTRY
+from masterd.core.policies import POLICIES, REGISTRY
 from masterd.core.policy import Policy
-from masterd.journal.journal import Journal
-from masterd.journal.store import Store, event_rows, insert_events
+from masterd.journal.models import create_tables, read_rows, write_rows
+from masterd.runtime.context import FeatureContext
 
 log = logging.getLogger("trellis.master.models")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS genie_models (
-    key TEXT PRIMARY KEY,
-    model_type TEXT NOT NULL,
-    gpu_model TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    family TEXT,
-    params_m REAL,
-    k0 REAL NOT NULL,
-    k1 REAL NOT NULL,
-    k2 REAL NOT NULL,
-    gamma REAL NOT NULL,
-    lam REAL NOT NULL,
-    nu REAL NOT NULL,
-    max_local_batch REAL,
-    source TEXT NOT NULL,
-    updated REAL NOT NULL
-);
-"""
-DEFAULT_GPU_KEY = "genie.default_gpu_model"
 MAX_ROWS = 10_000  # one load_models call
-
-
-def _key(entry: ModelEntry) -> str:
-    return "|".join(entry.key)
-
-
-# -- functions run in the journal writer (each one transaction) ---------------------------------
-def create_tables(store: Store) -> None:
-    store.db.executescript(SCHEMA)
-
-
-def read_rows(store: Store) -> tuple[list[dict[str, Any]], str | None]:
-    rows = store.db.execute(
-        f"SELECT {', '.join(ROW_FIELDS)} FROM genie_models ORDER BY key"
-    ).fetchall()
-    meta = store.db.execute("SELECT value FROM meta WHERE key=?", (DEFAULT_GPU_KEY,)).fetchone()
-    return [dict(r) for r in rows], (meta[0] if meta else None)
-
-
-def write_rows(
-    store: Store,
-    entries: Sequence[ModelEntry],
-    updated: float,
-    default_gpu_model: str | None,
-    event: tuple[Any, ...] | None,
-) -> None:
-    def run() -> None:
-        for e in entries:
-            c = e.coefficients
-            store.db.execute(
-                "INSERT INTO genie_models (key, model_type, gpu_model, kind, family, params_m, "
-                "k0, k1, k2, gamma, lam, nu, max_local_batch, source, updated) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
-                "model_type=excluded.model_type, gpu_model=excluded.gpu_model, "
-                "family=excluded.family, params_m=excluded.params_m, k0=excluded.k0, "
-                "k1=excluded.k1, k2=excluded.k2, gamma=excluded.gamma, lam=excluded.lam, "
-                "nu=excluded.nu, max_local_batch=excluded.max_local_batch, "
-                "source=excluded.source, updated=excluded.updated",
-                (_key(e), e.model_type, e.gpu_model, e.kind, e.family, e.params_m, c.k0, c.k1,
-                 c.k2, c.gamma, c.lam, c.nu, c.max_local_batch, e.source, updated),
-            )
-        if default_gpu_model is not None:
-            store.db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (DEFAULT_GPU_KEY, default_gpu_model),
-            )
-        if event is not None:
-            insert_events(store.db, event_rows([event]))
-
-    store.transaction(run)
 
 
 # -- the policy, sharing the live database -------------------------------------------------------
@@ -151,7 +79,7 @@ def build_policy(name: str, options: Mapping[str, Any], db: ModelDB) -> Policy:
             inner = REGISTRY.get(inner_name)
             if inner is not None and predicts(inner):
                 factories[kind] = _factory(inner, inner_options, db)
-        return ArrayPolicy(config, inner_factories=factories)
+        return ArrayPolicy(config, registry=POLICIES, inner_factories=factories)
     if predicts(factory):
         return factory(**{**options, "modeldb": db})
     return factory(**options)
@@ -170,14 +98,11 @@ def _factory(
 class ModelStore:
     """The master's model database: base table plus the journal's rows, kept in step."""
 
-    def __init__(self, store: Store, journal: Journal, base: ModelDB,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.store = store
-        self.journal = journal
-        self.clock = clock
+    def __init__(self, ctx: FeatureContext, base: ModelDB) -> None:
+        self.ctx = ctx
         self.db = base
-        create_tables(store)
-        rows, default = read_rows(store)
+        ctx.journal.now(create_tables)
+        rows, default = ctx.journal.now(read_rows)
         self.stored: set[tuple[str, str, str]] = set()
         for i, row in enumerate(rows):
             try:
@@ -193,9 +118,9 @@ class ModelStore:
                  len(self.stored), self.db.default_gpu_model)
 
     @classmethod
-    def for_config(cls, store: Store, journal: Journal, policy: str,
+    def for_config(cls, ctx: FeatureContext, policy: str,
                    options: Mapping[str, Any]) -> ModelStore:
-        return cls(store, journal, load_modeldb(base_path(policy, options)))
+        return cls(ctx, load_modeldb(base_path(policy, options)))
 
     def _set_default(self, gpu_model: str) -> None:
         if gpu_model != self.db.default_gpu_model:
@@ -206,12 +131,12 @@ class ModelStore:
                   default_gpu_model: str | None = None) -> list[ModelEntry]:
         """Store entries durably, then make them live (the next pass uses them)."""
         items = list(entries)
-        now = self.clock()
+        now = self.ctx.clock()
         event = (now, None, None, "models_loaded", {
             "origin": origin, "count": len(items),
             "models": [f"{e.model_type}/{e.gpu_model}/{e.kind}" for e in items[:20]],
         })
-        await self.journal.call(write_rows, items, now, default_gpu_model, event)
+        await self.ctx.journal.call(write_rows, items, now, default_gpu_model, event)
         for entry in items:
             self.db.put(entry)
             self.stored.add(entry.key)

@@ -11,7 +11,7 @@ placement it chose and the allowance ``w = e − (l + now)`` (Eq. 13).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from masterd.core.arrays.policy import ArrayPolicy
 from masterd.core.genie import model as perf
@@ -19,25 +19,22 @@ from masterd.core.genie.modeldb import ModelDB, Resolution
 from masterd.core.genie.plan import Estimator, GenieSettings, JobPlan, Platform
 from masterd.core.policies.swaf import Choice, SwafPolicy
 from masterd.core.policy import Policy
-from masterd.core.profiling import unwrap
+from masterd.runtime.context import CoreView
 from shared.model import Job, JobKind, JobState
 
-if TYPE_CHECKING:
-    from masterd.service.master import Master
 
-
-def _inner_policy(policy: ArrayPolicy, master: Master, job: Job) -> Policy | None:
-    home = policy.array_map(master.core.snapshot()).home(job.spec)
+def _inner_policy(policy: ArrayPolicy, core: CoreView, job: Job) -> Policy | None:
+    home = policy.array_map(core.snapshot()).home(job.spec)
     if home is None:
         return None
     # The array's ordering policy (created on first use, as the pass itself would).
-    return policy._inner_for(home.job_array)
+    return policy.inner_for(home.job_array)
 
 
-def ordering_policy(master: Master, job: Job) -> Policy | None:
-    base = unwrap(master.core.policy)
+def ordering_policy(core: CoreView, job: Job) -> Policy | None:
+    base = core.policy
     if isinstance(base, ArrayPolicy):
-        return _inner_policy(base, master, job)
+        return _inner_policy(base, core, job)
     return base
 
 
@@ -59,23 +56,22 @@ def _model(db: ModelDB, res: Resolution, kind: str) -> dict[str, Any]:
     }
 
 
-def _shape(master: Master, job: Job) -> tuple[str | None, int, int] | None:
+def _shape(core: CoreView, job: Job) -> tuple[str | None, int, int] | None:
     if job.placement is None or not job.placement.allocations:
         return None
     first = job.placement.allocations[0]
-    view = master.core.cluster.node(first.node)
+    view = core.node(first.node)
     gpu_model = view.inventory.gpu_model if view is not None else None
     return gpu_model, len(job.placement.allocations), len(first.gpus)
 
 
-def predict(master: Master, job: Job, now: float) -> dict[str, Any] | None:
+def predict(core: CoreView, db: ModelDB, job: Job, now: float) -> dict[str, Any] | None:
     spec = job.spec
     if spec.gpus == 0:
         return None  # CPU jobs have no GENIE model
-    policy = ordering_policy(master, job)
+    policy = ordering_policy(core, job)
     settings = settings_of(policy)
-    db = master.models.db
-    platform = Platform.from_snapshot(master.core.snapshot())
+    platform = Platform.from_snapshot(core.snapshot())
     inference = spec.kind is JobKind.INFERENCE
     kind = "inference" if inference else "training"
     plan: JobPlan = Estimator(db, settings).plan(job, platform)
@@ -88,7 +84,7 @@ def predict(master: Master, job: Job, now: float) -> dict[str, Any] | None:
         "explained_by": None,
     }
 
-    shape = _shape(master, job)
+    shape = _shape(core, job)
     chosen = plan.choose(now)
     if shape is not None:
         group = next((g for g in plan.groups if g.gpu_model == shape[0]), None)

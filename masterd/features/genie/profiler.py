@@ -26,13 +26,12 @@ master restart loses only the reports of runs still going (those runs count as f
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from masterd.core.genie.fit import (
     FitError,
@@ -44,25 +43,16 @@ from masterd.core.genie.fit import (
 )
 from masterd.core.genie.modeldb import ModelDBError, ModelEntry, normalise
 from masterd.core.scheduler import JobError, Transition
-from masterd.journal.store import Store, event_rows, insert_events
+from masterd.features.genie.models import ModelStore
+from masterd.journal.profiles import create_tables, read_campaigns, write_campaign
+from masterd.runtime.context import FeatureContext
 from shared.messages import JobMetric
 from shared.model import Job, JobKind, JobSpec, JobState, QosClass
-
-if TYPE_CHECKING:
-    from masterd.service.master import Master
 
 log = logging.getLogger("trellis.master.profiler")
 
 RATE_METRIC = "samples_per_sec"
 MAX_REPORTS = 10_000  # per run, in memory
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS genie_profiles (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    state TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-"""
 
 
 @dataclass
@@ -127,29 +117,6 @@ class ProfileRequest:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-# -- journal-writer functions ------------------------------------------------------------------
-def create_tables(store: Store) -> None:
-    store.db.executescript(SCHEMA)
-
-
-def read_campaigns(store: Store) -> list[dict[str, Any]]:
-    rows = store.db.execute("SELECT data FROM genie_profiles ORDER BY created, id").fetchall()
-    return [json.loads(r[0]) for r in rows]
-
-
-def write_campaign(store: Store, data: dict[str, Any], event: tuple[Any, ...] | None) -> None:
-    def run() -> None:
-        store.db.execute(
-            "INSERT INTO genie_profiles (id, created, state, data) VALUES (?,?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET state=excluded.state, data=excluded.data",
-            (data["id"], data["created"], data["state"], json.dumps(data)),
-        )
-        if event is not None:
-            insert_events(store.db, event_rows([event]))
-
-    store.transaction(run)
-
-
 def substitute(command: tuple[str, ...], run: ProfileRun, iterations: int) -> tuple[str, ...]:
     values = {"{batch}": run.batch, "{iterations}": iterations, "{d_node}": run.d_node,
               "{d_gpn}": run.d_gpn}
@@ -179,12 +146,13 @@ def plan_runs(req: ProfileRequest, max_nodes: int, max_gpn: int) -> list[tuple[s
 
 
 class Profiler:
-    def __init__(self, master: Master, clock: Callable[[], float] | None = None) -> None:
-        self.master = master
-        self.clock = clock or master.clock
-        create_tables(master.store)
+    def __init__(self, ctx: FeatureContext, models: ModelStore) -> None:
+        self.ctx = ctx
+        self.models = models
+        self.clock = ctx.clock
+        ctx.journal.now(create_tables)
         self.campaigns: dict[str, Campaign] = {}
-        for data in read_campaigns(master.store):
+        for data in ctx.journal.now(read_campaigns):
             try:
                 campaign = Campaign.from_dict(data)
             except (TypeError, KeyError) as exc:
@@ -200,6 +168,9 @@ class Profiler:
                 if run.state == "pending":
                     self._runs[run.job_id] = (campaign, run)
         self._reports: dict[str, list[float]] = {}
+        ctx.events.restored.subscribe(self.restore)
+        ctx.events.job_metric.subscribe(self.on_metric)
+        ctx.events.job_transition.subscribe(self.on_transition)
 
     # -- what the scheduler asks -------------------------------------------------------------
     def is_run(self, job_id: str) -> bool:
@@ -213,7 +184,7 @@ class Profiler:
         """(GPU model, nodes of that model, most GPUs on one such node, fewest cores)."""
         models: dict[str, list[int]] = {}
         cores: dict[str, int] = {}
-        for view in self.master.core.cluster.views():
+        for view in self.ctx.core.nodes():
             inv = view.inventory
             if inv.gpus:
                 model = inv.gpus[0].model
@@ -290,7 +261,7 @@ class Profiler:
         req, max_nodes, max_gpn, cores = self.check(request)
         assert req.gpu_model is not None
         gpu_model = req.gpu_model
-        self.master.check_user(req.user)
+        self.ctx.jobs.check_user(req.user)
         now = self.clock()
         campaign = Campaign(
             id=self._next_id(), model_type=req.model_type, gpu_model=gpu_model, kind=req.kind,
@@ -301,7 +272,7 @@ class Profiler:
         for i, (phase, d_node, d_gpn, batch) in enumerate(plan_runs(req, max_nodes, max_gpn)):
             campaign.runs.append(ProfileRun(f"{campaign.id}-r{i}", phase, d_node, d_gpn, batch))
         for run in campaign.runs:
-            if run.job_id in self.master.core.jobs:
+            if run.job_id in self.ctx.core.jobs:
                 raise JobError("duplicate_job", f"job id {run.job_id!r} is taken")
         specs = [(run, self._spec(req, campaign, run, cores)) for run in campaign.runs]
         self.campaigns[campaign.id] = campaign
@@ -315,7 +286,7 @@ class Profiler:
         try:
             for run, spec in specs:
                 current = run.job_id
-                await self.master.submit(spec, run.job_id)
+                await self.ctx.jobs.submit(spec, run.job_id)
                 submitted.append(run.job_id)
         except JobError as exc:
             for run in campaign.runs:
@@ -324,7 +295,7 @@ class Profiler:
                     run.state, run.reason = "failed", "campaign aborted"
             for job_id in submitted:
                 with contextlib.suppress(JobError):
-                    await self.master.cancel(job_id)
+                    await self.ctx.jobs.cancel(job_id)
             campaign.state, campaign.error = "failed", f"submitting {current}: {exc}"
             campaign.finished = self.clock()
             await self._save(campaign, "profile_failed", {"error": campaign.error})
@@ -369,7 +340,7 @@ class Profiler:
             raise JobError("invalid_params", f"profiling run {run.job_id}: {exc}") from None
 
     # -- what runs report ------------------------------------------------------------------
-    def on_metric(self, job: Job, node: str, metric: JobMetric) -> None:
+    def on_metric(self, node: str, job: Job, metric: JobMetric) -> None:
         hit = self._runs.get(job.id)
         if hit is None or metric.name != RATE_METRIC:
             return
@@ -415,7 +386,7 @@ class Profiler:
     def restore(self) -> None:
         """After the master restored its jobs: settle runs that ended while it was down."""
         for job_id, (_campaign, run) in list(self._runs.items()):
-            job = self.master.core.jobs.get(job_id)
+            job = self.ctx.core.job(job_id)
             if job is not None and not job.state.terminal:
                 continue
             del self._runs[job_id]
@@ -426,7 +397,7 @@ class Profiler:
             if campaign.state == "running" and not any(
                 r.state == "pending" for r in campaign.runs
             ):
-                self.master._spawn(self._finish(campaign))
+                self.ctx.tasks.spawn(self._finish(campaign))
 
     # -- fitting ---------------------------------------------------------------------------
     async def _finish(self, campaign: Campaign) -> None:
@@ -470,11 +441,11 @@ class Profiler:
         await self._save(campaign, "profile_fitted", {
             "model_type": campaign.model_type, "gpu_model": campaign.gpu_model,
             **campaign.fit})
-        await self.master.models.put([entry], f"profile {campaign.id}")
+        await self.models.put([entry], f"profile {campaign.id}")
         log.info("profile=%s fitted model_type=%s k=(%.4g, %.4g, %.4g) gamma=%.3f lam=%.3f "
                  "nu=%.3f error=%.2f%%", campaign.id, campaign.model_type, c.k0, c.k1, c.k2,
                  c.gamma, c.lam, c.nu, 100 * error)
-        self.master.request_pass()
+        self.ctx.request_pass()
 
     @staticmethod
     def _fit(campaign: Campaign) -> FitResult:
@@ -494,7 +465,7 @@ class Profiler:
         event = None
         if kind is not None:
             event = (self.clock(), None, None, kind, {"profile": campaign.id, **(detail or {})})
-        await self.master.journal.call(write_campaign, asdict(campaign), event)
+        await self.ctx.journal.call(write_campaign, asdict(campaign), event)
 
     def view(self, campaign: Campaign) -> dict[str, Any]:
         data = asdict(campaign)

@@ -1,0 +1,161 @@
+"""What a feature of the master gets instead of the master: :class:`FeatureContext`.
+
+A feature (GENIE's profiler, SODA's arrays, the inference placer, ...) needs a handful of
+things from the master, and only those: the clock and the running configuration, the journal
+(rows and events, written in order with everything else), a read-only view of the scheduling
+core and a way to ask for a pass, the job actions every client has (submit, cancel, preempt)
+plus the few a placer needs, node commands, supervised background tasks, and the master's
+events. Handing it the whole master instead is how a scheduler becomes one 3,000-line class:
+each feature starts reaching into the others' state and private methods.
+
+The job and node actions are the master's bound methods, gathered in small frozen
+dataclasses; tests give a feature a context built from small fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from masterd.core.cluster import ClusterSnapshot, NodeView
+from masterd.core.policy import Policy, Preempt
+from masterd.core.profiling import unwrap
+from masterd.core.scheduler import SchedulingCore
+from masterd.journal.journal import Journal
+from masterd.journal.store import Store, StoreError
+from masterd.runtime.events import MasterEvents
+from masterd.runtime.tasks import TaskSupervisor
+from shared.config import MasterConfig
+from shared.model import Job, JobSpec, Placement
+
+T = TypeVar("T")
+
+log = logging.getLogger("trellis.master")
+
+
+class CoreView:
+    """The scheduling core, read-only: what a feature may look at, never change.
+
+    Jobs are the core's own objects (copying every job per look would cost more than the
+    look); a feature changes a job only through :class:`JobActions`.
+    """
+
+    def __init__(self, core: SchedulingCore) -> None:
+        self._core = core
+        self.jobs: Mapping[str, Job] = MappingProxyType(core.jobs)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy as configured, without the wrappers the master adds (profiling)."""
+        return unwrap(self._core.policy)
+
+    @property
+    def policy_name(self) -> str:
+        return self._core.policy.name
+
+    def job(self, job_id: str) -> Job | None:
+        return self._core.jobs.get(job_id)
+
+    def queue(self) -> Sequence[Job]:
+        return self._core.queue()
+
+    def active_jobs(self) -> Mapping[str, Job]:
+        return self._core.active_jobs()
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self._core.snapshot()
+
+    def node(self, name: str) -> NodeView | None:
+        return self._core.cluster.node(name)
+
+    def nodes(self) -> Iterable[NodeView]:
+        return self._core.cluster.views()
+
+    def jobs_on(self, node: str) -> list[str]:
+        return self._core.cluster.jobs_on(node)
+
+
+class JournalPort:
+    """The journal as features use it: their own tables and events, in the one write order.
+
+    ``call`` runs ``fn(store, *args)`` as one transaction in the journal's writer, after every
+    write issued before it. ``now`` runs it on this thread, for reading (and the repairs of a
+    restore) before the master serves: nothing else writes then.
+    """
+
+    def __init__(self, journal: Journal, store: Store) -> None:
+        self._journal = journal
+        self._store = store
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return self._journal.call(fn, *args)
+
+    async def persist(self, jobs: list[Job], events: list[tuple]) -> None:
+        """Journal jobs' rows and events ``(time, job, node, kind, detail)``."""
+        try:
+            await self._journal.update(jobs, events)
+        except StoreError as exc:
+            log.error("store write failed: %s", exc)
+            raise
+
+    def now(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(self._store, *args)
+
+
+@dataclass(frozen=True)
+class JobActions:
+    """What a feature may do to jobs; the master carries each out as it would for a client.
+
+    Bound methods of the master, not the master: a feature holding this cannot reach
+    anything else.
+    """
+
+    # Raise JobError unless jobs may run as this Unix user.
+    check_user: Callable[[str], None]
+    # Accept a job exactly as the submit RPC does (journalled before it returns).
+    submit: Callable[..., Awaitable[Job]]
+    # Cancel a job exactly as the cancel RPC does.
+    cancel: Callable[[str], Awaitable[Job]]
+    # Stop a running job and re-queue it at the head of its array, outside a policy pass;
+    # False when it is not running or already stopping.
+    preempt: Callable[[Preempt], bool]
+    # Cancel a job that waits in the queue; the change is journalled in the background.
+    drop_queued: Callable[[str], None]
+    # (spec, placement, id prefix, reason) -> the job: start it on exactly that placement,
+    # bypassing the queue. Its resources are taken at once, the job is journalled and launched
+    # in the background; a launch that fails ends it (it never waits in the queue). Raises
+    # ValueError or AllocationError, before anything changed, when it cannot be started.
+    launch_placed: Callable[[JobSpec, Placement, str, str], Job]
+    # (job, node, cpus): a running part now holds only these cores there (a subset).
+    cores_changed: Callable[[str, str, tuple[int, ...]], None]
+    # (job, reason), during the restore only: cancel a restored job, journalled at once.
+    cancel_restored: Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class NodeCommands:
+    # (node, command type, body) -> the node's answer; raises CommandFailed when the node is
+    # not connected, refuses or does not answer in time.
+    send: Callable[[str, str, Any], Awaitable[dict[str, Any]]]
+    # ready, drained, disconnected or unreachable.
+    status: Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class FeatureContext:
+    """Everything a feature of the master may use."""
+
+    clock: Callable[[], float]
+    # The running configuration (SIGHUP may replace it: read it when needed, do not keep it).
+    config: Callable[[], MasterConfig]
+    journal: JournalPort
+    core: CoreView
+    request_pass: Callable[[], None]
+    jobs: JobActions
+    nodes: NodeCommands
+    tasks: TaskSupervisor
+    events: MasterEvents

@@ -1,0 +1,141 @@
+"""The master's events, which features subscribe to instead of the master calling them.
+
+Two kinds of hook:
+
+* :class:`Signal` — a notification. Subscribers run in subscription order; one that raises
+  is logged and the others still run, so a broken feature cannot stop the master from
+  recording a job's end or starting the next pass.
+* :class:`Check` — a veto. Subscribers run in order and the first :class:`JobError` (or any
+  other exception) reaches the caller: a submission one feature refuses is refused.
+
+And one slot, :class:`Provider`, for a question exactly one feature answers (the adaptive
+CPU allocator's launch plan); unanswered, it gives its default.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from masterd.core.scheduler import Transition
+from shared.messages import CorePlan, JobMetric
+from shared.model import Job, JobSpec, NodeAllocation
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+log = logging.getLogger("trellis.master.events")
+
+
+class Signal(Generic[P]):
+    """Synchronous notification: ``emit`` calls every subscriber, isolating failures."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._subscribers: list[Callable[P, None]] = []
+
+    def subscribe(self, fn: Callable[P, None]) -> None:
+        self._subscribers.append(fn)
+
+    def emit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        for fn in self._subscribers:
+            try:
+                fn(*args, **kwargs)
+            except Exception:
+                log.exception("event=%s subscriber=%s failed", self.name, _name(fn))
+
+    def __len__(self) -> int:
+        return len(self._subscribers)
+
+
+class AsyncSignal(Generic[P]):
+    """Like :class:`Signal` for coroutine subscribers, awaited one after the other (in
+    order: a subscriber may rely on an earlier one having seen the event)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._subscribers: list[Callable[P, Awaitable[None]]] = []
+
+    def subscribe(self, fn: Callable[P, Awaitable[None]]) -> None:
+        self._subscribers.append(fn)
+
+    async def emit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        for fn in self._subscribers:
+            try:
+                await fn(*args, **kwargs)
+            except Exception:
+                log.exception("event=%s subscriber=%s failed", self.name, _name(fn))
+
+    def __len__(self) -> int:
+        return len(self._subscribers)
+
+
+class Check(Generic[P]):
+    """A veto: every subscriber runs, and the first exception reaches the caller."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._subscribers: list[Callable[P, None]] = []
+
+    def subscribe(self, fn: Callable[P, None]) -> None:
+        self._subscribers.append(fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        for fn in self._subscribers:
+            fn(*args, **kwargs)
+
+
+class Provider(Generic[P, R]):
+    """A question one feature answers; ``default`` answers while none does."""
+
+    def __init__(self, name: str, default: Callable[P, R]) -> None:
+        self.name = name
+        self._answer: Callable[P, R] = default
+        self._provided = False
+
+    def provide(self, fn: Callable[P, R]) -> None:
+        if self._provided:
+            raise RuntimeError(f"{self.name} is already provided")
+        self._answer = fn
+        self._provided = True
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._answer(*args, **kwargs)
+
+
+def _no_core_plan(job: Job, alloc: NodeAllocation) -> CorePlan | None:
+    return None
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+@dataclass
+class MasterEvents:
+    """Everything a feature can hear from the master, and the two ways it can answer."""
+
+    # A submission is being accepted: raise JobError to refuse it (before it is journalled).
+    submitting: Check[[JobSpec]] = field(default_factory=lambda: Check("submitting"))
+    # The tuning plan of one part of a job being launched (None: pin it as placed).
+    core_plan: Provider[[Job, NodeAllocation], CorePlan | None] = field(
+        default_factory=lambda: Provider("core_plan", _no_core_plan))
+    # The journal was read back and the core holds every restored job (before serving).
+    restored: Signal[[]] = field(default_factory=lambda: Signal("restored"))
+    # A scheduling pass is about to run (some cluster event happened).
+    before_pass: Signal[[]] = field(default_factory=lambda: Signal("before_pass"))
+    # A job changed state, and the change is journalled.
+    job_transition: AsyncSignal[[Job, Transition]] = field(
+        default_factory=lambda: AsyncSignal("job_transition"))
+    # A job reached a terminal state (after job_transition).
+    job_ended: Signal[[Job]] = field(default_factory=lambda: Signal("job_ended"))
+    # An ended job is dropped from memory (finished_jobs_in_memory); its journal rows stay.
+    job_forgotten: Signal[[Job]] = field(default_factory=lambda: Signal("job_forgotten"))
+    # A job's report on its metrics channel, accepted by the master (node, job, metric).
+    job_metric: Signal[[str, Job, JobMetric]] = field(
+        default_factory=lambda: Signal("job_metric"))
+    # An event a node pushed that the master does not handle itself (node, decoded body).
+    node_event: AsyncSignal[[str, Any]] = field(
+        default_factory=lambda: AsyncSignal("node_event"))

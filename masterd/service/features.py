@@ -1,0 +1,50 @@
+"""The one place that names the master's features: builds each around the feature context,
+in the order their subscriptions must run, and the policy that reads their state.
+
+Adding a feature is a module under ``masterd.features``, a line here and a field of
+:class:`Features` (which the API reads to serve the feature's RPC methods).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from masterd.core.policy import Policy
+from masterd.core.profiling import ProfilingPolicy
+from masterd.features.adaptive import AdaptiveCpus
+from masterd.features.arrays.pools import ArrayPools
+from masterd.features.genie.models import ModelStore, build_policy
+from masterd.features.genie.profiler import Profiler
+from masterd.features.inference import InferenceService
+from masterd.runtime.context import FeatureContext
+from shared.config import MasterConfig
+
+
+@dataclass(frozen=True)
+class Features:
+    models: ModelStore  # GENIE's model database, journalled
+    profiler: Profiler  # GENIE's lightweight profiler
+    adaptive: AdaptiveCpus  # SODA's adaptive CPU allocator (the master's half)
+    inference: InferenceService  # SODA's hardware-aware inference placer
+    arrays: ArrayPools  # SODA's multi-array pools: view and re-sizing
+
+
+def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
+    """Build the features and the policy the core runs.
+
+    Order matters where two features hear the same event: on ``restored`` the inference
+    service cancels stale replicas before the profiler settles its runs; on
+    ``job_transition`` the profiler records a run's end before anything else.
+    """
+    models = ModelStore.for_config(ctx, config.policy, config.policy_options)
+    adaptive = AdaptiveCpus(ctx, config.adaptive_cpus)
+    inference = InferenceService(ctx, config.inference)
+    profiler = Profiler(ctx, models)
+    arrays = ArrayPools(ctx)
+    # Every predicting part of the policy reads the live model database; profiling runs are
+    # started only on resources no waiting job can use.
+    policy = ProfilingPolicy(build_policy(config.policy, config.policy_options, models.db),
+                             profiler.is_run, profiler.any_runs)
+    features = Features(models=models, profiler=profiler, adaptive=adaptive,
+                        inference=inference, arrays=arrays)
+    return features, policy
