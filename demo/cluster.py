@@ -6,7 +6,6 @@ from its console entry point, talking over loopback exactly as on a real cluster
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
@@ -14,12 +13,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from control.client import MasterClient, Unreachable
+from demo.harness import shielded, sweep_node
 from shared.auth import Secret
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -39,6 +42,8 @@ def default_job_user() -> str:
 
 # The tree this module belongs to: its daemons run from here.
 TREE = Path(__file__).resolve().parent.parent
+# The demo's emulated training job, which the demo and the end-to-end tests submit.
+TRAINER = str(TREE / "demo" / "trainer.py")
 
 
 @dataclass
@@ -69,6 +74,12 @@ class Daemon:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 5000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
 
 
 @dataclass
@@ -252,51 +263,30 @@ class LocalCluster:
         if self.master:
             self.master.stop()
 
-    def kill_jobs(self) -> None:
-        """Kill every job process a node left behind (jobs outlive noded by design)."""
-        for name in self.node_daemons:
-            jobs = self.root / name / "jobs"
-            if not jobs.is_dir():
-                continue
-            for jobdir in jobs.iterdir():
-                for fname in ("child.json", "shim.json"):
-                    try:
-                        import json
-
-                        pid = json.loads((jobdir / fname).read_text())["pid"]
-                        os.killpg(pid, signal.SIGKILL) if fname == "child.json" else os.kill(
-                            pid, signal.SIGKILL)
-                    except (OSError, ValueError, KeyError):
-                        pass
-
-
-    def remove_cgroups(self) -> None:
-        """Remove the node daemons' parent cgroups (after their jobs are gone)."""
-        from noded.cgroups import detect_cgroups
-
-        if os.geteuid() != 0:
-            return
-        for name in self.node_daemons:
-            # Best effort: a test must not fail in its cleanup.
-            with contextlib.suppress(Exception):
-                groups = detect_cgroups(name, state_dir=self.root / name / "cgroups")
-                # Job groups outlive a stopped noded by design; empty them, then remove them.
-                for job in groups.list_jobs():
-                    with contextlib.suppress(Exception):
-                        groups.signal_all(job, signal.SIGKILL)
-                        for _ in range(50):
-                            if not groups.pids(job):
-                                break
-                            time.sleep(0.02)
-                        groups.remove(job)
-                groups.remove_parent()
-
     def close(self) -> None:
         """Stop everything this cluster started, whatever state it is in."""
-        self.stop()
-        self.kill_jobs()
-        time.sleep(0.2)
-        self.remove_cgroups()
+        with shielded():
+            self.stop()
+            for name in self.node_daemons:
+                sweep_node(name, self.root / name)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_for(self, what: str, check: Callable[[], T], timeout: float = 60.0) -> T:
+        """Poll ``check`` until it returns something true and return that; on timeout, fail
+        with the master's log, where the reason usually is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}\n" + self.log("master"))
+            time.sleep(0.3)
 
 
 def _toml(value: Any) -> str:

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,28 +8,25 @@ from pathlib import Path
 import pytest
 
 from demo.cluster import LocalCluster
+from demo.harness import scratch_dir
 
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every job user can write to (pytest's tmp_path is private to root)."""
-    root = Path(tempfile.mkdtemp(prefix="trellis-test-"))
-    os.chmod(root, 0o777)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    with scratch_dir("trellis-test-", mode=0o777) as root:
+        yield root
 
 
 @pytest.fixture
 def make_cluster(shared_dir: Path) -> Iterator:
-    made: list[LocalCluster] = []
+    with contextlib.ExitStack() as clusters:
 
-    def make(**kw: object) -> LocalCluster:
-        prefix = f"trellis-test-{uuid.uuid4().hex[:6]}"
-        cluster = LocalCluster(shared_dir / prefix, prefix=prefix, **kw)  # type: ignore[arg-type]
-        made.append(cluster)
-        cluster.start()
-        return cluster
+        def make(**kw: object) -> LocalCluster:
+            prefix = f"trellis-test-{uuid.uuid4().hex[:6]}"
+            cluster = clusters.enter_context(
+                LocalCluster(shared_dir / prefix, prefix=prefix, **kw))  # type: ignore[arg-type]
+            cluster.start()
+            return cluster
 
-    yield make
-    for cluster in made:
-        cluster.close()
+        yield make

@@ -8,14 +8,10 @@ must recover the coefficients from what really happened on the (emulated) cluste
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
-from demo.cluster import LocalCluster, default_job_user
+from demo.cluster import TRAINER, LocalCluster, default_job_user
 from tests.e2e.cli import ctl
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAINER = str(ROOT / "demo" / "trainer.py")
 USER = default_job_user()
 GPU = "A100-SXM4-40GB"
 # The emulated truth: sPR(b) = 40 + 12 b - 0.05 b^2 samples/s, gamma 0.8, lambda 0.3.
@@ -27,17 +23,6 @@ def submit(cluster: LocalCluster, *args: str) -> str:
     code, out, err = ctl(cluster, "submit", "--user", USER, *args)
     assert code == 0, err
     return out["job"]["id"]
-
-
-def wait_for(what: str, check, timeout: float, cluster: LocalCluster):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n" + cluster.log("master"))
-        time.sleep(0.3)
 
 
 def spr(k0: float, k1: float, k2: float, b: float) -> float:
@@ -69,7 +54,7 @@ def test_profile_fits_emulated_truth_then_swaf_runs_mixed_qos(make_cluster) -> N
         c = out["profiles"][0]
         return c if c["state"] != "running" else None
 
-    done = wait_for("the profiling campaign", settled, 120, cluster)
+    done = cluster.wait_for("the profiling campaign", settled, 120)
     assert done["state"] == "fitted", json.dumps(done, indent=1) + cluster.log("master")
     fit = done["fit"]
     # The fit error is reported, and small: the runs really ran at the emulated rates.
@@ -104,8 +89,8 @@ def test_profile_fits_emulated_truth_then_swaf_runs_mixed_qos(make_cluster) -> N
     # it is cancelled, so the workload below waits and SWAF explains its order.
     blocker = submit(cluster, "--name", "blocker", "--gpus", "8", "--", "python3", TRAINER,
                      "--iterations", "100000", "--load-ms", "1", "--gpu-ms", "100")
-    wait_for("the blocker to start", lambda: ctl(cluster, "show", blocker)[1]["job"]["state"]
-             == "running", 30, cluster)
+    cluster.wait_for("the blocker to start",
+                     lambda: ctl(cluster, "show", blocker)[1]["job"]["state"] == "running", 30)
     ids = [
         job("normal", 4, 64, 20), job("urgent", 2, 32, 15), job("prior", 2, 64, 15),
         job("normal", 1, 16, 15), job("prior", 4, 64, 15),
@@ -145,7 +130,7 @@ def test_profile_fits_emulated_truth_then_swaf_runs_mixed_qos(make_cluster) -> N
             return states
         return None
 
-    states = wait_for("the workload", finished, 120, cluster)
+    states = cluster.wait_for("the workload", finished, 120)
     for i in [*ids, mystery, similar]:
         assert states[i]["state"] == "finished", (i, states[i])
     assert states[blocker]["state"] == "cancelled"

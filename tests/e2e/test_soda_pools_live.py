@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
-from pathlib import Path
 from typing import Any
 
-from demo.cluster import LocalCluster, default_job_user
+from demo.cluster import TRAINER, LocalCluster, default_job_user
 from tests.e2e.cli import ctl
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAINER = str(ROOT / "demo" / "trainer.py")
 USER = default_job_user()
 SMALL = "small:A100-SXM4-40GB"
 LARGE = "large:A100-SXM4-40GB"
@@ -31,17 +27,6 @@ def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
     code, out, err = ctl(cluster, "show", job_id)
     assert code == 0, err
     return out
-
-
-def wait_for(what: str, check, cluster: LocalCluster, timeout: float = 60):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n" + cluster.log("master"))
-        time.sleep(0.3)
 
 
 def arrays(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
@@ -69,15 +54,15 @@ def test_pools_borrowing_and_preemption_are_visible(make_cluster) -> None:
 
     a = submit(cluster, "a", 2, 60, "--cpus", "1")
     b = submit(cluster, "b", 2, 60, "--cpus", "1")
-    wait_for("a and b running", lambda: all(
-        job(cluster, j)["job"]["state"] == "running" for j in (a, b)), cluster)
+    cluster.wait_for("a and b running", lambda: all(
+        job(cluster, j)["job"]["state"] == "running" for j in (a, b)))
     c = submit(cluster, "c", 2, 60, "--cpus", "1")
 
     def borrowing() -> dict | None:
         shown = job(cluster, c)
         return shown if shown["job"]["state"] == "running" else None
 
-    shown = wait_for("c borrowing", borrowing, cluster)
+    shown = cluster.wait_for("c borrowing", borrowing)
     assert shown["job"]["reason"].startswith("borrowing 2 gpus of " + LARGE), shown["job"]
     pools = arrays(cluster)
     assert pools[LARGE]["borrowed_out"] == 2 and pools[SMALL]["borrowed_in"] == 2, pools
@@ -85,8 +70,8 @@ def test_pools_borrowing_and_preemption_are_visible(make_cluster) -> None:
 
     # Over its tenant's quota a job waits, and says why.
     capped = submit(cluster, "capped", 3, 5, "--cpus", "1", "--tenant", "capped")
-    assert "over quota of tenant capped" in wait_for(
-        "the quota note", lambda: job(cluster, capped)["job"]["reason"], cluster)
+    assert "over quota of tenant capped" in cluster.wait_for(
+        "the quota note", lambda: job(cluster, capped)["job"]["reason"])
 
     # The large array's owner needs its GPUs back: the borrower is preempted and re-queued.
     big = submit(cluster, "big", 4, 60, "--cpus", "1")
@@ -96,10 +81,10 @@ def test_pools_borrowing_and_preemption_are_visible(make_cluster) -> None:
         kinds = [e["kind"] for e in shown["events"]]
         return shown if "preempted" in kinds and shown["job"]["state"] == "queued" else None
 
-    shown = wait_for("c preempted", preempted, cluster)
+    shown = cluster.wait_for("c preempted", preempted)
     event = next(e for e in shown["events"] if e["kind"] == "preempted")
     assert f"{LARGE} needs its resources back for job {big}" in event["detail"]["reason"]
-    wait_for("big running", lambda: job(cluster, big)["job"]["state"] == "running", cluster)
+    cluster.wait_for("big running", lambda: job(cluster, big)["job"]["state"] == "running")
     # Waiting again, with the reason of this pass (not a stale one).
     assert job(cluster, c)["job"]["reason"].startswith("waiting"), job(cluster, c)["job"]
     code, text, _ = ctl(cluster, "show", c, json_out=False)
@@ -117,14 +102,14 @@ def test_periodic_resize_follows_demand_and_is_journalled(make_cluster) -> None:
     assert arrays(cluster)[LARGE]["size"] == 4
     # Only small jobs in the window: the large array's share of the GPUs goes to its minimum.
     ids = [submit(cluster, f"s{i}", 1, 0.5, "--cpus", "1") for i in range(3)]
-    wait_for("small jobs finished", lambda: all(
-        job(cluster, j)["job"]["state"] == "finished" for j in ids), cluster)
+    cluster.wait_for("small jobs finished", lambda: all(
+        job(cluster, j)["job"]["state"] == "finished" for j in ids))
 
     def resized() -> dict | None:
         pools = arrays(cluster)
         return pools if pools[LARGE]["size"] == 0 else None
 
-    pools = wait_for("the periodic re-size", resized, cluster, timeout=30)
+    pools = cluster.wait_for("the periodic re-size", resized, 30)
     assert pools[SMALL]["size"] == 8
     code, out, err = ctl(cluster, "pools")
     assert code == 0, err
