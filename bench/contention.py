@@ -31,14 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import json
 import math
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import deque
@@ -50,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from demo.cluster import default_job_user  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir, shielded, sweep_node  # noqa: E402
 from noded.cgroups import detect_cgroups  # noqa: E402
 from noded.contention import Decision  # noqa: E402
 from noded.enforcer import ContentionEnforcer, RunningJob, running_jobs  # noqa: E402
@@ -208,8 +207,22 @@ async def run_lane(lane: Lane, trials: int, interval: float, out: list[dict[str,
         lane.writes.clear()
 
 
-def job_user() -> str:
-    return "nobody" if os.geteuid() == 0 else getpass.getuser()
+async def stop_lanes(stop: asyncio.Event, tasks: list[asyncio.Task[None]], runner: JobRunner,
+                     lanes: list[Lane]) -> None:
+    """End the loops, then each lane's job through its shim, as a node stops a job."""
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    for lane in lanes:
+        part = runner.parts.get(lane.job_id)
+        if part is not None and part.state == "running":
+            runner.stop(lane.job_id, 2.0, "bench over")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.watcher, 10)  # type: ignore[arg-type]
+    await runner.shutdown()
 
 
 async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -233,7 +246,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         for i in range(args.lanes):
             job_id = f"bench-{tag}-{i}"
-            spec = JobSpec(name="hog", command=("sleep", "3600"), user=job_user(),
+            spec = JobSpec(name="hog", command=("sleep", "3600"), user=default_job_user(),
                            kind=JobKind.CPU, cpus=1)
             runner.prepare(PrepareJob(job_id=job_id, spec=spec, allocation=NodeAllocation(
                 node=NODE, cpus=(cpus[i % len(cpus)],))))
@@ -260,25 +273,10 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         await asyncio.gather(*(run_lane(lane, n, args.interval, results, rng, args.trace)
                                for lane, n in zip(lanes, per_lane, strict=True)))
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for lane in lanes:
-            part = runner.parts.get(lane.job_id)
-            if part is not None and part.state == "running":
-                runner.stop(lane.job_id, 2.0, "bench over")
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(part.watcher, 10)  # type: ignore[arg-type]
-        await runner.shutdown()
-        for lane in lanes:
-            with contextlib.suppress(Exception):
-                cgroups.remove(lane.job_id)
-        with contextlib.suppress(Exception):
-            cgroups.remove_parent()
-        gpus.close()
+        with shielded():
+            await stop_lanes(stop, tasks, runner, lanes)
+            sweep_node(parent, state)  # what a lane could not stop gracefully
+            gpus.close()
     reaction = [r["reaction_s"] * 1000 for r in results]
     step = [r["from_step_s"] * 1000 for r in results]
     passes = [p * 1000 for p in pass_s]
@@ -315,12 +313,8 @@ def main() -> int:
     args = p.parse_args()
     if args.trials < 1 or args.lanes < 1 or args.interval <= 0:
         p.error("--trials and --lanes must be positive, --interval above zero")
-    work = Path(tempfile.mkdtemp(prefix="trellis-test-bench-"))
-    os.chmod(work, 0o755)
-    try:
-        result = asyncio.run(bench(args, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with exit_on_signals(), scratch_dir("trellis-test-bench-") as work:
+        result = run(bench(args, work))
     print(f"{result['trials']} trials over {result['lanes']} lanes, "
           f"{result['passes']} enforcer passes", file=sys.stderr)
     print(json.dumps(result))

@@ -28,10 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +38,9 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.rpc import ECHO_SERVER, drive, percentile  # noqa: E402
-from demo.cluster import LocalCluster, default_job_user, free_port  # noqa: E402
+from bench.rpc import drive, echo_server, percentile  # noqa: E402
+from demo.cluster import LocalCluster, default_job_user  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir  # noqa: E402
 from shared.protocol import encode_rpc_request, unpack  # noqa: E402
 
 HEADERS = {"Content-Type": "application/msgpack"}
@@ -128,16 +126,6 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, seconds: float,
     return from_schedule, from_send, errors, late
 
 
-def wait_echo(url: str, body: bytes) -> None:
-    for _ in range(200):
-        try:
-            asyncio.run(drive(url, [body], 0.05, 1, False))
-            return
-        except aiohttp.ClientError:
-            time.sleep(0.05)
-    raise RuntimeError("the echo server did not start")
-
-
 def ms(values: list[float], q: float) -> float:
     return round(percentile(values, q) * 1000, 2)
 
@@ -152,45 +140,35 @@ def main() -> int:
     args = p.parse_args()
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
-    root = Path(tempfile.mkdtemp(prefix="trellis-bench-"))
-    cluster = LocalCluster(root, nodes=2, gpus_per_node=2, prefix="trellis-bench-place",
-                           cgroup_mode="affinity")
-    echo_port = free_port()
-    echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)])
-    try:
+    with exit_on_signals(), scratch_dir("trellis-bench-") as root, \
+            LocalCluster(root, nodes=2, gpus_per_node=2, prefix="trellis-bench-place",
+                         cgroup_mode="affinity") as cluster, echo_server() as echo:
         cluster.start()
         with_replicas = register(cluster, args.services)
         bodies = place_bodies(args.services)
         master_url = cluster.url + "/v1/rpc"
-        echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
-        wait_echo(echo_url, bodies[0])
-        sample = unpack(asyncio.run(_one(master_url, bodies[0])))["result"]
+        echo.wait()
+        sample = unpack(run(_one(master_url, bodies[0])))["result"]
 
         # (a) throughput, warmed, in alternating slices.
-        asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
-        asyncio.run(drive(master_url, bodies, 0.5, args.concurrency, True))
+        run(drive(echo.url, bodies, 0.5, args.concurrency, False))
+        run(drive(master_url, bodies, 0.5, args.concurrency, True))
         place_n = echo_n = errors = 0
         slices = max(1, round(args.throughput_seconds))
         for _ in range(slices):
-            n, _, _ = asyncio.run(drive(echo_url, bodies, args.throughput_seconds / slices,
-                                        args.concurrency, False))
+            n, _, _ = run(drive(echo.url, bodies, args.throughput_seconds / slices,
+                                args.concurrency, False))
             echo_n += n
-            n, _, errs = asyncio.run(drive(master_url, bodies,
-                                           args.throughput_seconds / slices,
-                                           args.concurrency, True))
+            n, _, errs = run(drive(master_url, bodies, args.throughput_seconds / slices,
+                                   args.concurrency, True))
             place_n += n
             errors += errs
 
         # (b) open-loop latency at a fixed rate, then the same schedule against the echo.
-        sched, sent, lat_errors, late = asyncio.run(
+        sched, sent, lat_errors, late = run(
             open_loop(master_url, bodies, args.rate, args.seconds, args.concurrency))
-        echo_sched, _, _, _ = asyncio.run(
-            open_loop(echo_url, bodies, args.rate, min(args.seconds, 5.0), args.concurrency))
-    finally:
-        echo.terminate()
-        echo.wait()
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
+        echo_sched, _, _, _ = run(
+            open_loop(echo.url, bodies, args.rate, min(args.seconds, 5.0), args.concurrency))
     rps = place_n / args.throughput_seconds
     echo_rps = echo_n / args.throughput_seconds
     result = {

@@ -23,15 +23,15 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.cluster import LocalCluster, default_job_user, free_port  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir  # noqa: E402
 from shared.protocol import encode_rpc_request, unpack  # noqa: E402
 
+MSGPACK = {"Content-Type": "application/msgpack"}
 ECHO_SERVER = textwrap.dedent("""
     import asyncio, sys, msgpack, uvloop
     from aiohttp import web
@@ -72,8 +74,7 @@ async def drive(url: str, bodies: list[bytes], seconds: float, concurrency: int,
             while time.perf_counter() < stop_at:
                 body = bodies[next(counter) % len(bodies)]
                 t0 = time.perf_counter()
-                async with session.post(url, data=body,
-                                        headers={"Content-Type": "application/msgpack"}) as r:
+                async with session.post(url, data=body, headers=MSGPACK) as r:
                     data = await r.read()
                 latencies.append(time.perf_counter() - t0)
                 if check and (r.status != 200 or "result" not in unpack(data)):
@@ -161,71 +162,106 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass
+class Echo:
+    """The baseline server: ECHO_SERVER in its own process."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def wait(self, timeout_s: float = 10.0) -> None:
+        """Return once it answers a request (it starts alongside the master)."""
+        body = encode_rpc_request("ping", {}, 0)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                request = urllib.request.Request(self.url, data=body, headers=MSGPACK)
+                urllib.request.urlopen(request, timeout=30).read()
+                return
+            except (urllib.error.URLError, ConnectionError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the echo server did not start at {self.url}") from None
+                time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def echo_server(wrapper: Sequence[str] = (), **popen: Any) -> Iterator[Echo]:
+    """Start the echo (under ``wrapper``, e.g. valgrind); it is stopped on the way out."""
+    port = free_port()
+    proc = subprocess.Popen([*wrapper, sys.executable, "-c", ECHO_SERVER, str(port)], **popen)
+    try:
+        yield Echo(f"http://127.0.0.1:{port}/v1/rpc", proc)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@dataclass
+class Measured:
+    echo_n: int
+    sub_n: int
+    errors: int
+    latencies: list[float]
+    transactions: float  # journal transactions committed during the submit slices
+    cpu: dict[str, Any]
+    idle: dict[str, float]
+    steal: dict[str, float]
+
+
+def measure(cluster: LocalCluster, echo: Echo, args: argparse.Namespace) -> Measured:
+    """Alternating slices of the echo and of submit; the figures and the CPU meter."""
+    cluster.client().call("drain", {"node": cluster.node_name(1)})
+    assert cluster.master is not None and cluster.master.proc is not None
+    master = psutil.Process(cluster.master.proc.pid)
+    writers = [child for child in master.children()
+               if "masterd.journal.writer" in " ".join(child.cmdline())]
+    procs = {"client": psutil.Process(), "echo": psutil.Process(echo.proc.pid),
+             "master": master}
+    if writers:
+        procs["writer"] = writers[0]
+    meter = CpuMeter(procs)
+    bodies = submit_bodies(2000, default_job_user())
+    echo.wait()
+    # Warm both, then measure each in turn.
+    run(drive(echo.url, bodies, 0.5, args.concurrency, False))
+    # Alternate short slices of each so a neighbour's load burst hits both alike.
+    echo_n = sub_n = errors = 0
+    transactions = 0.0
+    lat: list[float] = []
+    slices = max(1, int(args.seconds))
+    for _ in range(slices):
+        with meter.phase("echo", "client", "echo"):
+            n, _, _ = run(drive(echo.url, bodies, args.seconds / slices, args.concurrency,
+                                False))
+        echo_n += n
+        before = journal_transactions(cluster.url)
+        with meter.phase("submit", "client", *(p for p in ("master", "writer") if p in procs)):
+            n, part, errs = run(drive(cluster.url + "/v1/rpc", bodies, args.seconds / slices,
+                                      args.concurrency, True))
+        transactions += journal_transactions(cluster.url) - before
+        sub_n += n
+        lat += part
+        errors += errs
+    cpu, idle, steal = meter.report({"echo": echo_n, "submit": sub_n})
+    return Measured(echo_n, sub_n, errors, lat, transactions, cpu, idle, steal)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, default=32)
     args = p.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="trellis-bench-"))
-    cluster = LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
-                           cgroup_mode="affinity")
-    try:
-        echo_port = free_port()
-        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)])
-        try:
+    with exit_on_signals(), scratch_dir("trellis-bench-") as root:
+        with LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
+                          cgroup_mode="affinity") as cluster, echo_server() as echo:
             cluster.start()
-            cluster.client().call("drain", {"node": cluster.node_name(1)})
-            assert cluster.master is not None and cluster.master.proc is not None
-            master = psutil.Process(cluster.master.proc.pid)
-            writers = [child for child in master.children()
-                       if "masterd.journal.writer" in " ".join(child.cmdline())]
-            procs = {"client": psutil.Process(), "echo": psutil.Process(echo.pid),
-                     "master": master}
-            if writers:
-                procs["writer"] = writers[0]
-            meter = CpuMeter(procs)
-            bodies = submit_bodies(2000, default_job_user())
-            echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
-            for _ in range(100):  # wait for the echo server
-                try:
-                    asyncio.run(drive(echo_url, bodies[:1], 0.05, 1, False))
-                    break
-                except aiohttp.ClientError:
-                    time.sleep(0.05)
-            # Warm both, then measure each in turn.
-            asyncio.run(drive(echo_url, bodies, 0.5, args.concurrency, False))
-            # Alternate short slices of each so a neighbour's load burst hits both alike.
-            echo_n = sub_n = errors = 0
-            transactions = 0.0
-            lat: list[float] = []
-            slices = max(1, int(args.seconds))
-            for _ in range(slices):
-                with meter.phase("echo", "client", "echo"):
-                    n, _, _ = asyncio.run(drive(echo_url, bodies, args.seconds / slices,
-                                                args.concurrency, False))
-                echo_n += n
-                before = journal_transactions(cluster.url)
-                with meter.phase("submit", "client",
-                                 *(p for p in ("master", "writer") if p in procs)):
-                    n, part, errs = asyncio.run(drive(cluster.url + "/v1/rpc", bodies,
-                                                      args.seconds / slices, args.concurrency,
-                                                      True))
-                transactions += journal_transactions(cluster.url) - before
-                sub_n += n
-                lat += part
-                errors += errs
-        finally:
-            echo.terminate()
-            echo.wait()
-            cluster.close()
+            m = measure(cluster, echo, args)
         # Counted in the journal itself (the jobs RPC lists 10,000 by default, at most
         # 100,000): every acknowledged submission must be there.
         with contextlib.closing(sqlite3.connect(root / "master" / "master.db")) as db:
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    cpu, idle, steal = meter.report({"echo": echo_n, "submit": sub_n})
+    sub_n, echo_n, lat, errors = m.sub_n, m.echo_n, m.latencies, m.errors
     submit_rps = sub_n / args.seconds
     echo_rps = echo_n / args.seconds
     result = {
@@ -238,10 +274,10 @@ def main() -> int:
         "jobs_journalled": queued,
         "concurrency": args.concurrency,
         # Group commit: how many submissions shared each of the writer's transactions.
-        "jobs_per_transaction": round(sub_n / transactions, 2) if transactions else None,
-        "cpu_us_per_request": cpu,
-        "idle_pct": idle,
-        "steal_pct": steal,
+        "jobs_per_transaction": round(sub_n / m.transactions, 2) if m.transactions else None,
+        "cpu_us_per_request": m.cpu,
+        "idle_pct": m.idle,
+        "steal_pct": m.steal,
     }
     print(f"submit: {sub_n} requests, echo: {echo_n} requests, {queued} jobs journalled",
           file=sys.stderr)

@@ -26,10 +26,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -38,13 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rpc import ECHO_SERVER, submit_bodies  # noqa: E402
+from rpc import MSGPACK, echo_server, submit_bodies  # noqa: E402
 
-from demo.cluster import LocalCluster, default_job_user, free_port  # noqa: E402
+from demo.cluster import LocalCluster, default_job_user  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir  # noqa: E402
 from shared.protocol import encode_rpc_request  # noqa: E402
 
 WARMUP = 400
-MSGPACK = {"Content-Type": "application/msgpack"}
 
 
 def callgrind(out: Path) -> list[str]:
@@ -73,11 +69,11 @@ async def serve(url: str, bodies: list[bytes], requests: int, concurrency: int) 
 def count(pid: int, out: Path, url: str, bodies: list[bytes], requests: int,
           concurrency: int) -> float:
     """Instructions per request of the traced process ``pid`` serving ``url``."""
-    asyncio.run(serve(url, bodies, WARMUP, concurrency))
+    run(serve(url, bodies, WARMUP, concurrency))
     before = set(out.parent.glob(out.name + ".*"))
     subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True,
                    capture_output=True)
-    asyncio.run(serve(url, bodies, requests, concurrency))
+    run(serve(url, bodies, requests, concurrency))
     subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
     subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True,
                    capture_output=True)
@@ -86,19 +82,6 @@ def count(pid: int, out: Path, url: str, bodies: list[bytes], requests: int,
         if line.startswith("totals:"):
             return int(line.split()[1]) / requests
     raise RuntimeError(f"no totals in {dump}")
-
-
-def wait_for(url: str, body: bytes, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(urllib.request.Request(url, data=body, headers=MSGPACK),
-                                   timeout=30).read()
-            return
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def main() -> int:
@@ -110,33 +93,25 @@ def main() -> int:
         print("rpc_cost: valgrind (with callgrind_control) is not installed", file=sys.stderr)
         return 2
 
-    root = Path(tempfile.mkdtemp(prefix="trellis-bench-"))
-    master_out, echo_out = root / "master.cg", root / "echo.cg"
-    cluster = LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
-                           cgroup_mode="affinity", master_wrapper=callgrind(master_out),
-                           master_start_timeout_s=300)
-    echo_port = free_port()
-    echo = subprocess.Popen([*callgrind(echo_out), sys.executable, "-c", ECHO_SERVER,
-                             str(echo_port)], stderr=subprocess.DEVNULL)
-    try:
-        cluster.start()
-        cluster.client().call("drain", {"node": cluster.node_name(1)})
-        assert cluster.master is not None and cluster.master.proc is not None
-        rpc_url = cluster.url + "/v1/rpc"
-        echo_url = f"http://127.0.0.1:{echo_port}/v1/rpc"
-        bodies = submit_bodies(2000, default_job_user())
-        wait_for(echo_url, bodies[0], 300)
-        echo_ir = count(echo.pid, echo_out, echo_url, bodies, args.requests,
-                        args.concurrency)
-        ping_ir = count(cluster.master.proc.pid, master_out, rpc_url,
-                        [encode_rpc_request("ping", {}, 1)], args.requests, args.concurrency)
-        submit_ir = count(cluster.master.proc.pid, master_out, rpc_url, bodies,
-                          args.requests, args.concurrency)
-    finally:
-        echo.terminate()
-        echo.wait()
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
+    with exit_on_signals(), scratch_dir("trellis-bench-") as root:
+        master_out, echo_out = root / "master.cg", root / "echo.cg"
+        with LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
+                          cgroup_mode="affinity", master_wrapper=callgrind(master_out),
+                          master_start_timeout_s=300) as cluster, \
+                echo_server(callgrind(echo_out), stderr=subprocess.DEVNULL) as echo:
+            cluster.start()
+            cluster.client().call("drain", {"node": cluster.node_name(1)})
+            assert cluster.master is not None and cluster.master.proc is not None
+            rpc_url = cluster.url + "/v1/rpc"
+            bodies = submit_bodies(2000, default_job_user())
+            echo.wait(300)
+            echo_ir = count(echo.proc.pid, echo_out, echo.url, bodies, args.requests,
+                            args.concurrency)
+            ping_ir = count(cluster.master.proc.pid, master_out, rpc_url,
+                            [encode_rpc_request("ping", {}, 1)], args.requests,
+                            args.concurrency)
+            submit_ir = count(cluster.master.proc.pid, master_out, rpc_url, bodies,
+                              args.requests, args.concurrency)
     print(json.dumps({"echo_ir": round(echo_ir), "ping_ir": round(ping_ir),
                       "submit_ir": round(submit_ir), "ir_ratio": round(echo_ir / submit_ir, 3),
                       "requests": args.requests, "concurrency": args.concurrency}))
