@@ -18,7 +18,9 @@ Every step runs against a fresh master. Phase 2 raises the offered rate by 1.5×
 (``--step-seconds`` each) until p99 passes 100 ms; ``capacity_rps`` is the highest
 completed rate of a step with p99 ≤ 100 ms and no errors. If phase 1 already misses the
 target, the steps go down by 1.5× instead until one meets it, so capacity_rps is then the
-highest passing rate below the target load.
+highest passing rate below the target load. ``capacity_limited_by_steps`` says the search ran
+out of ``--max-steps`` before it crossed the target (every step up passed, or every step down
+failed): capacity_rps is then only a lower bound (or None, capacity below the lowest rate).
 
 Latency is measured from each request's *scheduled* send time, so a stalled master cannot hide
 behind clients that fell behind. Load generators run in separate processes from the master
@@ -35,10 +37,8 @@ import json
 import os
 import random
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.cluster import LocalCluster, default_job_user  # noqa: E402
+from demo.harness import exit_on_signals, scratch_dir  # noqa: E402
 from shared.model import CpuCore, GpuInfo, NodeInventory  # noqa: E402
 from shared.protocol import encode_frame, encode_rpc_request  # noqa: E402
 from shared.schema import encode  # noqa: E402
@@ -275,33 +276,51 @@ def run_step(url: str, args: argparse.Namespace, rate: float, seconds: float, ta
              with_nodes: bool, scratch: Path) -> dict[str, Any]:
     per = -(-args.clients // args.procs)
     procs: list[tuple[subprocess.Popen[str], Path]] = []
-    for p in range(args.procs):
-        count = min(per, args.clients - p * per)
-        if count <= 0:
-            break
-        out = scratch / f"{tag}-clients-{p}.json"
-        procs.append((spawn(["--worker", "clients", "--url", url, "--first", str(p * per),
-                             "--count", str(count), "--rate", str(rate), "--seconds",
-                             str(seconds), "--tag", tag, "--services",
-                             str(args.services)], out), out))
     node_proc = None
-    if with_nodes:
-        out = scratch / f"{tag}-nodes.json"
-        node_proc = (spawn(["--worker", "nodes", "--url", url, "--count", str(args.nodes),
-                            "--events", str(args.events), "--seconds", str(seconds),
-                            "--job-s", str(args.job_s)], out), out)
+    try:
+        for p in range(args.procs):
+            count = min(per, args.clients - p * per)
+            if count <= 0:
+                break
+            out = scratch / f"{tag}-clients-{p}.json"
+            procs.append((spawn(["--worker", "clients", "--url", url, "--first", str(p * per),
+                                 "--count", str(count), "--rate", str(rate), "--seconds",
+                                 str(seconds), "--tag", tag, "--services",
+                                 str(args.services)], out), out))
+        if with_nodes:
+            out = scratch / f"{tag}-nodes.json"
+            node_proc = (spawn(["--worker", "nodes", "--url", url, "--count", str(args.nodes),
+                                "--events", str(args.events), "--seconds", str(seconds),
+                                "--job-s", str(args.job_s)], out), out)
+        step = client_figures([collect(proc, out) for proc, out in procs], args.clients * rate,
+                              seconds)
+        if node_proc is not None:
+            nodes = collect(*node_proc)
+            step["events_per_s"] = round(nodes["acked"] / seconds, 1)
+            step["node_errors"] = nodes["errors"]
+            step["node_commands"] = nodes["commands"]
+        return step
+    finally:
+        # Interrupted, or a generator failed: the others would load a master that is gone.
+        for proc, _ in [*procs, *([node_proc] if node_proc else [])]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def client_figures(results: list[dict[str, Any]], offered: float,
+                   seconds: float) -> dict[str, Any]:
     latencies: list[float] = []
     errors: dict[str, int] = {}
     kinds: dict[str, list[float]] = {}
-    for proc, out in procs:
-        data = collect(proc, out)
+    for data in results:
         latencies += data["latencies"]
         for kind, values in data["by_kind"].items():
             kinds.setdefault(kind, []).extend(values)
         for k, v in data["errors"].items():
             errors[k] = errors.get(k, 0) + v
-    step: dict[str, Any] = {
-        "offered_rps": round(args.clients * rate, 1),
+    return {
+        "offered_rps": round(offered, 1),
         "requests": len(latencies),
         "achieved_rps": round(len(latencies) / seconds, 1),
         "errors": sum(errors.values()),
@@ -311,12 +330,58 @@ def run_step(url: str, args: argparse.Namespace, rate: float, seconds: float, ta
         "p99_ms_by_kind": {k: round(percentile(v, 0.99) * 1000, 2) for k, v in kinds.items()
                            if v},
     }
-    if node_proc is not None:
-        nodes = collect(*node_proc)
-        step["events_per_s"] = round(nodes["acked"] / seconds, 1)
-        step["node_errors"] = nodes["errors"]
-        step["node_commands"] = nodes["commands"]
+
+
+def passes(step: dict[str, Any]) -> bool:
+    return step["p99_ms"] <= P99_TARGET_MS and not step["errors"]
+
+
+def capacity_rps(steps: list[dict[str, Any]]) -> float | None:
+    """The highest rate achieved by a passing step; None when none passed."""
+    return max((s["achieved_rps"] for s in steps if passes(s)), default=None)
+
+
+def limited_by_steps(steps: list[dict[str, Any]]) -> bool:
+    """True when the search ran out of steps before it crossed the target: going up, every
+    step passed (capacity is at least capacity_rps); going down, none did (capacity is below
+    the lowest rate tried). The search stops at the first step whose verdict differs from
+    the target step's, so that is exactly when the last verdict is still the first's."""
+    return passes(steps[-1]) == passes(steps[0])
+
+
+def measured(args: argparse.Namespace, root: Path, rate: float, seconds: float,
+             tag: str) -> dict[str, Any]:
+    """One step against a fresh master, so no step inherits another's backlog."""
+    with LocalCluster(root / tag, nodes=0, prefix="trellis-bench-load", extra_master={
+            "max_connections_per_ip": 4 * (args.clients + args.nodes), "node_grace_s": 30,
+            "command_timeout_s": 30}) as cluster:
+        cluster.start_master()
+        register_services(cluster, args.services)
+        step = run_step(cluster.url, args, rate, seconds, tag, True, root)
+        jobs = cluster.client(timeout=120).call("jobs", {"limit": 100_000})["jobs"]
+        step["jobs_submitted"] = len(jobs)
+        step["jobs_finished"] = sum(1 for j in jobs if j["state"] == "finished")
+        step["master_alive"] = cluster.master is not None and cluster.master.running
     return step
+
+
+def search(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """The target step, then steps up by 1.5x while they pass (down while they fail)."""
+    first = measured(args, root, args.rate, args.seconds, "target")
+    first["phase"] = "target"
+    steps = [first]
+    print(f"target: {json.dumps(first)}", file=sys.stderr)
+    rate = args.rate
+    going_up = passes(first)
+    for i in range(args.max_steps):
+        if passes(steps[-1]) != going_up:
+            break
+        rate = rate * 1.5 if going_up else rate / 1.5
+        step = measured(args, root, rate, args.step_seconds, f"step{i + 1}")
+        step["phase"] = f"step{i + 1}"
+        steps.append(step)
+        print(f"step {i + 1}: {json.dumps(step)}", file=sys.stderr)
+    return steps
 
 
 def main() -> int:
@@ -346,47 +411,9 @@ def main() -> int:
     want = min(hard, max(soft, 4 * (args.clients + args.nodes) + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
-    root = Path(tempfile.mkdtemp(prefix="trellis-bench-load-"))
-    steps: list[dict[str, Any]] = []
-
-    def measured(rate: float, seconds: float, tag: str) -> dict[str, Any]:
-        """One step against a fresh master, so no step inherits another's backlog."""
-        cluster = LocalCluster(root / tag, nodes=0, prefix="trellis-bench-load", extra_master={
-            "max_connections_per_ip": 4 * (args.clients + args.nodes), "node_grace_s": 30,
-            "command_timeout_s": 30})
-        try:
-            cluster.start_master()
-            register_services(cluster, args.services)
-            step = run_step(cluster.url, args, rate, seconds, tag, True, root)
-            jobs = cluster.client(timeout=120).call("jobs", {"limit": 100_000})["jobs"]
-            step["jobs_submitted"] = len(jobs)
-            step["jobs_finished"] = sum(1 for j in jobs if j["state"] == "finished")
-            step["master_alive"] = cluster.master is not None and cluster.master.running
-        finally:
-            cluster.close()
-        return step
-
-    def ok(step: dict[str, Any]) -> bool:
-        return step["p99_ms"] <= P99_TARGET_MS and not step["errors"]
-
-    try:
-        first = measured(args.rate, args.seconds, "target")
-        first["phase"] = "target"
-        steps.append(first)
-        print(f"target: {json.dumps(first)}", file=sys.stderr)
-        rate = args.rate
-        going_up = ok(first)
-        for i in range(args.max_steps):
-            if ok(steps[-1]) != going_up:
-                break
-            rate = rate * 1.5 if going_up else rate / 1.5
-            step = measured(rate, args.step_seconds, f"step{i + 1}")
-            step["phase"] = f"step{i + 1}"
-            steps.append(step)
-            print(f"step {i + 1}: {json.dumps(step)}", file=sys.stderr)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    passing = [s for s in steps if s["p99_ms"] <= P99_TARGET_MS and not s["errors"]]
+    with exit_on_signals(), scratch_dir("trellis-bench-load-") as root:
+        steps = search(args, root)
+    first = steps[0]
     result = {
         "requests": first["requests"],
         "errors": first["errors"],
@@ -395,8 +422,8 @@ def main() -> int:
         "events_per_s": first.get("events_per_s"),
         "offered_rps": first["offered_rps"],
         "achieved_rps": first["achieved_rps"],
-        "capacity_rps": max((s["achieved_rps"] for s in passing), default=None),
-        "capacity_limited_by_steps": bool(passing) and passing[-1] is steps[-1],
+        "capacity_rps": capacity_rps(steps),
+        "capacity_limited_by_steps": limited_by_steps(steps),
         "jobs_submitted": first["jobs_submitted"],
         "jobs_finished": first["jobs_finished"],
         "master_alive": all(s["master_alive"] for s in steps),

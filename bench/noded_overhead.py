@@ -14,7 +14,8 @@ shims, which are separate processes -- and its resident memory.
 
 Baselines from the same run and window: an idle ``python`` process (interpreter floor), and an
 idle python that has only imported ``noded.main`` (the import footprint noded cannot avoid).
-Last line: JSON with cpu_pct_of_one_core and rss_mb (targets: <= 1 % and <= 80 MB).
+Last line: JSON with cpu_pct_of_one_core, rss_mb (the last sample) and rss_mb_max (the peak);
+targets_met: at most 1 % of one core and a peak RSS of at most 80 MB.
 """
 
 from __future__ import annotations
@@ -22,17 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,8 @@ from aiohttp import WSMsgType, web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo.cluster import free_port  # noqa: E402
+from demo.cluster import Daemon, default_job_user, free_port  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir, shielded, sweep_node  # noqa: E402
 from shared.messages import PrepareJob, StartJob, StopJob  # noqa: E402
 from shared.model import JobKind, JobSpec, NodeAllocation  # noqa: E402
 from shared.protocol import MAX_FRAME, decode_frame, encode_frame  # noqa: E402
@@ -51,6 +50,9 @@ from shared.schema import encode  # noqa: E402
 JOBS = 16
 GPUS = 8
 WARMUP_S = 5.0
+TARGET_CPU_PCT = 1.0
+TARGET_RSS_MB = 80
+MIB = 1 << 20
 
 
 class StubMaster:
@@ -123,6 +125,66 @@ def cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system  # the process's own threads; children are not included
 
 
+def targets_met(cpu_pct: float, rss_peak_bytes: int) -> bool:
+    """The verdict: noded's CPU over the window and its *peak* resident memory within the
+    targets (a daemon that swells between samples and shrinks back still needs the memory)."""
+    return cpu_pct <= TARGET_CPU_PCT and rss_peak_bytes / MIB <= TARGET_RSS_MB
+
+
+@dataclass
+class Window:
+    """What one measurement window saw of noded and the baseline processes."""
+
+    seconds: float
+    cpu_s: float
+    baseline_cpu_s: dict[str, float]
+    rss_last: int
+    rss_peak: int
+    baseline_rss: dict[str, int]
+
+
+async def measure(proc: psutil.Process, base: dict[str, psutil.Process],
+                  seconds: float) -> Window:
+    c0, b0, t0 = cpu_s(proc), {k: cpu_s(p) for k, p in base.items()}, time.monotonic()
+    rss_peak = 0
+    end = t0 + seconds
+    while time.monotonic() < end:
+        rss_peak = max(rss_peak, proc.memory_info().rss)
+        await asyncio.sleep(min(1.0, max(0.0, end - time.monotonic())))
+    wall = time.monotonic() - t0
+    c1, b1 = cpu_s(proc), {k: cpu_s(p) for k, p in base.items()}
+    rss = proc.memory_info().rss
+    return Window(seconds=wall, cpu_s=c1 - c0, baseline_cpu_s={k: b1[k] - b0[k] for k in b1},
+                  rss_last=rss, rss_peak=max(rss_peak, rss),
+                  baseline_rss={k: p.memory_info().rss for k, p in base.items()})
+
+
+async def start_jobs(stub: StubMaster, node: str, job_ids: list[str]) -> None:
+    """Half hold a GPU each (training), half are CPU jobs: both sampling paths work."""
+    user = default_job_user()
+    cpus = sorted(os.sched_getaffinity(0))
+    for i, job_id in enumerate(job_ids):
+        gpu = i < GPUS
+        spec = JobSpec(name="sleeper", command=("sleep", "3600"), user=user,
+                       kind=JobKind.TRAINING if gpu else JobKind.CPU,
+                       gpus=1 if gpu else 0, cpus=1)
+        alloc = NodeAllocation(node=node, cpus=(cpus[i % len(cpus)],),
+                               gpus=(i,) if gpu else ())
+        await stub.command("prepare_job", encode(PrepareJob(job_id=job_id, spec=spec,
+                                                            allocation=alloc)))
+        await stub.command("start_job", encode(StartJob(job_id=job_id, master_addr="127.0.0.1",
+                                                        master_port=1)))
+
+
+async def stop_jobs(stub: StubMaster, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        with contextlib.suppress(Exception):
+            await stub.command("stop_job", encode(StopJob(job_id=job_id, grace_s=2.0)))
+    deadline = time.monotonic() + 15
+    while len(stub.exited) < len(job_ids) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
 async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     name = f"bench-{tag}"
@@ -133,123 +195,63 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     app.router.add_get("/v1/node", stub.handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     cfg = work / "node.toml"
-    node_config(cfg, name, port, state, parent, args.rdt)
-    log_path = work / "noded.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with open(log_path, "wb") as log:
-        noded = subprocess.Popen([sys.executable, "-m", "noded.main", "-c", str(cfg)],
-                                 env=env, cwd=str(ROOT), stdout=log, stderr=log,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    baselines = {
-        "idle": idle_python("import time; time.sleep(3600)"),
-        "import": idle_python("import noded.main, time; time.sleep(3600)"),
-    }
-    user = "nobody" if os.geteuid() == 0 else getpass.getuser()
-    cpus = sorted(os.sched_getaffinity(0))
+    noded = Daemon("noded", [sys.executable, "-m", "noded.main", "-c", str(cfg)],
+                   work / "noded.log")
+    baselines: dict[str, subprocess.Popen[bytes]] = {}
     job_ids = [f"{name}-j{i}" for i in range(JOBS)]
     try:
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        node_config(cfg, name, port, state, parent, args.rdt)
+        noded.start(dict(os.environ, PYTHONPATH=str(ROOT)))
+        baselines["idle"] = idle_python("import time; time.sleep(3600)")
+        baselines["import"] = idle_python("import noded.main, time; time.sleep(3600)")
         try:
             await asyncio.wait_for(stub.hello.wait(), 30)
         except TimeoutError:
-            raise RuntimeError("noded never connected:\n" + log_path.read_text()[-3000:]) from None
-        for i, job_id in enumerate(job_ids):
-            # Half hold a GPU each (training), half are CPU jobs: both sampling paths work.
-            gpu = i < GPUS
-            spec = JobSpec(name="sleeper", command=("sleep", "3600"), user=user,
-                           kind=JobKind.TRAINING if gpu else JobKind.CPU,
-                           gpus=1 if gpu else 0, cpus=1)
-            alloc = NodeAllocation(node=name, cpus=(cpus[i % len(cpus)],),
-                                   gpus=(i,) if gpu else ())
-            await stub.command("prepare_job", encode(PrepareJob(job_id=job_id, spec=spec,
-                                                                allocation=alloc)))
-            await stub.command("start_job", encode(StartJob(job_id=job_id,
-                                                            master_addr="127.0.0.1",
-                                                            master_port=1)))
-        proc = psutil.Process(noded.pid)
+            raise RuntimeError("noded never connected:\n" + noded.log_tail(3000)) from None
+        await start_jobs(stub, name, job_ids)
+        assert noded.proc is not None
+        proc = psutil.Process(noded.proc.pid)
         base = {k: psutil.Process(p.pid) for k, p in baselines.items()}
         await asyncio.sleep(WARMUP_S)
         running = sum(1 for j in job_ids if (state / "jobs" / j / "child.json").exists())
-        c0, b0, t0 = cpu_s(proc), {k: cpu_s(p) for k, p in base.items()}, time.monotonic()
-        rss_max = 0
-        end = t0 + args.seconds
-        while time.monotonic() < end:
-            rss_max = max(rss_max, proc.memory_info().rss)
-            await asyncio.sleep(min(1.0, max(0.0, end - time.monotonic())))
-        wall = time.monotonic() - t0
-        c1, b1 = cpu_s(proc), {k: cpu_s(p) for k, p in base.items()}
-        rss = proc.memory_info().rss
-        base_rss = {k: p.memory_info().rss for k, p in base.items()}
-        if noded.poll() is not None:
-            raise RuntimeError("noded exited during the run:\n" + log_path.read_text()[-3000:])
-        for job_id in job_ids:
-            with contextlib.suppress(Exception):
-                await stub.command("stop_job", encode(StopJob(job_id=job_id, grace_s=2.0)))
-        deadline = time.monotonic() + 15
-        while len(stub.exited) < JOBS and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        window = await measure(proc, base, args.seconds)
+        if not noded.running:
+            raise RuntimeError("noded exited during the run:\n" + noded.log_tail(3000))
+        await stop_jobs(stub, job_ids)
     finally:
-        for p in baselines.values():
-            p.kill()
-            p.wait()
-        if noded.poll() is None:
-            noded.send_signal(signal.SIGTERM)
-            try:
-                noded.wait(15)
-            except subprocess.TimeoutExpired:
-                noded.kill()
-                noded.wait()
-        _kill_leftovers(state)
-        await runner.cleanup()
-        _remove_cgroups(parent, state)
-    mib = 1 << 20
-    cpu_pct = (c1 - c0) / wall * 100
+        with shielded():
+            for p in baselines.values():
+                p.kill()
+                p.wait()
+            noded.stop(timeout=15)
+            sweep_node(parent, state)  # jobs outlive noded by design
+            await runner.cleanup()
+    return result(args, window, running, dict(stub.events))
+
+
+def result(args: argparse.Namespace, w: Window, running: int,
+           events: dict[str, int]) -> dict[str, Any]:
+    cpu_pct = w.cpu_s / w.seconds * 100
     return {
         "cpu_pct_of_one_core": round(cpu_pct, 3),
-        "rss_mb": round(rss / mib, 1),
-        "rss_mb_max": round(rss_max / mib, 1),
-        "baseline_idle_python_rss_mb": round(base_rss["idle"] / mib, 1),
-        "baseline_import_noded_rss_mb": round(base_rss["import"] / mib, 1),
-        "baseline_idle_python_cpu_pct": round((b1["idle"] - b0["idle"]) / wall * 100, 3),
-        "rss_over_import_baseline": round(rss / base_rss["import"], 2),
-        "target_cpu_pct": 1.0,
-        "target_rss_mb": 80,
-        "targets_met": cpu_pct <= 1.0 and rss / mib <= 80,
-        "seconds": round(wall, 1),
+        "rss_mb": round(w.rss_last / MIB, 1),
+        "rss_mb_max": round(w.rss_peak / MIB, 1),
+        "baseline_idle_python_rss_mb": round(w.baseline_rss["idle"] / MIB, 1),
+        "baseline_import_noded_rss_mb": round(w.baseline_rss["import"] / MIB, 1),
+        "baseline_idle_python_cpu_pct": round(w.baseline_cpu_s["idle"] / w.seconds * 100, 3),
+        "rss_over_import_baseline": round(w.rss_last / w.baseline_rss["import"], 2),
+        "target_cpu_pct": TARGET_CPU_PCT,
+        "target_rss_mb": TARGET_RSS_MB,
+        "targets_met": targets_met(cpu_pct, w.rss_peak),
+        "seconds": round(w.seconds, 1),
         "jobs_running": running,
         "gpus": GPUS,
         "rdt": args.rdt,
-        "events": dict(stub.events),
+        "events": events,
     }
-
-
-def _kill_leftovers(state: Path) -> None:
-    """Jobs outlive noded by design; end the ones this bench started."""
-    jobs = state / "jobs"
-    if not jobs.is_dir():
-        return
-    for jobdir in jobs.iterdir():
-        for fname, group in (("child.json", True), ("shim.json", False)):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                pid = int(json.loads((jobdir / fname).read_text())["pid"])
-                if group:
-                    os.killpg(pid, signal.SIGKILL)
-                else:
-                    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.3)
-
-
-def _remove_cgroups(parent: str, state: Path) -> None:
-    from noded.cgroups import detect_cgroups
-
-    with contextlib.suppress(Exception):
-        cg = detect_cgroups(parent, state_dir=state / "cgroups")
-        for job in cg.list_jobs():
-            with contextlib.suppress(Exception):
-                cg.remove(job)
-        cg.remove_parent()
 
 
 def main() -> int:
@@ -259,15 +261,11 @@ def main() -> int:
     args = p.parse_args()
     if args.seconds <= 0:
         p.error("--seconds must be above zero")
-    work = Path(tempfile.mkdtemp(prefix="trellis-test-bench-"))
-    os.chmod(work, 0o755)
-    try:
-        result = asyncio.run(bench(args, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"noded: {result['cpu_pct_of_one_core']}% of one core, {result['rss_mb']} MB RSS "
-          f"with {result['jobs_running']} jobs over {result['seconds']} s", file=sys.stderr)
-    print(json.dumps(result))
+    with exit_on_signals(), scratch_dir("trellis-test-bench-") as work:
+        out = run(bench(args, work))
+    print(f"noded: {out['cpu_pct_of_one_core']}% of one core, {out['rss_mb']} MB RSS "
+          f"with {out['jobs_running']} jobs over {out['seconds']} s", file=sys.stderr)
+    print(json.dumps(out))
     return 0
 
 
