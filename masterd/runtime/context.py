@@ -29,6 +29,7 @@ from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
 from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
+from masterd.runtime.workers import WorkerPool
 from shared.config import MasterConfig
 from shared.model import Job, JobSpec, Placement
 
@@ -145,6 +146,35 @@ class NodeCommands:
     status: Callable[[str], str]
 
 
+class Workers:
+    """The master's worker processes for CPU-heavy work (training, forecasting, fitting),
+    started on first use: most masters never train, and a process costs memory.
+
+    ``run`` raises what the function raised, ``WorkerBusy`` when the queue is full (a
+    periodic retrainer skips that round), ``WorkerDied``/``WorkerClosed`` otherwise; see
+    :mod:`masterd.runtime.workers`.
+    """
+
+    def __init__(self, processes: int = 1, max_queued: int = 4) -> None:
+        self._pool = WorkerPool(processes=processes, max_queued=max_queued,
+                                name="trellis-master-worker")
+        self._started: asyncio.Future[None] | None = None
+
+    async def run(self, fn: Callable[..., T], *args: Any, name: str | None = None) -> T:
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._pool.start())
+        await asyncio.shield(self._started)
+        return await self._pool.run(fn, *args, name=name)
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool
+
+    async def close(self) -> None:
+        if self._started is not None:
+            await self._pool.close()
+
+
 @dataclass(frozen=True)
 class FeatureContext:
     """Everything a feature of the master may use."""
@@ -159,3 +189,4 @@ class FeatureContext:
     nodes: NodeCommands
     tasks: TaskSupervisor
     events: MasterEvents
+    workers: Workers

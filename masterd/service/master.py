@@ -31,6 +31,7 @@ from masterd.runtime.context import (
     JobActions,
     JournalPort,
     NodeCommands,
+    Workers,
 )
 from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
@@ -136,6 +137,7 @@ class Master:
             nodes=NodeCommands(send=self._command, status=self.node_status),
             tasks=self.tasks,
             events=self.events,
+            workers=Workers(),
         )
         # The features subscribe to self.events; the policy comes out with GENIE's live
         # model database in every predicting part of it, and the profiler's runs set apart.
@@ -178,6 +180,7 @@ class Master:
         for handle in self._grace.values():
             handle.cancel()
         await self.tasks.close()
+        await self.context.workers.close()
         self.journal.close()
 
     def log_level_changed(self, level: str) -> None:

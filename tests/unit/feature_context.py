@@ -22,6 +22,7 @@ from masterd.runtime.context import (
     JobActions,
     JournalPort,
     NodeCommands,
+    Workers,
 )
 from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
@@ -66,6 +67,7 @@ class FeatureHarness:
             nodes=NodeCommands(send=self._send, status=lambda node: "ready"),
             tasks=self.tasks,
             events=self.events,
+            workers=Workers(),
         )
 
     def _request_pass(self) -> None:
@@ -97,5 +99,6 @@ class FeatureHarness:
 
     async def close(self) -> None:
         await self.tasks.close()
+        await self.ctx.workers.close()
         self.journal.close()
         self.store.close()
