@@ -127,6 +127,7 @@ class RefChoice:
     ect: float
     candidate: RefCandidate
     key: float  # e − l: the waiting allowance plus now
+    late: int = 0  # 1: deferred behind every job that can still meet its ECT
 
 
 def ref_platform(snapshot: ClusterSnapshot) -> dict[str, tuple[int, int]]:
@@ -174,7 +175,9 @@ def ref_candidates(
         if res is not None:
             for dn, dg in every:
                 d = dn * dg
-                if d > spec.gpus or (settings.shape_mode == "exact" and d != spec.gpus):
+                if settings.shape_mode != "any" and (
+                    d > spec.gpus or (settings.shape_mode == "exact" and d != spec.gpus)
+                ):
                     continue
                 rate = perf.processing_rate(res.coefficients, spec.batch, dn, dg, inference)
                 if rate is None:
@@ -214,8 +217,11 @@ def ref_order(
     now: float,
     db: ModelDB,
     settings: GenieSettings,
+    late_tasks: str = "serve",
 ) -> list[RefChoice]:
-    """Algorithm 1: each GPU job's placement and the SWAF order (ties by queue order)."""
+    """Algorithm 1: each GPU job's placement and the SWAF order (ties by queue order);
+    ``late_tasks="defer"`` puts jobs no placement lets meet their ECT (urgent ones placed
+    as soon as possible excepted) behind the others."""
     choices: list[RefChoice] = []
     for j in queue:
         if j.spec.gpus == 0:
@@ -225,12 +231,15 @@ def ref_order(
             continue
         meeting = [c for c in candidates if meets_ect(c.latency, now, e)]
         urgent = j.spec.qos is QosClass.URGENT and j.spec.deadline is None
-        if urgent and settings.urgent_placement == "fastest":
+        asap = urgent and settings.urgent_placement == "fastest"
+        if asap:
             best = min(candidates, key=lambda c: (c.latency, ref_rank(c)))
         else:
             best = min(meeting or candidates, key=ref_rank)
-        choices.append(RefChoice(j, e, best, e - best.latency))
-    choices.sort(key=lambda c: (c.key, -c.job.requeue_priority, c.job.submit_time, c.job.id))
+        late = int(late_tasks == "defer" and not meeting and not asap)
+        choices.append(RefChoice(j, e, best, e - best.latency, late))
+    choices.sort(key=lambda c: (c.late, c.key, -c.job.requeue_priority, c.job.submit_time,
+                                c.job.id))
     return choices
 
 
@@ -240,10 +249,11 @@ def ref_decide(
     now: float,
     db: ModelDB,
     settings: GenieSettings,
+    late_tasks: str = "serve",
 ) -> list[Decision]:
     pool = FreePool(snapshot)
     decisions: list[Decision] = []
-    for choice in ref_order(snapshot, queue, now, db, settings):
+    for choice in ref_order(snapshot, queue, now, db, settings, late_tasks):
         c = choice.candidate
         names = [n for n, v in pool.views.items() if v.gpu_model == c.gpu_model]
         placement = realise(choice.job.spec, pool, c.d_node, c.d_gpn, names)

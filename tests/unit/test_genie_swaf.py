@@ -194,6 +194,50 @@ def test_shape_modes_cap_and_exact() -> None:
     assert d == []  # 8 GPUs do not fit one 4-GPU node
 
 
+def test_shape_mode_any_considers_every_placement_of_the_platform() -> None:
+    state = cluster(node("n1", 4), node("n2", 4))
+    # A large-batch Prior job asking for one GPU: cap keeps it there and it cannot meet its
+    # ECT (its single-GPU latency) once it has waited; "any" spreads it to meet it.
+    j = job("big-batch", gpus=1, batch=96, iterations=2000, qos=QosClass.PRIOR)
+    capped = SwafPolicy(DB).decide(state.snapshot({}), [j], 60.0)
+    assert capped[0].placement.gpu_count == 1
+    spread = SwafPolicy(DB, shape_mode="any")
+    anywhere = spread.decide(state.snapshot({}), [j], 60.0)
+    assert anywhere[0].placement.gpu_count > 1
+    # Every shape of the 2 x 4 platform was a candidate, whatever the job asked for.
+    shapes = {(c.d_node, c.d_gpn) for c in spread.estimator.plan(
+        j, Platform.from_snapshot(state.snapshot({}))).candidates}
+    assert shapes == {(n, g) for n in (1, 2) for g in (1, 2, 3, 4)}
+    # Black-box baselines still place as asked.
+    fifo = FifoPolicy().decide(state.snapshot({}), [j], 60.0)
+    assert fifo[0].placement.gpu_count == 1
+
+
+def test_late_tasks_defer_lets_jobs_that_can_still_meet_their_ect_go_first() -> None:
+    state = cluster(node("n1", 4))
+    hold(state, "n1", 3)  # one GPU left, on one node: every job runs on <1, 1>
+    # "late" waited so long that no placement meets its ECT; "ontime" still can.
+    late = job("late", gpus=1, max_nodes=1, qos=QosClass.PRIOR, submit=0.0, iterations=500)
+    ontime = job("ontime", gpus=1, max_nodes=1, qos=QosClass.NORMAL, submit=5000.0,
+                 iterations=500)
+    queue = [late, ontime]
+    serve = SwafPolicy(DB)
+    assert [d.job_id for d in serve.decide(state.snapshot({}), queue, 5000.0)] == ["late"]
+    explained = serve.explain("late")
+    assert explained is not None and not explained.meets_ect and not explained.deferred
+    defer = SwafPolicy(DB, late_tasks="defer")
+    assert [d.job_id for d in defer.decide(state.snapshot({}), queue, 5000.0)] == ["ontime"]
+    explained = defer.explain("late")
+    assert explained is not None and explained.deferred
+    assert [c.job_id for c in defer.waiting_order()] == ["ontime", "late"]
+    # An urgent job (ECT 0, placed as soon as possible) is never deferred.
+    urgent = job("urgent", gpus=1, max_nodes=1, qos=QosClass.URGENT, submit=4000.0,
+                 iterations=500)
+    decided = SwafPolicy(DB, late_tasks="defer").decide(state.snapshot({}),
+                                                        [ontime, urgent], 5000.0)
+    assert [d.job_id for d in decided] == ["urgent"]
+
+
 def test_plan_records_have_strictly_falling_latency_in_cer_order() -> None:
     state = cluster(*(node(f"n{i}", 8) for i in range(4)))
     estimator = Estimator(DB, GenieSettings())
@@ -233,7 +277,9 @@ def test_registry_builds_every_policy_and_refuses_bad_options(tmp_path) -> None:
     with pytest.raises(ValueError, match="theta"):
         make_policy("swaf", theta=-1)
     with pytest.raises(ValueError, match="shape_mode"):
-        make_policy("swaf", shape_mode="any")
+        make_policy("swaf", shape_mode="every")
+    with pytest.raises(ValueError, match="late_tasks"):
+        make_policy("swaf", late_tasks="drop")
     with pytest.raises(ValueError, match="urgent_placement"):
         make_policy("swaf", urgent_placement="slowest")
     with pytest.raises(ValueError, match="default_rate"):

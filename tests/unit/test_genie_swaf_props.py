@@ -104,14 +104,15 @@ def check_no_double_allocation(state: ClusterState, decisions: list) -> None:
     state=clusters(),
     queue=jobs("j", 12),
     now=st.floats(0, 6e4),
-    shape_mode=st.sampled_from(["cap", "exact"]),
+    shape_mode=st.sampled_from(["cap", "exact", "any"]),
     urgent=st.sampled_from(["fastest", "cer"]),
+    late=st.sampled_from(["serve", "defer"]),
 )
-def test_fresh_pass_equals_brute_force(state, queue, now, shape_mode, urgent) -> None:
-    policy = SwafPolicy(DB, shape_mode=shape_mode, urgent_placement=urgent)
+def test_fresh_pass_equals_brute_force(state, queue, now, shape_mode, urgent, late) -> None:
+    policy = SwafPolicy(DB, shape_mode=shape_mode, urgent_placement=urgent, late_tasks=late)
     snapshot = state.snapshot({})
     decisions = policy.decide(snapshot, queue, now)
-    assert decisions == ref_decide(snapshot, queue, now, DB, policy.settings)
+    assert decisions == ref_decide(snapshot, queue, now, DB, policy.settings, late)
     check_no_double_allocation(state, decisions)
     # Every decision is applicable to the real accounting, one after the other.
     for d in decisions:
@@ -145,11 +146,14 @@ class Step:
         min_size=1,
         max_size=12,
     ),
-    shape_mode=st.sampled_from(["cap", "exact"]),
+    shape_mode=st.sampled_from(["cap", "exact", "any"]),
+    late=st.sampled_from(["serve", "defer"]),
 )
-def test_cached_pass_equals_from_scratch_over_events(state, pending, steps, shape_mode) -> None:
+def test_cached_pass_equals_from_scratch_over_events(
+    state, pending, steps, shape_mode, late
+) -> None:
     """One policy object across a run of events gives what a fresh computation gives."""
-    cached = SwafPolicy(DB, shape_mode=shape_mode)
+    cached = SwafPolicy(DB, shape_mode=shape_mode, late_tasks=late)
     queue = pending[:4]
     pending = pending[4:]
     running: list[str] = []
@@ -173,13 +177,14 @@ def test_cached_pass_equals_from_scratch_over_events(state, pending, steps, shap
         now = max(0.0, now + step.dt)
         snapshot = state.snapshot({})
         got = cached.decide(snapshot, queue, now)
-        expected = ref_decide(snapshot, queue, now, DB, cached.settings)
+        expected = ref_decide(snapshot, queue, now, DB, cached.settings, late)
         assert got == expected
-        assert got == SwafPolicy(DB, shape_mode=shape_mode).decide(snapshot, queue, now)
+        fresh = SwafPolicy(DB, shape_mode=shape_mode, late_tasks=late)
+        assert got == fresh.decide(snapshot, queue, now)
         # The cached choices of every waiting job, not only those that started, are current.
         order = [
             (c.job.id, c.candidate.gpu_model, c.candidate.d_node, c.candidate.d_gpn)
-            for c in ref_order(snapshot, queue, now, DB, cached.settings)
+            for c in ref_order(snapshot, queue, now, DB, cached.settings, late)
         ]
         assert [
             (c.job_id, c.placement.gpu_model, c.placement.d_node, c.placement.d_gpn)

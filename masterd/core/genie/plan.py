@@ -10,6 +10,10 @@ Which shapes a job may take (``GenieSettings.shape_mode``):
 - ``"cap"`` (default): GENIE chooses any ``<d_node, d_gpn>`` with ``d_node·d_gpn ≤ spec.gpus``;
   the user's GPU count is the most the job may get, the data-parallel global batch stays fixed.
 - ``"exact"``: only ``d_node·d_gpn == spec.gpus``; GENIE chooses the topology only.
+- ``"any"``: every ``<d_node, d_gpn>`` within the platform, whatever ``spec.gpus`` says
+  (Algorithm 1 line 3 as the paper states it). For platforms whose jobs accept any shape
+  (the global batch stays fixed, each GPU gets ``batch / (d_node·d_gpn)``); the requested
+  count then only sizes a job that has no prediction model.
 
 Always ``d_gpn ≤ G`` and ``d_node ≤ min(N, spec.max_nodes)``, and the model's guards apply
 (see ``model``). A job with no usable prediction model — no batch/iterations in its spec, no
@@ -35,7 +39,7 @@ from shared.model import Job, JobKind, JobSpec, QosClass
 
 log = logging.getLogger("trellis.genie")
 
-SHAPE_MODES = ("cap", "exact")
+SHAPE_MODES = ("cap", "exact", "any")
 URGENT_PLACEMENTS = ("fastest", "cer")
 _TABLE_MEMO_LIMIT = 4096
 
@@ -228,23 +232,30 @@ def _shapes(spec: JobSpec, p: GpuPlatform, mode: str) -> Iterable[tuple[int, int
             if spec.gpus % d_gpn == 0 and spec.gpus // d_gpn <= limit_nodes:
                 yield spec.gpus // d_gpn, d_gpn
             continue
-        for d_node in range(1, min(limit_nodes, spec.gpus // d_gpn) + 1):
+        most = limit_nodes if mode == "any" else min(limit_nodes, spec.gpus // d_gpn)
+        for d_node in range(1, most + 1):
             yield d_node, d_gpn
 
 
-def platform_view(spec: JobSpec, platform: Platform) -> tuple[object, ...]:
+def platform_view(
+    spec: JobSpec, platform: Platform, shape_mode: str = "cap"
+) -> tuple[object, ...]:
     """What of the platform a job's plan depends on; equal views give equal plans.
 
     Cost (Eq. 10) is ``(D/G + θ·d_node) / N``: within one GPU model, N scales every
     candidate's CER alike and cannot change their order, so N matters only through the
-    largest usable ``d_node`` (at most ``spec.gpus`` and ``max_nodes``) — unless the job may
-    use several GPU models, whose CERs N then weighs against each other. So a node joining a
-    large cluster does not make the queue's jobs re-plan.
+    largest usable ``d_node`` (at most ``spec.gpus`` — except under ``shape_mode="any"`` —
+    and ``max_nodes``) — unless the job may use several GPU models, whose CERs N then weighs
+    against each other. So a node joining a large cluster does not make the queue's jobs
+    re-plan (under ``"any"`` it does, up to ``max_nodes``: every node is a usable shape).
     """
     models = platform.for_spec(spec)
     if spec.gpus == 0:
         return ()
-    cap = min(spec.gpus, spec.max_nodes or spec.gpus)
+    if shape_mode == "any":
+        cap = spec.max_nodes or max((p.nodes for p in models), default=0)
+    else:
+        cap = min(spec.gpus, spec.max_nodes or spec.gpus)
     several = len(models) > 1
     return tuple(
         (p.gpu_model, min(p.nodes, cap), p.gpus_per_node, p.nodes if several else 0)
@@ -447,7 +458,7 @@ class PlanCache:
         fresh: dict[str, tuple[Job, tuple[object, ...], JobPlan]] = {}
         for job in queue:
             known = self._plans.get(job.id)
-            view = platform_view(job.spec, platform)
+            view = platform_view(job.spec, platform, self.estimator.settings.shape_mode)
             if known is None or known[0] is not job or known[1] != view:
                 known = (job, view, self.estimator.plan(job, platform))
             fresh[job.id] = known

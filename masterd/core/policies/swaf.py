@@ -11,6 +11,13 @@ At every decide() (an event: a job arrived, finished, a node changed), Algorithm
    now is skipped and later ones may start. Shapes are realised with the best locality
    (``placement.realise``).
 
+``late_tasks`` (beyond the paper): ``"serve"`` (default, Algorithm 1 as published) orders
+every job by ``w`` alone, so a job that can no longer meet its ECT on any placement (``w < 0``
+under every shape) goes first and delays jobs that still could — the domino effect of
+deadline-first ordering under overload. ``"defer"`` puts such late jobs behind every job that
+can still meet its ECT, ordered among themselves by ``w`` as before. Urgent jobs placed "as
+soon as possible" (ECT 0, never meetable) are not deferred.
+
 CPU-only jobs (``gpus == 0``) have no GENIE model: after the GPU jobs, they are packed in queue
 (submission) order with ``placement.pack``, skipping any that do not fit. Jobs lacking model
 information are handled by ``genie.plan`` (database similarity fallback, else a default rate).
@@ -62,8 +69,10 @@ log = logging.getLogger("trellis.genie")
 
 # (gpu model, d_node, d_gpn, cores per node, MiB per node): jobs with one demand fit alike.
 DemandKey = tuple[str, int, int, int, int]
-# (e − l, −requeue priority, submit time, job id): the SWAF order, unique per job.
-OrderItem = tuple[float, int, float, str]
+# (late, e − l, −requeue priority, submit time, job id): the SWAF order, unique per job;
+# ``late`` is 1 only for a deferred job (``late_tasks="defer"``), else 0.
+OrderItem = tuple[int, float, int, float, str]
+LATE_TASKS = ("serve", "defer")
 
 _BULK = 32  # more changes than this to one group: rebuild its list instead of bisecting
 
@@ -79,6 +88,7 @@ class Choice:
     waiting_allowance: float
     meets_ect: bool
     model_fallback: str  # empty when the job's own profile was used
+    deferred: bool = False  # behind every job that can still meet its ECT (late_tasks="defer")
 
 
 class _Entry:
@@ -122,10 +132,16 @@ class SwafPolicy:
         default_rate: float = 100.0,
         default_duration_s: float = 3600.0,
         urgent_placement: str = "fastest",
+        late_tasks: str = "serve",
     ) -> None:
         db, settings = genie_setup(
             modeldb, theta, shape_mode, default_rate, default_duration_s, urgent_placement
         )
+        if late_tasks not in LATE_TASKS:
+            raise ValueError(
+                f"late_tasks must be one of {', '.join(LATE_TASKS)}, got {late_tasks!r}"
+            )
+        self.late_tasks = late_tasks
         self.settings: GenieSettings = settings
         self.estimator = Estimator(db, settings)
         self._platform: Platform | None = None
@@ -184,6 +200,7 @@ class SwafPolicy:
             waiting_allowance=plan.ect - (latency + now),
             meets_ect=latency <= plan.ect - now,
             model_fallback=fallback,
+            deferred=bool(entry.slot[1][0]),
         )
 
     def waiting_order(self) -> list[Choice]:
@@ -191,7 +208,7 @@ class SwafPolicy:
         items = sorted(item for group in self._groups.values() for item in group)
         out = []
         for item in items:
-            choice = self.explain(item[3])
+            choice = self.explain(item[4])
             if choice is not None:
                 out.append(choice)
         return out
@@ -233,7 +250,8 @@ class SwafPolicy:
                     continue
                 stale.append(entry)  # same id, different job (re-submitted or re-queued)
             added.append(
-                _Entry(job, self.estimator.plan(job, platform), platform_view(job.spec, platform))
+                _Entry(job, self.estimator.plan(job, platform),
+                       platform_view(job.spec, platform, self.settings.shape_mode))
             )
         # Queue ids are unique (the core's queue is keyed by id), so equal counts mean every
         # cached job was matched and nothing left; otherwise find out which ones left.
@@ -273,9 +291,13 @@ class SwafPolicy:
             per_node_share(spec.cpus, c.d_node),
             per_node_share(spec.memory_mib, c.d_node),
         )
+        late = int(
+            self.late_tasks == "defer" and state == len(plan.records) and not plan.asap
+        )
         entry.slot = (
             demand,
-            (plan.ect - latency, -entry.requeue_priority, entry.submit_time, entry.job.id),
+            (late, plan.ect - latency, -entry.requeue_priority, entry.submit_time,
+             entry.job.id),
         )
         if state < len(plan.records):
             entry.trigger = _trigger(plan.ect, latency)
@@ -316,7 +338,8 @@ class SwafPolicy:
     def _platform_changed(self, platform: Platform) -> None:
         """Forget the plans the new platform changes; typically few when a node joins."""
         changed = [
-            e for e in self._entries.values() if platform_view(e.spec, platform) != e.view
+            e for e in self._entries.values()
+            if platform_view(e.spec, platform, self.settings.shape_mode) != e.view
         ]
         if len(changed) == len(self._entries):
             self._forget_all()
@@ -403,7 +426,7 @@ class SwafPolicy:
                 pool.ranked(gpu_model, d_gpn, cpus_per_node, mem_per_node), d_node))
             if len(names) < d_node:
                 continue  # the whole group stays out for this pass
-            job = entries[item[3]].job
+            job = entries[item[4]].job
             placement = realise(job.spec, pool, d_node, d_gpn, names)
             if placement is None:
                 continue
