@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 from demo.cluster import default_job_user  # noqa: E402
 from demo.harness import exit_on_signals, run, scratch_dir, shielded, sweep_node  # noqa: E402
 from noded.cgroups import detect_cgroups  # noqa: E402
-from noded.contention import Decision  # noqa: E402
 from noded.enforcer import ContentionEnforcer, RunningJob, running_jobs  # noqa: E402
 from noded.gpu.base import GpuSample  # noqa: E402
 from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig  # noqa: E402
 from noded.jobs import JobRunner  # noqa: E402
+from noded.policy.contention import Decision  # noqa: E402
 from rdt import group_for_job  # noqa: E402
 from rdt.emulated import advance_mbm, build_tree, open_resctrl  # noqa: E402
 from shared.config import ContentionConfig  # noqa: E402

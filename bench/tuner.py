@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from masterd.core.cores import CATEGORY_DEFAULTS, TRAIT_ENV, start_point
-from noded.tuner import CoreTuner, ProbePlan
+from noded.policy.tuner import CoreTuner, ProbePlan
 from shared.model import JobSpec
 
 MAX_CORES = 32

@@ -1,4 +1,4 @@
-"""The contention eliminator's loop: measure, decide (noded/contention.py), apply, report.
+"""The contention eliminator's loop: measure, decide (noded/policy/contention.py), apply, report.
 
 Every ``contention.interval_s`` (default 1 s) one pass, on the event loop (every step is a few
 small file operations, as the CgroupManager contract promises for its own):
@@ -41,8 +41,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from noded.cgroups import CgroupError, CgroupManager
-from noded.contention import ContentionController, Decision, JobSample, Observation, mba_levels
 from noded.gpu.base import GpuSample
+from noded.policy.contention import (
+    ContentionController,
+    Decision,
+    JobSample,
+    Observation,
+    mba_levels,
+)
 from rdt import (
     BandwidthMeter,
     ProcessNotFound,

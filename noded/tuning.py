@@ -1,7 +1,7 @@
 """The node's half of SODA's adaptive CPU allocator (§V-B2, §VI-H): tune running jobs' cores.
 
 For every running job part whose ``prepare_job`` carried a :class:`~shared.messages.CorePlan`,
-a task drives :class:`noded.tuner.CoreTuner`: pin the count it asks for (a live update of the
+a task drives :class:`noded.policy.tuner.CoreTuner`: pin the count it asks for (a live update of the
 job's cgroup cpuset, or of its CPU affinity — the job is never restarted), let the job settle,
 average the job's GPU utilisation over one window (``GpuBackend.sample()`` on the job's GPUs),
 feed it back, and so on until the tuner converges; then pin the best fit for the rest of the
@@ -37,8 +37,9 @@ from typing import Any
 from noded.cgroups import CgroupError, CgroupManager
 from noded.gpu.base import GpuBackend
 from noded.jobs import JobPart, JobRunner
+from noded.policy.tuner import TunerError
+from noded.policy.tuning import PartTuning, Pin
 from noded.shim import write_atomic
-from noded.tuner import CoreTuner, TunerError
 from shared.config import TunerConfig
 from shared.messages import CorePlan, CoresChanged
 from shared.schema import SchemaError, decode, encode
@@ -175,73 +176,54 @@ class CoreTuning:
         budget = list(saved.cpus) if saved is not None else list(alloc.cpus)
         order = rank_cores(budget, self.numa_of, self._gpu_numa(alloc.gpus))
         max_cores = len(order)
-        pinned = len(saved.pinned) if saved is not None else max_cores
-        step = saved.step if saved is not None else 0
         if max_cores < 2:
             return
-        min_cores = min(plan.min_cores, max_cores)
-        launch = min(max(plan.launch_cores, min_cores), max_cores)
-        if saved is not None:
-            launch = min(max(pinned, min_cores), max_cores)
         try:
-            tuner = CoreTuner(
-                plan.n_start, max_cores=max_cores, min_cores=min_cores,
-                tolerance=cfg.tolerance, noise=cfg.noise, warm=plan.warm,
-                launch_cores=launch, reference_windows=cfg.reference_windows,
-                confidence_z=cfg.confidence_z, max_windows=cfg.max_windows,
+            session = PartTuning(
+                n_start=plan.n_start, warm=plan.warm, launch_cores=plan.launch_cores,
+                min_cores=plan.min_cores, max_cores=max_cores, config=cfg,
+                pinned=len(saved.pinned) if saved is not None else None,
+                step=saved.step if saved is not None else 0,
             )
             # Build the probe plan off the loop: O(n^3) for a node of many cores.
             await asyncio.get_running_loop().run_in_executor(
-                None, tuner.plan.worst_case, min_cores - 1, max_cores)
+                None, session.tuner.plan.worst_case, session.tuner.min_cores - 1, max_cores)
         except TunerError as exc:
             log.warning("job=%s cannot tune: %s", part.job_id, exc)
             return
         log.info("job=%s tuning n_start=%d launch=%d max=%d warm=%s window=%.1fs",
-                 part.job_id, plan.n_start, launch, max_cores, plan.warm, cfg.window_s)
-        held = max_cores
-        util: float | None = None
-        measured: int | None = None
-        if launch != pinned:
-            await self._pin(part, order[:launch])
-            pinned = launch
-            await self._report(part, order[:held], order[:pinned], step, None, None, False,
-                               "launch at N_start")
+                 part.job_id, plan.n_start, session.launch, max_cores, plan.warm, cfg.window_s)
+        pin = session.begin()
+        if pin is not None:
+            await self._apply(part, order, pin)
         await asyncio.sleep(cfg.warmup_s)
-        while not tuner.converged:
-            count = tuner.next_count()
-            assert count is not None
-            if count != pinned:
-                await self._pin(part, order[:count])
-                pinned = count
-                step += 1
-                held = max(pinned, tuner.bracket[1])
-                await self._report(part, order[:held], order[:pinned], step, util, measured,
-                                   False, "probe")
+        while not session.converged:
+            pin = session.next_window()
+            if pin is not None:
+                await self._apply(part, order, pin)
                 await asyncio.sleep(cfg.settle_s)
             value = await self._measure(alloc.gpus)
             if value is None:
                 log.warning("job=%s no GPU samples for its GPUs %s; tuning stopped",
                             part.job_id, list(alloc.gpus))
                 return
-            tuner.observe(count, value)
-            util, measured = value, count
+            count = session.pinned
+            pin = session.observe(value)
             log.info("job=%s window cores=%d util=%.1f bracket=%s", part.job_id, count, value,
-                     tuner.bracket)
-            top = max(pinned, tuner.bracket[1])
-            if top < held and not tuner.converged:
-                held = top  # the tuner will never ask for more: hand the rest back now
-                await self._report(part, order[:held], order[:pinned], step, util, measured,
-                                   False, "bracket narrowed")
-        best = tuner.best
-        assert best is not None
-        if best != pinned:
-            await self._pin(part, order[:best])
-            step += 1
-        self.results[part.job_id] = best
-        log.info("job=%s tuned best=%d steps=%d windows=%d", part.job_id, best, tuner.steps,
-                 tuner.windows)
-        await self._report(part, order[:best], order[:best], step, util, measured, True,
-                           f"converged after {tuner.windows} window(s)")
+                     session.tuner.bracket)
+            if pin is not None:
+                if pin.converged:
+                    self.results[part.job_id] = pin.pinned
+                    log.info("job=%s tuned best=%d steps=%d windows=%d", part.job_id,
+                             pin.pinned, session.tuner.steps, session.tuner.windows)
+                await self._apply(part, order, pin)
+
+    async def _apply(self, part: JobPart, order: list[int], pin: Pin) -> None:
+        """Carry out one change of the session: re-pin if asked, then report it."""
+        if pin.repin:
+            await self._pin(part, order[:pin.pinned])
+        await self._report(part, order[:pin.held], order[:pin.pinned], pin.step,
+                           pin.utilisation, pin.measured, pin.converged, pin.reason)
 
     def _gpu_numa(self, gpus: tuple[int, ...]) -> set[int]:
         try:

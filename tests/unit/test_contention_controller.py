@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noded.contention import ContentionController, Decision, JobSample, Observation, mba_levels
+from noded.policy.contention import (
+    ContentionController,
+    Decision,
+    JobSample,
+    Observation,
+    mba_levels,
+)
 from rdt.schemata import round_mb_percent
 from shared.config import ConfigError, ContentionConfig, NodeConfig, load_config
 

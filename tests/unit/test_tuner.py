@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from noded.tuner import CoreTuner, ProbePlan, TunerError
+from noded.policy.tuner import CoreTuner, ProbePlan, TunerError
 
 Curve = Callable[[int], float]
 
