@@ -142,7 +142,7 @@ CONTENTION_KINDS = ("cpu", "inference")
 
 @dataclass(frozen=True)
 class ContentionConfig:
-    """The contention eliminator (SODA V-E); see noded/contention.py for the algorithm."""
+    """The contention eliminator (SODA V-E); see noded/policy/contention.py for the algorithm."""
 
     enabled: bool = True
     interval_s: float = bounded(1.0, min=0.05, max=3600)

@@ -4,7 +4,7 @@ N_start is the largest core count the owner's previous jobs of the same model ca
 converged to; for an owner's first job of a category it is the paper's category default
 (CV 3, NLP 5, speech 5). Declared traits then adjust it: −1 for pipelined input, −1 for large
 weights, +1 for heavy preprocessing between iterations. The result is clamped to
-``[1, available]``. ``noded.tuner.CoreTuner`` then searches from there.
+``[1, available]``. ``noded.policy.tuner.CoreTuner`` then searches from there.
 
 The three traits are read by :func:`declared_traits`, the one adapter between the job's
 description and this module: JobSpec attributes ``pipelined_input`` / ``large_weights`` /
