@@ -160,6 +160,29 @@ def test_cpu_jobs_borrow_gpu_job_cores_and_give_them_back() -> None:
     assert core.jobs["c3"].state is JobState.QUEUED
 
 
+def test_gpu_jobs_borrow_idle_cpu_job_cores_only_when_enabled_and_give_them_back() -> None:
+    # One 4-GPU, 8-core node: 6 cores for GPU jobs, 2 for CPU jobs.
+    table = {"models": {"*": {"large": 0, "cpu_job_cores": 2}}}
+    off = policy(**table)
+    core = make_core(off, [gpu_node("g", gpus=4, cores=8)])
+    core.submit(job(gpus=1, cpus=4, job_id="a"))
+    core.submit(job(gpus=1, cpus=4, job_id="b"))
+    assert set(starts(run_pass(core, 1.0))) == {"a"}  # b would need a CPU-job core
+
+    on = policy(gpu_jobs_borrow_cpu_cores=True, **table)
+    core = make_core(on, [gpu_node("g", gpus=4, cores=8)])
+    core.submit(job(gpus=1, cpus=4, job_id="a"))
+    core.submit(job(gpus=1, cpus=4, job_id="b"))
+    assert set(starts(run_pass(core, 1.0))) == {"a", "b"}
+    assert borrowed(on, core, "b") == {CPU}
+    # A CPU job claims its array back: the borrower is preempted and re-queued first.
+    core.submit(job(cpus=2, submit=2.0, job_id="c"))
+    assert preempts(run_pass(core, 2.0)).keys() == {"b"}
+    complete_preemption(core, "b", 3.0)
+    assert set(starts(run_pass(core, 4.0))) == {"c"}
+    assert core.queue()[0].id == "b"
+
+
 def test_an_array_with_a_waiting_owner_does_not_lend() -> None:
     pol = policy()
     core = two_nodes(pol)

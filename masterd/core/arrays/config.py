@@ -8,6 +8,7 @@ things on purpose.
 Example table (the ``options`` of the ``soda-arrays`` policy)::
 
     borrowing = true              # jobs may borrow idle resources of other arrays
+    gpu_jobs_borrow_cpu_cores = false  # GPU jobs may also borrow idle cores of the CPU-job array
     history_days = 7              # window resize() looks back over
     default_gpu_model = "A100"    # array for GPU jobs that name no model
     [inner]                       # ordering policy inside each array, by array kind
@@ -171,6 +172,9 @@ class ArrayConfig:
     models: Mapping[str, ModelArrays] = field(default_factory=lambda: MappingProxyType({}))
     tenants: Mapping[str, TenantConfig] = field(default_factory=lambda: MappingProxyType({}))
     borrowing: bool = True
+    # GPU jobs may borrow idle cores of the CPU-job array on their nodes (SODA §V-C lends
+    # both ways); off by default: such a loan is preempted whenever a CPU job needs the core.
+    gpu_jobs_borrow_cpu_cores: bool = False
     history_days: float = 7.0
     default_gpu_model: str | None = None
     inner: Mapping[str, InnerSpec] = field(default_factory=lambda: MappingProxyType({}))
@@ -194,10 +198,13 @@ class ArrayConfig:
         """Build from a configuration table, rejecting unknown keys and bad values by name."""
         _check_keys(
             table,
-            {"borrowing", "history_days", "default_gpu_model", "inner", "models", "tenants"},
+            {"borrowing", "gpu_jobs_borrow_cpu_cores", "history_days", "default_gpu_model",
+             "inner", "models", "tenants"},
             where,
         )
         borrowing = _bool(table.get("borrowing", True), f"{where}.borrowing")
+        cpu_loans = _bool(table.get("gpu_jobs_borrow_cpu_cores", False),
+                          f"{where}.gpu_jobs_borrow_cpu_cores")
         days = table.get("history_days", 7.0)
         if isinstance(days, bool) or not isinstance(days, int | float) or not 0 < days <= 3650:
             raise ArrayConfigError(
@@ -243,6 +250,7 @@ class ArrayConfig:
             models=MappingProxyType(models),
             tenants=MappingProxyType(tenants),
             borrowing=borrowing,
+            gpu_jobs_borrow_cpu_cores=cpu_loans,
             history_days=float(days),
             default_gpu_model=default_model,
             inner=MappingProxyType(inner),

@@ -101,6 +101,7 @@ class ArrayMap:
     nodes: Mapping[str, NodeArrays]
     arrays: tuple[ArrayId, ...]  # every resource array, in processing order
     default_gpu_model: str | None
+    gpu_jobs_borrow_cpu_cores: bool = False  # config: GPU jobs may borrow CPU-job cores
 
     @property
     def gpu_models(self) -> list[str]:
@@ -127,6 +128,10 @@ class ArrayMap:
         model = home.job_array.gpu_model
         other = LARGE if home.job_array.kind == SMALL else SMALL
         groups = [frozenset({ArrayId(other, model)})]
+        if self.gpu_jobs_borrow_cpu_cores:
+            # Idle cores of the CPU-job array on the job's own nodes; a waiting CPU job
+            # stops the lending and reclaims them (the borrower is preempted).
+            groups.insert(0, frozenset({CPU_ARRAY}))
         if spec.gpu_model is None:
             # A job that named no model runs on any model, its own kind first.
             for m in self.gpu_models:
@@ -219,6 +224,7 @@ def build_array_map(nodes: Mapping[str, NodeView], config: ArrayConfig) -> Array
         nodes=MappingProxyType(result),
         arrays=tuple(sorted(arrays, key=ArrayId.sort_key)),
         default_gpu_model=default_model,
+        gpu_jobs_borrow_cpu_cores=config.gpu_jobs_borrow_cpu_cores,
     )
 
 
