@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.plan import GenieSettings
 from masterd.core.policies import make_policy
-from masterd.core.policies.capacity import CapacityPolicy
+from masterd.core.policies.capacity import CapacityPolicy, largest_remainder
 from masterd.core.policies.weighted_fair import WeightedFairPolicy
-from masterd.core.policy import Start
+from masterd.core.policy import Preempt, Start
+from masterd.core.scheduler import SchedulingCore
 from shared.model import Job, JobKind, NodeAllocation, Placement, QosClass
 from tests.unit.genie_support import cluster, job, node, ref_candidates, ref_rank
 from tests.unit.test_genie_swaf_props import check_no_double_allocation, clusters, jobs
@@ -97,20 +98,74 @@ def test_capacity_quota_blocks_a_type_but_not_the_others() -> None:
         job("resnet-small", model_type="resnet-50", gpus=1, submit=1.0),
         job("lstm", model_type="LSTM", gpus=2, submit=2.0),
     ]
-    policy = CapacityPolicy(quotas={"ResNet50": 0.5, "*": 0.5})
+    strict = CapacityPolicy(quotas={"ResNet50": 0.5, "*": 0.5}, lend=False)
     # ResNet50 holds 3 of its 4 GPUs: a 2-GPU job exceeds the quota and blocks its type,
     # even though a 1-GPU ResNet job behind it would fit; LSTM has its own quota.
-    assert started(policy.decide(state.snapshot(running), queue, 5.0)) == ["lstm"]
+    assert started(strict.decide(state.snapshot(running), queue, 5.0)) == ["lstm"]
+    # Lending: once LSTM has its share, the idle GPUs go to ResNet's queue, in order.
+    lending = CapacityPolicy(quotas={"ResNet50": 0.5, "*": 0.5})
+    assert started(lending.decide(state.snapshot(running), queue, 5.0)) == [
+        "lstm", "resnet", "resnet-small"]
 
 
-def test_capacity_default_splits_equally_between_present_types() -> None:
+def test_capacity_shares_leave_no_gpu_stranded() -> None:
     policy = CapacityPolicy()
-    assert policy.limits({"a", "b", "c"}, 12) == {"a": 4, "b": 4, "c": 4}
+    assert policy.guarantees({"a", "b", "c"}, 12) == {"a": 4, "b": 4, "c": 4}
+    six = policy.guarantees({"a", "b", "c", "d", "e", "f"}, 16)
+    assert sorted(six.values()) == [2, 2, 3, 3, 3, 3] and sum(six.values()) == 16
+    assert largest_remainder({"x": 0.5, "y": 0.25}, 10) == {"x": 5, "y": 3}  # round(7.5)
+    quotas = CapacityPolicy(quotas={"ResNet50": 0.5, "*": 0.5})
+    assert quotas.guarantees({"resnet50", "lstm", "alexnet"}, 8) == {
+        "resnet50": 4, "alexnet": 2, "lstm": 2}
     state = cluster(node("n1", 4))
     queue = [job("r1", gpus=2, submit=0), job("r2", gpus=2, submit=1),
              job("l1", model_type="LSTM", gpus=2, submit=2)]
     # Two types share 4 GPUs: 2 each, so the second ResNet job waits for its share.
     assert started(policy.decide(state.snapshot({}), queue, 3.0)) == ["r1", "l1"]
+
+
+def test_capacity_lends_idle_gpus_and_reclaims_them_for_their_owner() -> None:
+    core = SchedulingCore(CapacityPolicy())
+    for name in ("n1", "n2"):
+        core.node_up(node(name, 4))
+    # Only ResNet jobs at first: the share is all 8 GPUs.
+    for i in range(4):
+        core.submit(job(f"r{i}", gpus=2, submit=float(i)))
+    starts = core.schedule(10.0)
+    assert [d.job_id for d in starts] == ["r0", "r1", "r2", "r3"]
+    for d in starts:
+        for n in d.placement.nodes:
+            core.node_started(d.job_id, n, 10.0 + int(d.job_id[1]))
+    # An LSTM job arrives: it is owed half the cluster, so the newest ResNet borrowers go.
+    core.submit(job("l0", model_type="LSTM", gpus=4, submit=20.0))
+    decided = core.schedule(20.0)
+    assert all(isinstance(d, Preempt) for d in decided)
+    assert sorted(d.job_id for d in decided) == ["r2", "r3"]
+    for d in decided:
+        job_ = core.jobs[d.job_id]
+        for n in list(job_.node_states):
+            core.node_exited(d.job_id, n, None, 15, 21.0)
+    # The reclaimed GPUs go to the owner, and the preempted borrowers wait at the head.
+    assert [d.job_id for d in core.schedule(21.0)] == ["l0"]
+    assert [j.id for j in core.queue()] == ["r2", "r3"]
+    # No preemption without a share owed: a borrower type's own jobs are not reclaimed.
+    again = core.schedule(22.0)
+    assert again == []
+
+
+def test_capacity_job_larger_than_its_share_is_neither_owed_nor_preempted() -> None:
+    state = cluster(node("n1", 4), node("n2", 4))
+    big_place = Placement((NodeAllocation("n1", (0, 1, 2, 3), (), 0),))
+    state.allocate("big", big_place)
+    big = running_job("big", "LSTM", big_place)
+    big.start_time = 1.0
+    running = {"big": big}
+    # Two types, 4 GPUs each; LSTM's 4-GPU job is its type's only one: not a borrower.
+    queue = [job("r8", gpus=8, submit=2.0), job("l1", model_type="LSTM", gpus=1, submit=3.0)]
+    decided = CapacityPolicy().decide(state.snapshot(running), queue, 5.0)
+    assert not any(isinstance(d, Preempt) for d in decided)
+    # The 8-GPU ResNet job cannot fit; LSTM is at its share, so l1 borrows the idle GPUs.
+    assert started([d for d in decided if isinstance(d, Start)]) == ["l1"]
 
 
 @pytest.mark.parametrize(
