@@ -40,8 +40,10 @@ from sim.workloads.base import SimJob, Workload
 
 log = logging.getLogger("trellis.sim.engine")
 
-# Event kinds; the number is also the order of events within one instant.
-EXIT, STOP, FAIL, RECOVER, START, ARRIVAL, SAMPLE = range(7)
+# Event kinds; the number is also the order of events within one instant. CALL carries a
+# callable (an extension's periodic work, e.g. sim/soda.py) returning whether it changed
+# anything that a scheduling pass should see.
+EXIT, STOP, FAIL, RECOVER, START, ARRIVAL, SAMPLE, CALL = range(8)
 _SCHEDULING_EVENTS = frozenset({EXIT, STOP, FAIL, RECOVER, START, ARRIVAL})
 
 
@@ -293,6 +295,8 @@ class Simulator:
                     happened = self._on_start(*payload)  # type: ignore[misc]
                 elif kind == FAIL:
                     happened = self._on_fail(payload)  # type: ignore[arg-type]
+                elif kind == CALL:
+                    happened = payload()  # type: ignore[operator]
                 else:
                     happened = self._on_recover(payload)  # type: ignore[arg-type]
                 if happened:
@@ -438,6 +442,7 @@ class Simulator:
                 others |= self._net_jobs.get(node, set())
             net = len(others) - (run.job_id in others)
         speed, efficiency = self.truth.speed_and_efficiency(run.truth, shape, pcie, net)
+        speed, efficiency = self._adjust(run, speed, efficiency)
         self._effective += (efficiency - run.efficiency) * shape.gpus
         run.efficiency = efficiency
         if speed == run.speed and run.finish != math.inf:
@@ -446,6 +451,11 @@ class Simulator:
         run.version += 1
         run.finish = max(now, run.startup_end) + run.work_left / speed
         self._push(run.finish, EXIT, (run.job_id, run.version))
+
+    def _adjust(self, run: _Run, speed: float, efficiency: float) -> tuple[float, float]:
+        """Speed and GPU busy share after what an extension models beyond placement and
+        interference (CPU cores, memory bandwidth, query load: sim/soda.py); as is here."""
+        return speed, efficiency
 
     @staticmethod
     def _advance(run: _Run, now: float) -> None:
