@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from noded.cgroups import CgroupError, CgroupManager
 from noded.gpu.base import GpuBackend
 from noded.jobs import JobPart, JobRunner
 from noded.policy.tuner import TunerError
-from noded.policy.tuning import PartTuning, Pin
+from noded.policy.tuning import PartTuning, Pin, rank_cores
 from noded.shim import write_atomic
 from shared.config import TunerConfig
 from shared.messages import CorePlan, CoresChanged
@@ -50,11 +50,7 @@ STATE_FILE = "cores.json"
 POLL_S = 0.2  # how often new and ended job parts are noticed
 
 Send = Callable[[str, dict[str, Any]], Awaitable[None]]
-
-
-def rank_cores(cpus: Iterable[int], numa_of: dict[int, int], gpu_numa: set[int]) -> list[int]:
-    """The order a part's cores are used in: its GPUs' NUMA nodes first, then by id."""
-    return sorted(cpus, key=lambda c: (numa_of.get(c, 0) not in gpu_numa if gpu_numa else 0, c))
+__all__ = ["STATE_FILE", "CoreTuning", "TuningStopped", "rank_cores"]
 
 
 @dataclass
