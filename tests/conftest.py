@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 
+from tests.pgfixtures import pg_url, postgres, store_factory  # noqa: F401  (PostgreSQL journal)
+
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: creates real cgroups / network namespaces"
 )

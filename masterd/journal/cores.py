@@ -52,7 +52,9 @@ def remember_cores(store: Store, owner: str, category: str, cores: int, now: flo
         store.db.execute(
             "INSERT INTO core_history (owner, category, cores, updated) VALUES (?,?,?,?) "
             "ON CONFLICT(owner, category) DO UPDATE SET "
-            "cores=MAX(cores, excluded.cores), updated=excluded.updated",
+            # CASE, not SQLite's two-argument MAX: the same SQL runs on PostgreSQL.
+            "cores=CASE WHEN excluded.cores > core_history.cores THEN excluded.cores "
+            "ELSE core_history.cores END, updated=excluded.updated",
             (owner, category, cores, now),
         )
         row = store.db.execute(

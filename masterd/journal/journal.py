@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import masterd
 from masterd.journal.store import Store, StoreError, new_job_rows, update_rows
 from masterd.journal.wire import WireCache
-from masterd.journal.writer import FrameReader, frame_header
+from masterd.journal.writer import STORE_ENV, FrameReader, frame_header
 from shared.model import Job
 
 T = TypeVar("T")
@@ -50,10 +50,18 @@ class JournalClosed(RuntimeError):
 class _WriterProcess:
     """One running writer and the master's ends of its two pipes."""
 
-    def __init__(self, db: Path) -> None:
+    def __init__(self, store: Store) -> None:
         to_child_r, self.to_child = os.pipe()
         self.from_child, from_child_w = os.pipe()
         env = dict(os.environ)
+        where = ["--db", store.location]
+        if store.backend != "sqlite":
+            # A database URL may hold a password: in the environment (readable by this user
+            # only), not on the command line (readable by everyone in ps).
+            env[STORE_ENV] = store.location
+            where = ["--store-env", STORE_ENV]
+        if store.epoch is not None:
+            where += ["--epoch", str(store.epoch)]
         # The writer imports masterd the way this process did, installed or from a checkout.
         package_root = str(Path(masterd.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -61,7 +69,7 @@ class _WriterProcess:
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "masterd.journal.writer", "--db", str(db),
+                [sys.executable, "-m", "masterd.journal.writer", *where,
                  "--in-fd", str(to_child_r), "--out-fd", str(from_child_w),
                  "--parent", str(os.getpid()), "--log-level", level],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
@@ -131,7 +139,7 @@ class Journal:
         self.wire = WireCache()
         self.commits = 0
         self.writer_restarts = 0
-        self._writer: _WriterProcess | None = _WriterProcess(store.path)
+        self._writer: _WriterProcess | None = _WriterProcess(store)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._out = bytearray()  # sealed frames not yet taken by the pipe
@@ -177,7 +185,7 @@ class Journal:
         op_id = next(self._ids)
         if self._writer is None:
             log.warning("starting a new journal writer")
-            self._writer = _WriterProcess(self.store.path)
+            self._writer = _WriterProcess(self.store)
             self.writer_restarts += 1
         self._bind(loop)
         fut = loop.create_future()

@@ -71,6 +71,16 @@ class StoreError(RuntimeError):
     """The journal could not record something (disk full, read-only, corrupt)."""
 
 
+class Fenced(StoreError):
+    """The database refused a write from a master whose leadership has ended (its epoch is
+    older than the leader's; see masterd.journal.pgstore)."""
+
+
+class DuplicateKey(sqlite3.IntegrityError):
+    """A unique key is taken, on any backend. A subclass of sqlite3's error, so the master
+    tells a duplicate job id from other failures by one type whatever the store."""
+
+
 @dataclass(frozen=True)
 class EventRow:
     seq: int
@@ -264,6 +274,11 @@ class Store:
     """Synchronous access to the journal. While the master runs, only the journal's writer
     process (masterd.journal.writer) writes; the master's own connection reads."""
 
+    backend = "sqlite"
+    # The leader's epoch its writes carry (PostgreSQL, masterd.journal.pgstore); SQLite has
+    # one master and no epochs.
+    epoch: int | None = None
+
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -283,6 +298,11 @@ class Store:
                 self._tx(_index_events_by_job_seq, self.db)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+
+    @property
+    def location(self) -> str:
+        """What the journal writer opens (masterd.journal.backends.open_store)."""
+        return str(self.path)
 
     def close(self) -> None:
         self.db.close()

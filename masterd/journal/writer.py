@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from masterd.journal.backends import open_store
 from masterd.journal.store import NewJobRows, Store, StoreError
 from shared.logs import set_level, setup_logging
 
@@ -51,6 +52,8 @@ log = logging.getLogger("trellis.master.journal")
 _LENGTH = 4
 _MAX_FRAME = 1 << 30
 _PR_SET_PDEATHSIG = 1
+# The variable a PostgreSQL writer finds its database URL in (see Journal).
+STORE_ENV = "TRELLIS_JOURNAL_STORE"
 
 Outcome = tuple[int, BaseException | None, Any]
 Send = Callable[[int, list[Outcome]], None]  # (transactions committed, outcomes)
@@ -223,7 +226,10 @@ def serve(store: Store, in_fd: int, out_fd: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="trellis-journal-writer",
                                 description="the master's journal writer (started by it)")
-    p.add_argument("--db", required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", help="the SQLite file")
+    where.add_argument("--store-env", help="environment variable holding the database URL")
+    p.add_argument("--epoch", type=int, help="the leadership epoch writes carry (PostgreSQL)")
     p.add_argument("--in-fd", type=int, required=True)
     p.add_argument("--out-fd", type=int, required=True)
     p.add_argument("--parent", type=int, required=True)
@@ -231,13 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging(args.log_level)
     _die_with_parent(args.parent)
-    db = Path(args.db)
-    # Held until exit: a writer still finishing for a master that died keeps the next one
-    # from starting (the master waits for "ready").
-    lock = open(db.with_name(db.name + ".writer"), "a")  # noqa: SIM115
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = None
+    if args.db is not None:
+        db = Path(args.db)
+        # Held until exit: a writer still finishing for a master that died keeps the next
+        # one from starting (the master waits for "ready"). A PostgreSQL journal has the
+        # epoch fence instead (masterd.journal.lease).
+        lock = open(db.with_name(db.name + ".writer"), "a")  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        location = args.db
+    else:
+        location = os.environ.get(args.store_env, "")
     try:
-        store = Store(db)
+        store: Store = open_store(location, args.epoch, migrate=False,
+                                  application_name="trellis-journal-writer")
     except StoreError as exc:
         log.error("journal writer cannot start: %s", exc)
         return 1
@@ -249,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         store.close()
-        lock.close()
+        if lock is not None:
+            lock.close()
     return 0
 
 

@@ -33,9 +33,14 @@ def job(job_id: str) -> Job:
     return Job(id=job_id, spec=SPEC, submit_time=1.0)
 
 
-def committed_ids(path: Path) -> set[str]:
-    """What another connection sees: only committed rows."""
-    db = sqlite3.connect(path)
+def committed_ids(where: Path | str) -> set[str]:
+    """What another connection sees: only committed rows (a SQLite file or a database URL)."""
+    if isinstance(where, str) and where.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(where) as conn:
+            return {row[0] for row in conn.execute("SELECT id FROM jobs")}
+    db = sqlite3.connect(where)
     try:
         return {row[0] for row in db.execute("SELECT id FROM jobs")}
     finally:
@@ -61,18 +66,30 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
         j.close()
 
 
-async def test_a_submission_is_committed_when_its_await_returns(journal: Journal) -> None:
-    await journal.submit(1, job("a"))
-    assert committed_ids(journal.store.path) == {"a"}
+@pytest.fixture
+def any_journal(store_factory) -> Iterator[Journal]:  # type: ignore[no-untyped-def]
+    """A journal on either backend (SQLite, PostgreSQL): the contract both keep."""
+    j = Journal(store_factory())
+    try:
+        yield j
+    finally:
+        j.close()
 
 
-async def test_concurrent_submissions_share_transactions(journal: Journal) -> None:
+async def test_a_submission_is_committed_when_its_await_returns(any_journal: Journal) -> None:
+    await any_journal.submit(1, job("a"))
+    assert committed_ids(any_journal.store.location) == {"a"}
+
+
+async def test_concurrent_submissions_share_transactions(any_journal: Journal) -> None:
+    journal = any_journal
     await asyncio.gather(*(journal.submit(i, job(f"j{i}")) for i in range(200)))
-    assert committed_ids(journal.store.path) == {f"j{i}" for i in range(200)}
+    assert committed_ids(journal.store.location) == {f"j{i}" for i in range(200)}
     assert 1 <= journal.commits < 200, "every submission paid for its own transaction"
 
 
-async def test_calls_keep_issue_order_with_writes(journal: Journal) -> None:
+async def test_calls_keep_issue_order_with_writes(any_journal: Journal) -> None:
+    journal = any_journal
     first = asyncio.ensure_future(journal.submit(1, job("before")))
     seen = asyncio.ensure_future(journal.call(Store.job_exists, "before"))
     not_yet = asyncio.ensure_future(journal.call(Store.job_exists, "after"))
@@ -82,7 +99,8 @@ async def test_calls_keep_issue_order_with_writes(journal: Journal) -> None:
     assert await not_yet is False
 
 
-async def test_one_duplicate_fails_alone_with_the_sqlite_error(journal: Journal) -> None:
+async def test_one_duplicate_fails_alone_with_the_sqlite_error(any_journal: Journal) -> None:
+    journal = any_journal
     await journal.submit(1, job("taken"))
     results = await asyncio.gather(
         journal.submit(2, job("fresh-1")), journal.submit(3, job("taken")),
@@ -90,7 +108,7 @@ async def test_one_duplicate_fails_alone_with_the_sqlite_error(journal: Journal)
     assert results[0] is None and results[2] is None
     # The master tells a duplicate id from other failures by this type.
     assert isinstance(results[1], sqlite3.IntegrityError)
-    assert committed_ids(journal.store.path) == {"taken", "fresh-1", "fresh-2"}
+    assert committed_ids(journal.store.location) == {"taken", "fresh-1", "fresh-2"}
 
 
 async def test_updates_are_committed_and_failures_reach_their_callers(journal: Journal) -> None:

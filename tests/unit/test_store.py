@@ -1,7 +1,10 @@
+"""The store's contract, on both backends (``store_factory``: SQLite and PostgreSQL)."""
+
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import sqlite3
+from collections.abc import Callable
 
 import pytest
 
@@ -11,8 +14,8 @@ from shared.model import JobState, NodeAllocation, Placement
 from tests.unit.helpers import inventory, job
 
 
-def test_jobs_survive_reopen(tmp_path: Path) -> None:
-    store = Store(tmp_path / "m.db")
+def test_jobs_survive_reopen(store_factory: Callable[[], Store]) -> None:
+    store = store_factory()
     j = job("j1", gpus=2, t=5.0)
     store.insert_jobs([(1, j)])
     j.state = JobState.RUNNING
@@ -22,7 +25,7 @@ def test_jobs_survive_reopen(tmp_path: Path) -> None:
     store.save_node(inventory("a"), True, 7.0)
     store.close()
 
-    again = Store(tmp_path / "m.db")
+    again = store_factory()
     [loaded] = again.load_jobs()
     assert loaded == j
     assert again.next_seq() == 2
@@ -32,15 +35,15 @@ def test_jobs_survive_reopen(tmp_path: Path) -> None:
     assert kinds == ["submitted", "running"]
 
 
-def test_duplicate_id_is_refused(tmp_path: Path) -> None:
-    store = Store(tmp_path / "m.db")
+def test_duplicate_id_is_refused(store_factory: Callable[[], Store]) -> None:
+    store = store_factory()
     store.insert_jobs([(1, job("j1"))])
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
         store.insert_jobs([(2, job("j1"))])
 
 
-async def test_group_commit_isolates_a_bad_row(tmp_path: Path) -> None:
-    store = Store(tmp_path / "m.db")
+async def test_group_commit_isolates_a_bad_row(store_factory: Callable[[], Store]) -> None:
+    store = store_factory()
     store.insert_jobs([(1, job("dup"))])
     journal = Journal(store)
     results = await asyncio.gather(
@@ -78,3 +81,44 @@ def test_unplaced_job_rows_match_a_full_encoding_of_the_job() -> None:
             assert decoded == {"placement": None, **full(j)}
             # True and 1 hash alike; the stored value must keep its type.
             assert type(decoded["stopping"]) is bool and type(decoded["attempts"]) is int
+
+
+def test_restore_and_events_queries(store_factory: Callable[[], Store]) -> None:
+    """What a restarting master reads: active jobs plus the newest ended ones, a job's
+    events, the tail of the event log, ended jobs in a window, the next sequence number."""
+    store = store_factory()
+    jobs = [job(f"r{i}", t=float(i)) for i in range(6)]
+    store.insert_jobs([(i + 1, j) for i, j in enumerate(jobs)])
+    for j, state in zip(jobs, (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED,
+                               JobState.RUNNING, JobState.QUEUED, JobState.FINISHED),
+                        strict=True):
+        j.state = state
+    store.update_jobs(jobs, [(10.0 + i, j.id, None, j.state.value, {"i": i})
+                             for i, j in enumerate(jobs)])
+    restored = [j.id for j in store.restore_jobs(ended=2)]
+    assert restored == ["r2", "r3", "r4", "r5"]
+    assert [e.kind for e in store.events("r3")] == ["submitted", "running"]
+    tail = store.events_tail(None, 3)
+    assert [e.job_id for e in tail] == ["r3", "r4", "r5"] and tail[0].detail == {"i": 3}
+    assert sorted(j.id for j in store.ended_jobs(submitted_since=1.0)) == ["r1", "r2", "r5"]
+    assert store.next_seq() == 7
+    assert store.load_job("r4") is not None and store.load_job("nope") is None
+    assert store.job_exists("r0") and not store.job_exists("nope")
+
+
+def test_feature_tables(store_factory: Callable[[], Store]) -> None:
+    """The feature tables' queries (upserts, the core history's larger-of) on this backend."""
+    from masterd.journal import cores, services
+
+    store = store_factory()
+    cores.ensure_schema(store)
+    assert cores.remember_cores(store, "alice", "cv", 3, 1.0) == 3
+    assert cores.remember_cores(store, "alice", "cv", 2, 2.0) == 3  # the row keeps the largest
+    assert cores.remember_cores(store, "alice", "cv", 5, 3.0) == 5
+    assert cores.load_history(store) == {("alice", "cv"): 5}
+    services.ensure_schema(store)
+    services.save_service(store, "svc", {"bs_gpu": 8}, 1.0)
+    services.save_service(store, "svc", {"bs_gpu": 16}, 2.0)
+    assert services.load_services(store) == {"svc": {"bs_gpu": 16}}
+    services.delete_service(store, "svc")
+    assert services.load_services(store) == {}
