@@ -413,7 +413,7 @@ class Simulator:
             for node in shape.nodes:
                 self._net_jobs.setdefault(node, set()).add(job_id)
         self._reprice(run, now)
-        for other in self._neighbours(run):
+        for other in sorted(self._neighbours(run)):
             self._reprice(self._runs[other], now)
 
     def _neighbours(self, run: _Run) -> set[str]:
@@ -479,7 +479,7 @@ class Simulator:
             self._effective -= run.efficiency * run.shape.gpus
             record = self._record_of[job_id]
             record.run_time += now - run.started
-            for other in self._neighbours(run):
+            for other in sorted(self._neighbours(run)):
                 self._reprice(self._runs[other], now)
         placement = self._placements.pop(job_id, None)
         if placement is not None:
