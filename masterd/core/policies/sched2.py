@@ -1,0 +1,159 @@
+"""SCHED²: a learned job selection with packing placement (seeds/sched2.md §III).
+
+At every pass (an event: submission, start, exit) time is frozen and the agent, given the
+state of ``masterd.core.sched2.state``, picks one of the first J waiting GPU jobs or "no job";
+a picked job is placed by SCHED²'s packing (``sched2.packing``) and its GPUs enter the state
+at once; the agent is asked again until it says "no job" or no waiting job in the window fits
+the free GPUs (§III-C). Holding GPUs back while jobs could run is allowed: that is how the
+agent keeps good locality for jobs that need it (§IV-C).
+
+The agent is the numpy forward pass of a trained Q-network (``policy_options.model``, an
+``.npz`` file from ``trellis-sim train sched2``; the model shipped in the package by default).
+Predicted times come from GENIE's model database (``sched2.estimate``). CPU-only jobs are not
+the agent's business: they start first come, first served, on whatever they fit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from masterd.core.arrays.policy import PassResult
+from masterd.core.cluster import ClusterSnapshot
+from masterd.core.genie.modeldb import ModelDB
+from masterd.core.genie.options import load_modeldb
+from masterd.core.placement import FreePool
+from masterd.core.policy import Decision, Start
+from masterd.core.sched2.agent import Agent, GreedyAgent
+from masterd.core.sched2.estimate import Estimator
+from masterd.core.sched2.models import GpuModels, free_gpus
+from masterd.core.sched2.network import QNetwork
+from masterd.core.sched2.packing import pack
+from masterd.core.sched2.state import GpuState, Observation, Waiting, job_vector
+from shared.model import Job
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "sched2" / "models" / "sched2-15x8-j10.npz"
+
+
+class Sched2Policy:
+    name = "sched2"
+
+    def __init__(self, model: str | Path | QNetwork | None = None,
+                 modeldb: ModelDB | str | Path | None = None, jobs: int | None = None,
+                 servers: int | None = None, gpus_per_server: int | None = None,
+                 default_duration_s: float = 3600.0, agent: Agent | None = None) -> None:
+        """``jobs``, ``servers``, ``gpus_per_server``: what the model must have been trained
+        for (checked now, so a wrong file stops the master at start-up)."""
+        self.network = model if isinstance(model, QNetwork) else QNetwork.load(
+            model or DEFAULT_MODEL)
+        self.network.check(servers, gpus_per_server, jobs)
+        self.shape = self.network.shape
+        self.agent = agent if agent is not None else GreedyAgent(self.network)
+        self.estimator = Estimator(load_modeldb(modeldb), default_duration_s)
+        self.gpu_state = GpuState(self.shape)
+
+    def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job],
+               now: float) -> list[Decision]:
+        return self.plan(snapshot, queue, now).decisions
+
+    def plan(self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float) -> PassResult:
+        models = GpuModels.of(snapshot)
+        pool = FreePool(snapshot)
+        decisions: list[Decision] = []
+        waiting: list[Waiting] = []
+        for job in queue:
+            if job.spec.gpus:
+                waiting.append(self._waiting(job, models))
+                continue
+            placement = pack(job.spec, pool, models.names)
+            if placement is not None:
+                pool.take(placement)
+                decisions.append(Start(job.id, placement))
+        self.gpu_state.sync(snapshot, lambda job: self._end(job, models, now))
+        if self.gpu_state.mismatch is not None:
+            note = f"waiting: sched2 model {self.network.source}: {self.gpu_state.mismatch}"
+            return PassResult(decisions, {w.job.id: note for w in waiting})
+        decisions += self._select(waiting, snapshot, pool, models, now)
+        if len(self.estimator) > 4 * (len(queue) + len(snapshot.running)) + 4096:
+            self.estimator.forget({*(j.id for j in queue), *snapshot.running})
+        return PassResult(decisions)
+
+    def _waiting(self, job: Job, models: GpuModels) -> Waiting:
+        model = models.model_for(job.spec) or ""
+        profile = self.estimator.profile(job, model, models.gpus_per_server.get(model, 1),
+                                         models.servers.get(model, 1), self.shape.profiles)
+        return Waiting(job, profile, job.spec.gpus)
+
+    def _end(self, job: Job, models: GpuModels, now: float) -> float:
+        placement = job.placement
+        assert placement is not None
+        model = models.model_for(job.spec) or ""
+        started = job.start_time if job.start_time is not None else now
+        return started + self.estimator.seconds(job, model, len(placement.allocations))
+
+    def _select(self, waiting: list[Waiting], snapshot: ClusterSnapshot, pool: FreePool,
+                models: GpuModels, now: float) -> list[Decision]:
+        """The frozen-time loop of §III-C over the window of the first J waiting jobs."""
+        J, scale = self.shape.jobs, self.network.time_scale
+        gpus_per_server = self.shape.gpus_per_server
+        free = free_gpus(snapshot)
+        # (jobs, GPUs, ideal seconds, submit times) of every waiting job not started yet.
+        totals = [float(len(waiting)), 0.0, 0.0, 0.0]
+        for w in waiting:
+            totals[1] += w.gpus
+            totals[2] += w.profile.ideal
+            totals[3] += w.job.submit_time
+        window: list[Waiting | None] = [*waiting[:J], *[None] * (J - len(waiting[:J]))]
+        following = len(waiting[:J])
+        blocked: set[str] = set()  # jobs the free GPUs hold in number but packing could not
+        decisions: list[Decision] = []
+        while True:
+            mask = np.zeros(J + 1, dtype=bool)
+            mask[J] = True
+            for i, w in enumerate(window):
+                mask[i] = w is not None and w.job.id not in blocked and _fits(w, free)
+            if not mask[:J].any():
+                break  # nothing to choose: "no job" is the only action
+            present = [w for w in window if w is not None]
+            rest = (int(totals[0]) - len(present), totals[1] - sum(w.gpus for w in present),
+                    totals[2] - sum(w.profile.ideal for w in present),
+                    totals[3] - sum(w.job.submit_time for w in present))
+            observation = Observation(
+                self.gpu_state.features(now, scale),
+                job_vector(window, rest, self.shape, now, scale, gpus_per_server), mask)
+            action = self.agent.act(observation)
+            if action >= J or not mask[action]:
+                break
+            chosen = window[action]
+            assert chosen is not None
+            placement = pack(chosen.job.spec, pool, models.names)
+            if placement is None:
+                blocked.add(chosen.job.id)
+                continue
+            pool.take(placement)
+            decisions.append(Start(chosen.job.id, placement))
+            model = pool.views[placement.allocations[0].node].gpu_model or ""
+            actual = self.estimator.seconds(chosen.job, model, len(placement.allocations))
+            self.gpu_state.occupy(placement, now + actual)
+            free[model] -= chosen.gpus
+            for i, value in enumerate((1.0, chosen.gpus, chosen.profile.ideal,
+                                       chosen.job.submit_time)):
+                totals[i] -= value
+            # Eq. 2: T_ideal / (T_wait + T_actual), known the moment the job is placed.
+            self.agent.reward(chosen.profile.ideal / (now - chosen.job.submit_time + actual))
+            # The window stays in arrival order: the next waiting job joins at its end.
+            del window[action]
+            window.append(waiting[following] if following < len(waiting) else None)
+            following += 1
+        return decisions
+
+
+def _fits(w: Waiting, free: Counter[str]) -> bool:
+    """Whether the free GPUs suffice in number (packing may split over any servers)."""
+    model = w.job.spec.gpu_model
+    if model is not None:
+        return free.get(model, 0) >= w.gpus
+    return max(free.values(), default=0) >= w.gpus

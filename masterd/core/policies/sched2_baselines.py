@@ -1,0 +1,183 @@
+"""The heuristic baselines of SCHED²'s evaluation (seeds/sched2.md §IV-A), with its packing.
+
+"All of these baselines use the packing placement algorithm" (``sched2.packing``). Each pass a
+policy starts waiting jobs one at a time in its order; a job the free GPUs cannot hold is
+skipped and the next one tried (the paper's baselines pick "from waiting queue" whatever can
+be scheduled). Ideal and actual times are the same predictions the ``sched2`` policy sees
+(``sched2.estimate``: GENIE's model database; the simulator hands them the oracle's, so SAF is
+the oracle the paper describes). Ties go to queue (arrival) order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from masterd.core.cluster import ClusterSnapshot
+from masterd.core.genie.modeldb import ModelDB
+from masterd.core.genie.options import load_modeldb
+from masterd.core.placement import FreePool
+from masterd.core.policy import Decision, Start
+from masterd.core.sched2.estimate import Estimator
+from masterd.core.sched2.models import GpuModels
+from masterd.core.sched2.packing import best_servers, pack
+from shared.model import Job, Placement
+
+MAX_DELAYS = 3  # DSIF: "it will delay the job for at most 3 times"
+
+
+class _Baseline:
+    name = "sched2-baseline"
+
+    def __init__(self, modeldb: ModelDB | str | Path | None = None,
+                 default_duration_s: float = 3600.0) -> None:
+        self.estimator = Estimator(load_modeldb(modeldb), default_duration_s)
+
+    def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job],
+               now: float) -> list[Decision]:
+        models = GpuModels.of(snapshot)
+        pool = FreePool(snapshot)
+        decisions = self.select(list(queue), pool, models, now)
+        if len(self.estimator) > 4 * (len(queue) + len(snapshot.running)) + 4096:
+            self.estimator.forget({*(j.id for j in queue), *snapshot.running})
+        return decisions
+
+    def select(self, queue: list[Job], pool: FreePool, models: GpuModels,
+               now: float) -> list[Decision]:
+        """Start jobs in ``order``; subclasses with a different rule override this."""
+        ordered = self.order(queue, models)
+        return start_in_order(ordered, pool, models)
+
+    def order(self, queue: list[Job], models: GpuModels) -> list[Job]:
+        raise NotImplementedError
+
+    def ideal(self, job: Job, models: GpuModels) -> float:
+        """T_ideal: the predicted time at best locality (the fewest servers)."""
+        model = models.model_for(job.spec) or ""
+        servers = best_servers(job.spec.gpus, models.gpus_per_server.get(model, 1))
+        return self.estimator.seconds(job, model, servers)
+
+    def actual(self, job: Job, placement: Placement, pool: FreePool) -> float:
+        """T_actual: the predicted time on ``placement``."""
+        model = pool.views[placement.allocations[0].node].gpu_model or ""
+        return self.estimator.seconds(job, model, len(placement.allocations))
+
+
+def start_in_order(jobs: Sequence[Job], pool: FreePool, models: GpuModels) -> list[Decision]:
+    """Each job packed in turn; a demand that failed once fails for the rest of the pass."""
+    decisions: list[Decision] = []
+    failed: set[tuple[object, ...]] = set()
+    for job in jobs:
+        s = job.spec
+        demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+        if demand in failed:
+            continue
+        placement = pack(s, pool, models.names)
+        if placement is None:
+            failed.add(demand)
+            continue
+        pool.take(placement)
+        decisions.append(Start(job.id, placement))
+    return decisions
+
+
+class SifPolicy(_Baseline):
+    """SIF, Shortest Ideal time job First: the job with the shortest ideal execution time
+    (its predicted time at best locality) first."""
+
+    name = "sif"
+
+    def order(self, queue: list[Job], models: GpuModels) -> list[Job]:
+        return sorted(queue, key=lambda j: self.ideal(j, models))  # stable: arrival on ties
+
+
+class LrfPolicy(_Baseline):
+    """LRF, Least Resource job First: the job demanding the fewest GPUs first."""
+
+    name = "lrf"
+
+    def order(self, queue: list[Job], models: GpuModels) -> list[Job]:
+        return sorted(queue, key=lambda j: j.spec.gpus)
+
+
+class SpfPolicy(_Baseline):
+    """SPF, Smallest Product job First: the smallest GPU demand × ideal execution time first."""
+
+    name = "spf"
+
+    def order(self, queue: list[Job], models: GpuModels) -> list[Job]:
+        return sorted(queue, key=lambda j: j.spec.gpus * self.ideal(j, models))
+
+
+class DsifPolicy(SifPolicy):
+    """DSIF, Delayed Shortest Ideal time job First: SIF's order, but a job that would not get
+    the best locality (packing spreads it over more servers than ``ceil(GPUs / M)``) is
+    skipped, at most 3 times; then it takes what packing gives.
+
+    A delay counts once per instant: asked twice at the same ``now``, the policy answers the
+    same (the count is its only memory between passes).
+    """
+
+    name = "dsif"
+
+    def __init__(self, modeldb: ModelDB | str | Path | None = None,
+                 default_duration_s: float = 3600.0) -> None:
+        super().__init__(modeldb, default_duration_s)
+        # job -> (delays so far, instant of the last one)
+        self._delays: dict[str, tuple[int, float | None]] = {}
+
+    def select(self, queue: list[Job], pool: FreePool, models: GpuModels,
+               now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        for job in self.order(queue, models):
+            placement = pack(job.spec, pool, models.names)
+            if placement is None:
+                continue
+            model = pool.views[placement.allocations[0].node].gpu_model or ""
+            best = best_servers(job.spec.gpus, models.gpus_per_server.get(model, 1))
+            count, last = self._delays.get(job.id, (0, None))
+            if len(placement.allocations) > best and (last == now or count < MAX_DELAYS):
+                # A second pass at the same instant repeats the delay without counting it.
+                self._delays[job.id] = (count if last == now else count + 1, now)
+                continue
+            self._delays.pop(job.id, None)
+            pool.take(placement)
+            decisions.append(Start(job.id, placement))
+        if len(self._delays) > 2 * len(queue) + 1024:
+            waiting = {j.id for j in queue}
+            self._delays = {k: v for k, v in self._delays.items() if k in waiting}
+        return decisions
+
+
+class SafPolicy(_Baseline):
+    """SAF, Shortest Actual time job First: repeatedly the job with the shortest actual
+    execution time "given the current cluster state" — its predicted time on the placement
+    packing would give it now (the oracle of the paper when the predictions are exact)."""
+
+    name = "saf"
+
+    def select(self, queue: list[Job], pool: FreePool, models: GpuModels,
+               now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        waiting = list(queue)
+        while waiting:
+            # Packing depends on the demand, not the job: one placement per demand per step.
+            placements: dict[tuple[object, ...], Placement | None] = {}
+            best: tuple[float, int, Placement] | None = None
+            for i, job in enumerate(waiting):
+                s = job.spec
+                demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+                if demand not in placements:
+                    placements[demand] = pack(s, pool, models.names)
+                placement = placements[demand]
+                if placement is None:
+                    continue
+                seconds = self.actual(job, placement, pool)
+                if best is None or seconds < best[0]:
+                    best = (seconds, i, placement)
+            if best is None:
+                break
+            _, i, placement = best
+            pool.take(placement)
+            decisions.append(Start(waiting.pop(i).id, placement))
+        return decisions

@@ -1,0 +1,164 @@
+"""The agent's state (seeds/sched2.md §III-B, Table I), built from a snapshot and the queue.
+
+- **GPU state**: an N×M matrix, one row per GPU server (servers in name order), the predicted
+  remaining time of the job on each GPU, 0 for a free GPU. Each row is sorted, longest first:
+  which GPU of a server a job holds does not matter to server-level locality, and the shared
+  per-server MLP then sees one canonical row per situation. A slot with no usable GPU behind
+  it (a server smaller than M, a missing, drained or unreachable server, an unhealthy GPU) is
+  -1, so the agent can tell "no GPU" from "free".
+- **Job state**, for each of the first J waiting GPU jobs in queue (arrival) order: the
+  predicted time at k placements (``estimate.spread_levels``), the GPU demand ÷ M and the time
+  waited so far; zeros for an empty slot.
+- **Statistics** of the waiting GPU jobs beyond the window: how many (log1p(n) / 10), their
+  mean demand ÷ M, mean ideal time and mean wait.
+
+Times enter as ``log1p(t / time_scale)`` (the model file's ``time_scale``), so hours and
+minutes both stay in a range a small network handles.
+
+The matrix is kept across passes: running jobs that started or ended since the last pass are
+added or cleared (a set difference, not a walk over every GPU), and a job placed during a pass
+fills its GPUs at once, so the next decision of the same frozen instant sees it (§III-C).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from masterd.core.cluster import ClusterSnapshot, NodeView
+from masterd.core.sched2.estimate import Profile
+from masterd.core.sched2.network import Shape
+from shared.model import Job, Placement
+
+ABSENT = -1.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One decision's input: the GPU state, the job vector and which actions are allowed."""
+
+    servers: np.ndarray  # (N, M) float32
+    jobs: np.ndarray  # ((k + 2)·J + 4,) float32
+    mask: np.ndarray  # (J + 1,) bool; the last action, "no job", is always allowed
+
+
+def time_feature(seconds: float | np.ndarray, scale: float) -> np.ndarray:
+    return np.log1p(np.maximum(seconds, 0.0) / scale)
+
+
+class GpuState:
+    """Predicted end time of the job on every GPU slot, in step with the running jobs."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        n, m = shape.servers, shape.gpus_per_server
+        self._ends = np.zeros((n, m), dtype=np.float64)
+        self._absent = np.ones((n, m), dtype=bool)
+        self._layout: tuple[object, ...] | None = None
+        self._slots: dict[str, dict[int, int]] = {}  # node -> GPU index -> flat slot
+        self._held: dict[str, np.ndarray] = {}  # running job -> its flat slots
+        self._tentative: list[np.ndarray] = []  # slots filled during the last pass
+        self.mismatch: str | None = None
+
+    def _rebuild(self, views: Sequence[NodeView]) -> None:
+        n, m = self.shape.servers, self.shape.gpus_per_server
+        self._ends[:] = 0.0
+        self._absent[:] = True
+        self._slots = {}
+        self._held = {}
+        self._tentative = []
+        biggest = max((v.total_gpus for v in views), default=0)
+        if len(views) > n or biggest > m:
+            self.mismatch = (
+                f"the cluster has {len(views)} GPU servers with up to {biggest} GPUs; the "
+                f"model was trained for {n} servers × {m} GPUs")
+            return
+        self.mismatch = None
+        for row, view in enumerate(views):
+            slots: dict[int, int] = {}
+            for col, gpu in enumerate(view.inventory.gpus):
+                slots[gpu.index] = row * m + col
+                self._absent[row, col] = not (view.schedulable and gpu.healthy)
+            self._slots[view.name] = slots
+
+    def sync(self, snapshot: ClusterSnapshot, end_of: Callable[[Job], float]) -> None:
+        """Bring the matrix up to date with ``snapshot``; ``end_of(job)``: predicted end."""
+        views = sorted((v for v in snapshot.nodes.values() if v.total_gpus),
+                       key=lambda v: v.name)
+        layout = tuple((v.name, id(v.inventory), v.schedulable) for v in views)
+        if layout != self._layout:
+            self._layout = layout
+            self._rebuild(views)
+        if self.mismatch is not None:
+            return
+        flat = self._ends.reshape(-1)
+        for slots in self._tentative:
+            flat[slots] = 0.0
+        self._tentative = []
+        running: Mapping[str, Job] = snapshot.running
+        for job_id in self._held.keys() - running.keys():
+            flat[self._held.pop(job_id)] = 0.0
+        for job_id in running.keys() - self._held.keys():
+            job = running[job_id]
+            if job.placement is None:
+                continue
+            slots = self._slots_of(job.placement)
+            self._held[job_id] = slots
+            flat[slots] = end_of(job)
+
+    def _slots_of(self, placement: Placement) -> np.ndarray:
+        found = [
+            self._slots[a.node][g]
+            for a in placement.allocations if a.node in self._slots
+            for g in a.gpus if g in self._slots[a.node]
+        ]
+        return np.array(found, dtype=np.int64)
+
+    def occupy(self, placement: Placement, end: float) -> None:
+        """A job placed during this pass: its GPUs are busy until ``end``."""
+        slots = self._slots_of(placement)
+        self._ends.reshape(-1)[slots] = end
+        self._tentative.append(slots)
+
+    def features(self, now: float, scale: float) -> np.ndarray:
+        rows = time_feature(self._ends - now, scale)
+        rows[self._absent] = ABSENT
+        rows = -np.sort(-rows, axis=1)  # longest first in every row
+        return rows.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A waiting GPU job as the job state and the statistics need it."""
+
+    job: Job
+    profile: Profile
+    gpus: int
+
+
+def job_vector(window: Sequence[Waiting | None], rest: tuple[int, float, float, float],
+               shape: Shape, now: float, scale: float, gpus_per_server: int) -> np.ndarray:
+    """Job state of the window's slots followed by the statistics of ``rest``.
+
+    ``rest`` = (jobs, sum of GPU demands, sum of ideal times, sum of submit times) of the
+    waiting GPU jobs outside the window.
+    """
+    k = shape.profiles
+    out = np.zeros(shape.job_features, dtype=np.float32)
+    for i, w in enumerate(window):
+        if w is None:
+            continue
+        base = i * (k + 2)
+        out[base:base + k] = time_feature(np.array(w.profile.levels), scale)
+        out[base + k] = w.gpus / gpus_per_server
+        out[base + k + 1] = time_feature(now - w.job.submit_time, scale)
+    count, gpus, ideal, submits = rest
+    if count > 0:
+        base = (k + 2) * shape.jobs
+        out[base] = np.log1p(count) / 10.0
+        out[base + 1] = gpus / count / gpus_per_server
+        out[base + 2] = time_feature(ideal / count, scale)
+        out[base + 3] = time_feature(now - submits / count, scale)
+    return out
