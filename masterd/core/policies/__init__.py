@@ -10,6 +10,14 @@ from masterd.core.policies.capacity import CapacityPolicy
 from masterd.core.policies.drf import DrfPolicy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policies.minmin import MinMinPolicy
+from masterd.core.policies.sched2 import Sched2Policy
+from masterd.core.policies.sched2_baselines import (
+    DsifPolicy,
+    LrfPolicy,
+    SafPolicy,
+    SifPolicy,
+    SpfPolicy,
+)
 from masterd.core.policies.sjf import SjfPolicy
 from masterd.core.policies.swaf import SwafPolicy
 from masterd.core.policies.tetris import TetrisCerPolicy, TetrisPerfPolicy
@@ -28,6 +36,13 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "tetris-perf": TetrisPerfPolicy,
     "tetris-cer": TetrisCerPolicy,
     "sjf": SjfPolicy,
+    # SCHED² (seeds/sched2.md) and the baselines of its evaluation, with its packing.
+    "sched2": Sched2Policy,
+    "sif": SifPolicy,
+    "dsif": DsifPolicy,
+    "saf": SafPolicy,
+    "lrf": LrfPolicy,
+    "spf": SpfPolicy,
 }
 
 
