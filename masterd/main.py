@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,12 @@ from aiohttp import WSCloseCode, web
 from masterd.api.app import GATE_KEY, make_app
 from masterd.api.authn import auth_handler, build_authenticator, build_ssl, warn_if_open
 from masterd.api.limits import GuardedSite, PeerLimits, guard_handler
+from masterd.api.standby import make_standby_app
 from masterd.gcpause import GcPausePolicy
-from masterd.journal.store import StoreError
+from masterd.journal.backends import open_store
+from masterd.journal.lease import Lease
+from masterd.journal.store import Store, StoreError
+from masterd.service.leader import ElectionTiming, Elector
 from masterd.service.master import Master
 from shared.auth import AuthError
 from shared.config import ConfigError, MasterConfig, load_config
@@ -40,6 +45,9 @@ RELOADABLE = frozenset({"log_level", "stop_grace_s", "node_grace_s", "command_ti
                         "allowed_users", "allow_root_jobs"})
 DRAIN_TIMEOUT_S = 10.0
 STATUS_PERIOD_S = 5.0
+# Exit status of a master that lost the leadership (EX_TEMPFAIL): its supervisor starts it
+# again, as a standby.
+EXIT_LEADERSHIP_LOST = 75
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,22 +94,49 @@ class MasterDaemon:
         self.runner: web.AppRunner | None = None
         self._background: list[asyncio.Task[None]] = []
         self.gc = GcPausePolicy()
+        # High availability (a PostgreSQL store): the election, the standby's endpoints
+        # until this master leads, and what to do when the leadership is lost.
+        self.elector: Elector | None = None
+        self._standby: web.AppRunner | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.exit_code = 0
+
+    def advertise_url(self) -> str:
+        """Where clients and nodes reach this master (a standby names it to them)."""
+        c = self.config
+        if c.advertise_url:
+            return c.advertise_url.rstrip("/")
+        host = c.listen_host if c.listen_host not in ("0.0.0.0", "::", "") else \
+            socket.getfqdn()
+        return f"{'https' if c.tls_cert_file else 'http'}://{host}:{c.listen_port}"
 
     async def start(self) -> None:
         config = self.config
-        self.notifier.status(f"opening the journal in {config.state_dir}")
-        self.master = master = Master(config)
+        auth, ssl_context = build_authenticator(config), build_ssl(config)
+        warn_if_open(auth, config)
+        limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
+
+        def wrap(handler: Any) -> Any:
+            return guard_handler(limits, auth_handler(auth, handler))
+
+        store: Store | None = None
+        if config.store:
+            store = await self._lead(wrap, limits, ssl_context)
+        else:
+            self.notifier.status(f"opening the journal in {config.state_dir}")
+        self.master = master = Master(config, store=store)
+        if self.elector is not None:
+            master.leadership = self.elector.state
         master.restore()
         # After the restore: the restored jobs are the first long-lived objects to freeze.
         self.gc = GcPausePolicy(config.gc_young_threshold, config.gc_refreeze_s)
         self.gc.install()
-        auth, ssl_context = build_authenticator(config), build_ssl(config)
-        warn_if_open(auth, config)
-        limits = PeerLimits(config.max_connections_per_ip, config.request_timeout_s)
-        self.runner = web.AppRunner(
-            make_app(master, lambda h: guard_handler(limits, auth_handler(auth, h))),
-            access_log=None, shutdown_timeout=5.0)
+        self.runner = web.AppRunner(make_app(master, wrap), access_log=None,
+                                    shutdown_timeout=5.0)
         await self.runner.setup()
+        if self._standby is not None:  # the leader's endpoints take the port over
+            await self._standby.cleanup()
+            self._standby = None
         site = GuardedSite(self.runner, config.listen_host, config.listen_port, limits=limits,
                            ssl_context=ssl_context)
         await site.start()
@@ -113,8 +148,47 @@ class MasterDaemon:
                             loop.create_task(self._report_status()),
                             loop.create_task(self._refreeze())]
 
+    async def _lead(self, wrap: Any, limits: PeerLimits, ssl_context: Any) -> Store:
+        """Serve as a standby until this master wins the election; the journal, opened with
+        the won epoch."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        elected: asyncio.Future[Lease] = loop.create_future()
+
+        def on_elected(won: Lease) -> None:
+            if not elected.done():
+                elected.set_result(won)
+
+        self.elector = Elector(
+            config.store, self.advertise_url(),
+            ElectionTiming(config.lease_s, config.renew_deadline_s, config.retry_s), loop,
+            on_elected, self._leadership_lost)
+        self._standby = web.AppRunner(make_standby_app(self.elector.state, wrap),
+                                      access_log=None, shutdown_timeout=1.0)
+        await self._standby.setup()
+        await GuardedSite(self._standby, config.listen_host, config.listen_port, limits=limits,
+                          ssl_context=ssl_context).start()
+        log.info("standby listening host=%s port=%d url=%s", config.listen_host,
+                 config.listen_port, self.advertise_url())
+        self.notifier.ready("standby: another master leads or the election is under way")
+        self.elector.start()
+        won = await elected
+        self.notifier.status(f"leading at epoch {won.epoch}: opening the journal")
+        return await loop.run_in_executor(None, lambda: open_store(config.store, won.epoch))
+
+    def _leadership_lost(self, reason: str) -> None:
+        """Stop scheduling at once, then stop the daemon (to be started again as a standby)."""
+        if self.master is not None:
+            self.master.halt(f"leadership lost: {reason}")
+        self.exit_code = EXIT_LEADERSHIP_LOST
+        self.notifier.status(f"leadership lost ({reason}): stopping")
+        if self.stop_event is not None:
+            self.stop_event.set()
+
     def describe(self) -> str:
         master = self.master
+        if master is None:
+            return "standby"
         assert master is not None
         core = master.core
         return (f"serving on {self.config.listen_host}:{self.config.listen_port}: "
@@ -187,8 +261,12 @@ class MasterDaemon:
                         await session.ws.close(code=WSCloseCode.GOING_AWAY,
                                                message=b"master shutting down")
             await self.runner.cleanup()
+        if self._standby is not None:
+            await self._standby.cleanup()
         if self.master is not None:
             await self.master.close()
+        if self.elector is not None:  # after the journal: the lock goes with the last write
+            self.elector.stop()
         self.gc.uninstall()
         log.info("stopped; journal closed")
         self.notifier.close()
@@ -211,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         daemon = MasterDaemon(config, config_path, overrides, notifier)
         stop = asyncio.Event()
+        daemon.stop_event = stop
         loop = asyncio.get_running_loop()
 
         def on_stop(sig: signal.Signals) -> None:
@@ -221,20 +300,30 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, daemon.reload)
         try:
-            await daemon.start()
-            await stop.wait()
+            # A standby waits in start() until it leads: a signal must still stop it.
+            starting = loop.create_task(daemon.start())
+            stopping = loop.create_task(stop.wait())
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+            else:
+                starting.result()
+                await stopping
         finally:
             await daemon.close()
+        return daemon.exit_code
 
     try:
-        asyncio.run(run())
+        code = asyncio.run(run())
     except AuthError as exc:
         log.error("cannot start: %s", exc)
         return 2
     except (StoreError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -91,6 +91,26 @@ class MasterConfig:
     # objects frozen out of full collections are unfrozen and collected once.
     gc_young_threshold: int = bounded(700, min=1, max=10_000_000)
     gc_refreeze_s: float = bounded(3600.0, min=1, max=30 * 86400)
+    # High availability (docs/high-availability.md): the journal in PostgreSQL
+    # ("postgresql://..."; empty: SQLite in state_dir) shared by several masters, one leading.
+    store: str = bounded("", max_len=4096)
+    # Where clients and nodes reach this master (named to them by a standby); empty:
+    # http(s)://listen_host:listen_port.
+    advertise_url: str = bounded("", max_len=1024)
+    # Leader election, kube-scheduler's defaults: a standby takes over once the lease is this
+    # old, a leader that could not renew for renew_deadline_s stops, both act every retry_s.
+    lease_s: float = bounded(15.0, min=1, max=3600)
+    renew_deadline_s: float = bounded(10.0, min=0.5, max=3600)
+    retry_s: float = bounded(2.0, min=0.1, max=600)
+
+    def __post_init__(self) -> None:
+        if self.store and not self.store.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"store must be a postgresql:// URL or empty (SQLite in "
+                             f"state_dir), got {self.store.split('://')[0]!r}")
+        if not self.retry_s < self.renew_deadline_s < self.lease_s:
+            raise ValueError(f"leader election needs retry_s < renew_deadline_s < lease_s, "
+                             f"got {self.retry_s:g}, {self.renew_deadline_s:g}, "
+                             f"{self.lease_s:g}")
 
 @dataclass(frozen=True)
 class TunerConfig:

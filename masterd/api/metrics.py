@@ -32,6 +32,7 @@ from masterd.core.policy import Preempt, Start
 from shared.model import JobKind, JobState
 
 if TYPE_CHECKING:
+    from masterd.service.leader import Leadership
     from masterd.service.master import Master
 
 NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable")
@@ -123,6 +124,27 @@ class MasterStateCollector(Collector):
             "disk is not keeping up).", value=journal.in_flight)
 
 
+class LeadershipCollector(Collector):
+    """Leader election among masters sharing a PostgreSQL journal (one master on SQLite
+    always leads, at epoch 0); served by the leader and by standbys alike."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.leadership
+        yield GaugeMetricFamily("trellis_master_leader",
+                                "1 while this master leads, 0 while it stands by.",
+                                value=1.0 if state.leader else 0.0)
+        yield GaugeMetricFamily(
+            "trellis_master_epoch", "The leadership epoch this master leads with (a standby: "
+            "the leader's, as last read); it grows by one at every takeover.",
+            value=state.epoch)
+        yield CounterMetricFamily("trellis_master_takeovers",
+                                  "Times this master process took the leadership.",
+                                  value=state.takeovers)
+
+
 @dataclass
 class _Series:
     counts: list[int]  # per bucket, +Inf last
@@ -187,6 +209,7 @@ class MasterMetrics:
             "trellis_placements", "Jobs the scheduler decided to start.",
             registry=self.registry)
         self.registry.register(MasterStateCollector(master, version, clock))
+        self.registry.register(LeadershipCollector(master.leadership))
 
     def observe_pass(self, seconds: float, decisions: Sequence[Any]) -> None:
         self.passes.observe(seconds)

@@ -37,6 +37,7 @@ from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
 from masterd.service.features import Features, assemble
 from masterd.service.jobmetrics import JobMetrics
+from masterd.service.leader import Leadership
 from masterd.service.sessions import CommandFailed, NodeSession
 from shared.config import MasterConfig
 from shared.messages import (
@@ -97,12 +98,19 @@ class UserCache:
 
 
 class Master:
-    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.time,
+                 store: Store | None = None) -> None:
+        """``store``: the journal to use (the PostgreSQL one an elected master opened, see
+        masterd.main); by default the SQLite file in ``state_dir``."""
         self.config = config
         self.clock = clock
         self.core = SchedulingCore(make_policy(config.policy, **config.policy_options),
                                    max_start_failures=config.max_start_failures)
-        self.store = Store(Path(config.state_dir) / "master.db")
+        self.store = store if store is not None else Store(Path(config.state_dir) / "master.db")
+        # Leader election (masterd.service.leader); on SQLite this master always leads.
+        self.leadership = Leadership()
+        # Set when the leadership is lost: nothing is scheduled or sent to nodes any more.
+        self.halted = False
         self.journal = Journal(self.store)
         self.sessions: dict[str, NodeSession] = {}
         self.drained: set[str] = set()
@@ -176,6 +184,17 @@ class Master:
         for job in ended:
             self.note_ended(job.id)
 
+    def halt(self, reason: str) -> None:
+        """Stop scheduling at once (the leadership was lost): no pass runs and no command
+        reaches a node from now on; node sessions are closed so nodes find the new leader."""
+        if self.halted:
+            return
+        self.halted = True
+        log.error("scheduling stopped: %s", reason)
+        for session in list(self.sessions.values()):
+            session.close()
+            self.tasks.spawn(session.ws.close(message=b"this master no longer leads"))
+
     async def close(self) -> None:
         for handle in self._grace.values():
             handle.cancel()
@@ -201,6 +220,8 @@ class Master:
                      wire_spec: dict[str, Any] | None = None) -> Job:
         """``wire_spec``: a map that decodes to ``spec`` (the one the client sent), kept as
         the spec's wire form instead of encoding the spec again."""
+        if self.halted:
+            raise JobError("not_leader", "this master no longer leads; retry on the leader")
         if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
             check_name(job_id, "job id")
         self.check_user(spec.user)
@@ -295,6 +316,8 @@ class Master:
 
     def _run_pass(self) -> None:
         self._pass_pending = False
+        if self.halted:
+            return
         # Inference first: resources an event freed go to the service that asked for them
         # (a preempted job re-queued at the head must not take them straight back).
         self.events.before_pass.emit()
@@ -468,6 +491,8 @@ class Master:
             self.request_pass()
 
     async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
+        if self.halted:
+            raise CommandFailed(node, type_, "not_leader", "this master no longer leads")
         session = self.sessions.get(node)
         if session is None:
             raise CommandFailed(node, type_, "node_unreachable", "the node is not connected")
