@@ -108,6 +108,10 @@ class NodeInventory:
     rdt: RdtCapabilities = field(default_factory=RdtCapabilities)
     # NVML topology levels between GPU i and j (0 same board ... 50 across sockets); may be empty.
     gpu_links: tuple[tuple[int, ...], ...] = ()
+    # Where the node sits in the network (its configuration's node.rack and node.domain):
+    # Liquid weighs traffic between nodes by it (1 same rack, 4 same domain, 40 otherwise).
+    rack: str = bounded("", max_len=128)
+    domain: str = bounded("", max_len=128)
 
     @property
     def gpu_model(self) -> str | None:
@@ -153,6 +157,9 @@ class JobSpec:
     pipelined_input: bool | None = None
     large_weights: bool | None = None
     heavy_preprocessing: bool | None = None
+    # A share of one GPU in thousandths (openb's gpu_milli), for a 1-GPU job that may share its
+    # GPU with others (Liquid's fine-grained sharing); None: the whole GPU.
+    gpu_milli: int | None = bounded(None, min=1, max=999)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -163,6 +170,9 @@ class JobSpec:
             raise ValueError("a training job needs at least one GPU (gpus=0)")
         if self.cpus == 0 and self.gpus == 0:
             raise ValueError("a job must ask for at least one GPU or one CPU core")
+        if self.gpu_milli is not None and self.gpus != 1:
+            raise ValueError(f"gpu_milli ({self.gpu_milli}) is a share of one GPU: only a job "
+                             f"of gpus=1 may give it, this one asks for {self.gpus}")
         for key in self.env:
             if not key or "=" in key or len(key) > 256:
                 raise ValueError(f"env key {key!r} is not a valid variable name")
@@ -183,6 +193,9 @@ class NodeAllocation:
     gpus: tuple[int, ...] = ()
     cpus: tuple[int, ...] = ()
     memory_mib: int = bounded(0, min=0)
+    # The GPUs are shared with other jobs (a fractional job, or one pre-scheduled onto GPUs
+    # whose job is saving its model), not held whole; see masterd.core.cluster.
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -222,6 +235,10 @@ class Job:
     # Being stopped (cancelled, preempted or a rank failed): its parts are told to exit.
     stopping: bool = False
     start_failures: int = 0
+    # Predictions features attach for policies to read (key -> value, e.g. QSSF's
+    # "duration_estimate_s"); see JobActions.annotate in masterd/runtime/context.py. Not part
+    # of the journalled row: the feature that computes them attaches them again on restore.
+    annotations: dict[str, float] = field(default_factory=dict)
 
     @property
     def queued_seconds(self) -> float | None:

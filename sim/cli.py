@@ -12,11 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from masterd.core.helios.estimate import ESTIMATE_KEY, QssfEstimator
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Policy
 from sim import results, studies
 from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_cluster_file
-from sim.engine import FailureConfig, Outage, SimConfig, SimulationError, simulate
+from sim.engine import Annotator, FailureConfig, Outage, SimConfig, SimulationError, simulate
+from sim.oracle import oracle_modeldb
 from sim.partition import simulate_partitioned
 from sim.progress import ProgressBar
 from sim.report import Run, comparison_table, make_run, write_outputs, write_plots
@@ -81,6 +83,27 @@ def build_policy(name: str, options: dict[str, Any]) -> Policy:
         raise UsageError(f"policy {name}: bad option: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"policy {name}: {exc}") from None
+
+
+def with_oracle(options: dict[str, Any], truth: TruthConfig, workload: Workload
+                ) -> dict[str, Any]:
+    """``modeldb=oracle``: the simulator's true coefficients as the model database (SJF with
+    perfect knowledge, as Helios' SJF), built for this workload's GPU model."""
+    if options.get("modeldb") != "oracle":
+        return options
+    model = next((n.gpu_model for n in workload.nodes if n.gpu_model), None)
+    if model is None:
+        raise UsageError("modeldb=oracle needs a workload with GPU nodes")
+    return {**options, "modeldb": oracle_modeldb(truth, model)}
+
+
+def qssf_annotator(name: str, workload: Workload) -> Annotator | None:
+    """QSSF's estimate: a workload may carry one per job (Philly: Helios' error model);
+    otherwise the rolling estimate from users' finished jobs with similar names, learnt as
+    the replay goes (the master's estimator without its ML part)."""
+    if name != "qssf" or all(ESTIMATE_KEY in j.annotations for j in workload.jobs):
+        return None
+    return QssfEstimator()
 
 
 def resolve_trace(arg: str | None) -> Path:
@@ -251,7 +274,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             notes.setdefault("workload_notes", {})[workload.name] = workload.notes
             notes["skipped_rows"].extend(workload.skipped)
             for name in policies:
-                policy = build_policy(name, policy_options[name])
+                options = with_oracle(policy_options[name], config.truth, workload)
+                policy = build_policy(name, options)
                 label = workload.name
                 bar = None
                 if not args.no_progress:
@@ -260,11 +284,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                     # One core per VC (its own queue), as Helios schedules Philly.
                     result = simulate_partitioned(
                         workload,
-                        lambda name=name: build_policy(name, policy_options[name]),
+                        lambda name=name, options=options: build_policy(name, options),
                         config, bar,
+                        (lambda name=name, w=workload: qssf_annotator(name, w))  # type: ignore
+                        if qssf_annotator(name, workload) is not None else None,
                     )
                 else:
-                    result = simulate(workload, policy, config, bar)
+                    result = simulate(workload, policy, config, bar,
+                                      qssf_annotator(name, workload))
                 if bar is not None:
                     done = sum(r.state != "unfinished" for r in result.records)
                     bar.close(result.end_time, done, len(result.records))
@@ -344,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policies", default="fifo",
                      help="comma-separated names from the policy registry")
     run.add_argument("--policy-option", action="append", metavar="POLICY.OPTION=VALUE",
-                     help="option passed to a policy's constructor (JSON value or string)")
+                     help="option passed to a policy's constructor (JSON value or string); "
+                     "POLICY.modeldb=oracle gives a GENIE-family policy the simulator's true "
+                     "coefficients (perfect knowledge)")
     run.add_argument("--seeds", default="1", help="comma-separated seeds")
     run.add_argument("--density", default="10",
                      help="genie: comma-separated arrival densities, jobs/hour")

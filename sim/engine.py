@@ -23,6 +23,7 @@ import math
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import SchedulingCore
@@ -151,6 +152,20 @@ class SimResult:
     stale_events: int
     end_time: float
     notes: dict[str, object] = field(default_factory=dict)
+    # (time, nodes holding at least one job) at every change: node utilisation as Helios
+    # counts it (a node is busy while any job runs on it).
+    busy_nodes: list[tuple[float, int]] = field(default_factory=list)
+    total_nodes: int = 0
+
+
+class Annotator(Protocol):
+    """Attaches predictions to jobs as they arrive and learns from those that finish, the way
+    a master feature does live (e.g. QSSF's rolling estimate): the replay then reproduces the
+    estimator's state as well as the policy's."""
+
+    def submitted(self, job: Job, now: float) -> None: ...
+
+    def finished(self, job: Job, run_time: float) -> None: ...
 
 
 @dataclass
@@ -181,7 +196,9 @@ class Simulator:
         policy: Policy,
         config: SimConfig | None = None,
         progress: ProgressFn | None = None,
+        annotator: Annotator | None = None,
     ) -> None:
+        self.annotator = annotator
         self.workload = workload
         self.policy = policy
         self.config = config or SimConfig()
@@ -218,6 +235,8 @@ class Simulator:
         self._pending = 0  # non-sample events in the heap
         self._last_event = 0.0  # time of the last non-sample event: the replay's end
         self._queued: set[str] = set()  # core job ids waiting in the core's queue
+        self._busy = 0  # nodes with at least one job
+        self.busy_nodes: list[tuple[float, int]] = [(0.0, 0)]
 
     # -- event heap ----------------------------------------------------------------------
     def _push(self, time: float, kind: int, payload: object) -> None:
@@ -355,9 +374,15 @@ class Simulator:
             log.debug("job_rejected job=%s reason=%s", job.id, reason)
             return False
         self._record_of[job.id] = record
-        self.core.submit(Job(id=job.id, spec=spec, submit_time=self.now))
+        self._submit(Job(id=job.id, spec=spec, submit_time=self.now,
+                         annotations=dict(job.annotations)))
         self._queued.add(job.id)
         return True
+
+    def _submit(self, job: Job) -> None:
+        if self.annotator is not None:
+            self.annotator.submitted(job, self.now)
+        self.core.submit(job)
 
     def _schedule(self, now: float) -> None:
         decisions = self.core.schedule(now)
@@ -375,6 +400,8 @@ class Simulator:
         self._queued.discard(job_id)
         self._placements[job_id] = placement
         for node in placement.nodes:
+            if not self._node_jobs[node]:
+                self._note_busy(now, +1)
             self._node_jobs[node].add(job_id)
         self._allocated += placement.gpu_count
         if self.config.start_delay > 0:
@@ -485,6 +512,8 @@ class Simulator:
         if placement is not None:
             for node in placement.nodes:
                 self._node_jobs[node].discard(job_id)
+                if not self._node_jobs[node]:
+                    self._note_busy(now, -1)
             self._allocated -= placement.gpu_count
         return run
 
@@ -556,14 +585,15 @@ class Simulator:
             record.end = self.now
             record.state = "finished"
             self._done += 1
+            if self.annotator is not None and job.start_time is not None:
+                self.annotator.finished(job, self.now - job.start_time)
         elif job.state is JobState.FAILED:
             if record.retries < self.config.max_retries:
                 record.retries += 1
                 retry_id = f"{record.id}-r{record.retries}"
                 self._record_of[retry_id] = record
-                self.core.submit(
-                    Job(id=retry_id, spec=self._spec_of[record.id], submit_time=self.now)
-                )
+                self._submit(Job(id=retry_id, spec=self._spec_of[record.id],
+                                 submit_time=self.now, annotations=dict(job.annotations)))
                 self._queued.add(retry_id)
             else:
                 record.end = self.now
@@ -578,6 +608,13 @@ class Simulator:
             self._done += 1
 
     # -- observation ---------------------------------------------------------------------
+    def _note_busy(self, t: float, change: int) -> None:
+        self._busy += change
+        if self.busy_nodes[-1][0] == t:
+            self.busy_nodes[-1] = (t, self._busy)
+        else:
+            self.busy_nodes.append((t, self._busy))
+
     def _note_usage(self, t: float) -> None:
         last = self.usage[-1]
         effective = max(self._effective, 0.0)
@@ -641,6 +678,8 @@ class Simulator:
             stale_events=self.stale_events,
             end_time=self._last_event,
             notes=dict(self.workload.notes),
+            busy_nodes=self.busy_nodes,
+            total_nodes=len(self.inventories),
         )
 
 
@@ -649,6 +688,7 @@ def simulate(
     policy: Policy,
     config: SimConfig | None = None,
     progress: ProgressFn | None = None,
+    annotator: Annotator | None = None,
 ) -> SimResult:
-    return Simulator(workload, policy, config, progress).run()
+    return Simulator(workload, policy, config, progress, annotator).run()
 

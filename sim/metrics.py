@@ -112,6 +112,19 @@ def gpu_rates(result: SimResult) -> tuple[float | None, float | None]:
     return active / result.total_gpus, useful / result.total_gpus
 
 
+def node_utilisation(result: SimResult, start: float | None = None,
+                     end: float | None = None) -> float | None:
+    """Time-weighted share of nodes running at least one job (Helios' node utilisation),
+    over [start, end]: by default the arrival window (first to last submission), while load
+    is offered."""
+    if not result.total_nodes or not result.records or len(result.busy_nodes) < 1:
+        return None
+    lo = min(r.submit for r in result.records) if start is None else start
+    hi = max(r.submit for r in result.records) if end is None else end
+    busy = time_weighted([(t, float(b)) for t, b in result.busy_nodes], lo, hi)
+    return None if busy is None else busy / result.total_nodes
+
+
 def fragmentation(values: Sequence[float]) -> float:
     """SCHED² Eq. 1 for one server: 1 − (Σx)² / (n·Σx²), x = remaining time per GPU."""
     n = len(values)
@@ -153,6 +166,9 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "p99_jct_s": percentile(jct, 99),
         "avg_queue_s": mean(queue),
         "p99_queue_s": percentile(queue, 99),
+        # Helios' count: jobs that waited at least a second.
+        "queued_jobs": sum(d >= 1.0 for d in queue),
+        "node_utilisation": node_utilisation(result),
         "queue_by_tenant": queue_by_tenant(records),
         "gpu_active_rate": active,
         "gpu_utilisation": useful,

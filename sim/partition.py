@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from masterd.core.policy import Policy
-from sim.engine import Sample, SimConfig, SimResult, simulate
+from sim.engine import Annotator, Sample, SimConfig, SimResult, simulate
 from sim.workloads.base import Workload
 
 ProgressFn = Callable[[float, int, int], None]
@@ -65,8 +65,11 @@ def simulate_partitioned(
     make_policy: Callable[[], Policy],
     config: SimConfig,
     progress: ProgressFn | None = None,
+    make_annotator: Callable[[], Annotator] | None = None,
 ) -> SimResult:
-    """Replay each partition with its own core and policy instance; merge the results."""
+    """Replay each partition with its own core and policy instance (and annotator, if any:
+    an estimator learns from its own partition's jobs, as a per-VC scheduler would); merge
+    the results."""
     parts = split_by_gpu_model(workload)
     if config.sample_interval is None:
         # One interval for every partition, so their samples fall on the same instants.
@@ -84,7 +87,8 @@ def simulate_partitioned(
             def inner(t: float, done: int, _total: int, offset: int = offset) -> None:
                 progress(t, offset + done, total)
 
-        results.append(simulate(part.workload, make_policy(), config, inner))
+        annotator = make_annotator() if make_annotator is not None else None
+        results.append(simulate(part.workload, make_policy(), config, inner, annotator))
         gpu_nodes.append(sum(1 for n in part.workload.nodes if n.gpus))
         done_before += len(part.workload.jobs)
     return merge_results(results, gpu_nodes, workload)
@@ -98,6 +102,20 @@ def _merge_usage(series: list[list[tuple[float, int, float]]]) -> list[tuple[flo
     for t, i, a, e in events:
         current[i] = (a, e)
         point = (t, sum(c[0] for c in current), sum(c[1] for c in current))
+        if merged and merged[-1][0] == t:
+            merged[-1] = point
+        else:
+            merged.append(point)
+    return merged
+
+
+def _merge_busy(series: list[list[tuple[float, int]]]) -> list[tuple[float, int]]:
+    """Sum step functions given as change points (time, busy nodes)."""
+    current = [0] * len(series)
+    merged: list[tuple[float, int]] = []
+    for t, i, busy in heapq.merge(*[[(t, i, b) for t, b in s] for i, s in enumerate(series)]):
+        current[i] = busy
+        point = (t, sum(current))
         if merged and merged[-1][0] == t:
             merged[-1] = point
         else:
@@ -151,4 +169,6 @@ def merge_results(
         stale_events=sum(r.stale_events for r in results),
         end_time=max(r.end_time for r in results),
         notes=notes,
+        busy_nodes=_merge_busy([r.busy_nodes for r in results]),
+        total_nodes=sum(r.total_nodes for r in results),
     )

@@ -42,6 +42,9 @@ class SimJob:
     # GENIE's ECT (relative to submit) from the truth model is computed by the engine; a
     # workload may instead fix an absolute deadline on the simulation clock.
     deadline: float | None = None
+    # Annotations the job enters the core with (Job.annotations): predictions a replay fixes
+    # in advance, e.g. QSSF's estimate under Helios' error model (sim/workloads/philly.py).
+    annotations: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass
@@ -194,4 +197,5 @@ def _shift(job: SimJob, delta: float) -> SimJob:
         submit=job.submit + delta,
         truth=job.truth,
         deadline=None if job.deadline is None else job.deadline + delta,
+        annotations=job.annotations,
     )

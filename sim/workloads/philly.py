@@ -6,16 +6,23 @@ batch (uniform over the model's batch sizes), the iteration count a user would d
 recorded duration at the true packed speed, and the QoS class (GENIE's 5/35/60 mix). The VC is
 the tenant. The replay cluster is one pool of sum(VC nodes) × 8 GPUs (Helios artifact), or,
 per VC, each VC's own nodes (``per_vc``; see :func:`load`).
+
+Every job also carries two annotations for Helios' policies: its recorded duration (what
+Helios' SJF ranks by) and QSSF's duration estimate under the error model the Helios artifact
+uses for Philly, which has neither users nor job names to learn from
+(``estimators/philly_estimate.py``, :func:`helios_estimate`), seeded per job.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from masterd.core.helios.estimate import ESTIMATE_KEY, RECORDED_KEY
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
 from sim.truth import NodeTopology, TruthModel, TruthParams
@@ -36,6 +43,30 @@ JOBS_FILE = "philly-jobs.csv"
 VCS_FILE = "philly-vcs.csv"
 GPUS_PER_NODE = 8
 _VC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,58}")
+
+
+# Helios' estimate errors (REFERENCES.md, Helios): (share of jobs, |relative error| range).
+HELIOS_ERROR_BANDS = ((0.1, 0.0, 0.1), (0.4, 0.1, 0.5), (0.2, 0.5, 1.0), (0.2, 1.0, 10.0),
+                      (0.1, 10.0, 100.0))
+
+
+def helios_estimate(duration: float, seed: int, key: str) -> float:
+    """``duration × (1 + e)``: e's magnitude drawn from HELIOS_ERROR_BANDS, its sign at random
+    (the first band: uniform in ±10%). As in the artifact, a large negative error gives a
+    negative estimate, which QSSF then runs first. Seeded by (seed, job key) only, so an
+    estimate does not depend on which other jobs are loaded."""
+    rng = random.Random(f"{seed}:{key}:helios-estimate")
+    level = rng.random()
+    cumulative = 0.0
+    for share, low, high in HELIOS_ERROR_BANDS:
+        cumulative += share
+        if level <= cumulative or (share, low, high) == HELIOS_ERROR_BANDS[-1]:
+            if low == 0.0:
+                error = rng.uniform(-high, high)
+            else:
+                error = rng.uniform(low, high) * rng.choice((-1.0, 1.0))
+            return duration * (1.0 + error)
+    raise AssertionError("unreachable: the bands cover [0, 1]")
 
 
 def philly_node_group(nodes: int) -> NodeGroup:
@@ -212,7 +243,10 @@ def load(
             known_duration=row.duration,
             known_gpus=row.gpus,
         )
-        jobs.append(SimJob(id=key, spec=spec, submit=row.submit, truth=params))
+        annotations = {RECORDED_KEY: row.duration,
+                       ESTIMATE_KEY: helios_estimate(row.duration, options.seed, key)}
+        jobs.append(SimJob(id=key, spec=spec, submit=row.submit, truth=params,
+                           annotations=annotations))
     workload = Workload(
         name="philly",
         jobs=jobs,

@@ -10,6 +10,7 @@ from masterd.core.policies.capacity import CapacityPolicy
 from masterd.core.policies.drf import DrfPolicy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policies.minmin import MinMinPolicy
+from masterd.core.policies.qssf import QssfPolicy
 from masterd.core.policies.sched2 import Sched2Policy
 from masterd.core.policies.sched2_baselines import (
     DsifPolicy,
@@ -36,6 +37,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "tetris-perf": TetrisPerfPolicy,
     "tetris-cer": TetrisCerPolicy,
     "sjf": SjfPolicy,
+    "qssf": QssfPolicy,
     # SCHED² (seeds/sched2.md) and the baselines of its evaluation, with its packing.
     "sched2": Sched2Policy,
     "sif": SifPolicy,

@@ -1,11 +1,12 @@
-"""First in, first out with packing placement."""
+"""First in, first out with packing (or Helios' consolidated) placement."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.placement import FreePool, pack
+from masterd.core.consolidate import check_placement, place
+from masterd.core.placement import FreePool
 from masterd.core.policy import Decision, Start
 from shared.model import Job
 
@@ -15,12 +16,14 @@ class FifoPolicy:
 
     Blocking is the point of FIFO (no job is overtaken); ``backfill=True`` lets later jobs use
     resources the blocked head cannot use, which trades strict order for utilisation.
+    ``placement="consolidate"`` places as Helios does (one node, or whole free nodes).
     """
 
     name = "fifo"
 
-    def __init__(self, backfill: bool = False) -> None:
+    def __init__(self, backfill: bool = False, placement: str = "pack") -> None:
         self.backfill = backfill
+        self.placement = check_placement(placement)
 
     def decide(
         self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
@@ -28,7 +31,7 @@ class FifoPolicy:
         pool = FreePool(snapshot)
         decisions: list[Decision] = []
         for job in queue:
-            placement = pack(job.spec, pool)
+            placement = place(job.spec, pool, self.placement)
             if placement is None:
                 if self.backfill:
                     continue
