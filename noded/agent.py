@@ -3,6 +3,11 @@
 The node always dials the master (no inbound port on GPU servers) and redials with capped
 exponential backoff plus jitter. Each (re)connection starts with ``hello`` carrying the
 inventory and every job part this node knows about, which is how the master reconciles.
+
+With several masters (``master_url = "http://a:7400,http://b:7400"``, one leading, see
+docs/high-availability.md) the node dials them in turn: a standby answers ``not_leader``
+naming the leader and the node dials that one next (only if it is one of its configured
+URLs: its token goes nowhere else); the backoff grows only after a whole round failed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ from shared.schema import SchemaError, decode, encode
 log = logging.getLogger("trellis.node.agent")
 
 
+class NotLeader(Exception):
+    """The master dialled is a standby; ``leader`` is the URL it named (or None)."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader or 'none yet'})")
+        self.leader = leader
+
+
+def master_urls(master_url: str) -> list[str]:
+    """The masters' base URLs from ``master_url`` (one, or several comma-separated)."""
+    urls = [u.strip().rstrip("/") for u in master_url.split(",") if u.strip()]
+    return list(dict.fromkeys(urls)) or ["http://127.0.0.1:7400"]
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -51,7 +70,8 @@ class NodeAgent:
         headers: dict[str, str] | None = None,
         ssl_context: Any = None,
     ) -> None:
-        self.url = master_url.rstrip("/") + "/v1/node"
+        self.masters = master_urls(master_url)
+        self._current = 0
         self._headers = headers or {}  # the bearer token: never logged
         self._ssl = ssl_context if ssl_context is not None else True
         self.inventory = inventory
@@ -70,6 +90,20 @@ class NodeAgent:
         self.last_samples: list[GpuSample] = []  # the latest GPU sample, for /metrics
         runner.on_exited = self._job_exited
 
+    @property
+    def url(self) -> str:
+        """The node endpoint of the master dialled now."""
+        return self.masters[self._current] + "/v1/node"
+
+    def _next_master(self, leader: str | None = None) -> bool:
+        """Dial the named leader next if it is one of ours, else the next master; True when
+        a whole round of masters has been tried (time to back off)."""
+        if leader is not None and leader.rstrip("/") in self.masters:
+            self._current = self.masters.index(leader.rstrip("/"))
+            return False
+        self._current = (self._current + 1) % len(self.masters)
+        return self._current == 0
+
     # -- connection ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         monitor = asyncio.get_running_loop().create_task(self._monitor_gpus(stop))
@@ -77,9 +111,15 @@ class NodeAgent:
         try:
             async with aiohttp.ClientSession() as http:
                 while not stop.is_set():
+                    leader: str | None = None
                     try:
                         await self._session(http, stop)
                         delay = 0.2
+                    except NotLeader as exc:
+                        log.info("master url=%s is a standby; leader=%s", self.url,
+                                 exc.leader or "none yet")
+                        self.last_error = f"master is a standby ({exc})"
+                        leader = exc.leader or ""
                     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                         log.warning("master unreachable url=%s error=%r", self.url, str(exc))
                         self.last_error = f"master unreachable: {exc}"
@@ -91,6 +131,11 @@ class NodeAgent:
                     self.ws = None
                     if stop.is_set():
                         break
+                    if len(self.masters) > 1 and (leader is not None or self.last_error) \
+                            and not self._next_master(leader):
+                        # Another master to try (or the leader just named): no backoff.
+                        await asyncio.sleep(0.05)
+                        continue
                     # Full jitter keeps a fleet of nodes from redialling in lockstep.
                     wait = random.uniform(0, delay)
                     delay = min(self.reconnect_max_s, delay * 2)
@@ -152,6 +197,10 @@ class NodeAgent:
             return
         if frame.type in ("ack", "error"):
             if frame.type == "error":
+                if frame.body.get("code") == "not_leader":
+                    detail = frame.body.get("detail") or {}
+                    leader = detail.get("leader") if isinstance(detail, dict) else None
+                    raise NotLeader(leader if isinstance(leader, str) else None)
                 log.warning("master rejected message %d: %s", frame.id, frame.body)
             return
         schema = NODE_COMMANDS.get(frame.type)

@@ -1,0 +1,116 @@
+"""Calling whichever of several masters leads (a highly available master, see
+docs/high-availability.md).
+
+Give every master's URL, comma-separated or as a list; :func:`connect` returns a plain
+:class:`~control.client.MasterClient` for one URL and a :class:`FailoverClient` for several.
+A standby answers ``not_leader`` naming the leader, and the client follows it; a master that
+cannot be reached, or is shutting down, sends it on to the next URL. While no master leads
+(a takeover takes up to the lease, 15 s by default) it keeps trying, within its timeout.
+
+A request is sent again elsewhere only when the first master cannot have acted on it: a
+standby's ``not_leader`` and a draining master's ``shutting_down`` are answered before
+anything is done, and a refused connection never reached a master. A request that was sent
+and got no answer (a time-out, a reset) may have been carried out: reads are retried, writes
+are not (the caller hears ``Unreachable``, as with one master) unless the write is a submission
+with its own ``id``, which a retry cannot store twice (the leader answers ``duplicate_job``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from control.client import MasterClient, RpcError, Unreachable
+
+# Methods that change nothing: safe to send again whatever happened to the first attempt.
+READ_ONLY = frozenset({"ping", "jobs", "job", "nodes", "node", "events", "models",
+                       "profiles", "pools", "services", "place"})
+# Answers given before the master did anything: the request can go to another master.
+REDIRECTS = frozenset({"not_leader", "shutting_down"})
+# How an unreachable master looks when the request never left (connection refused, no route,
+# unknown host): nothing can have been done.
+_NEVER_SENT = ("Connection refused", "Errno 111", "No route to host", "Errno 113",
+               "Name or service not known", "Temporary failure in name resolution",
+               "Network is unreachable", "Errno 101")
+_PAUSE_S = (0.1, 0.2, 0.5, 1.0)
+
+
+def split_urls(urls: str | Sequence[str]) -> list[str]:
+    """Master URLs from ``"http://a:7400,http://b:7400"`` or a list; ValueError when empty."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    found = [u.strip().rstrip("/") for u in items if u and u.strip()]
+    if not found:
+        raise ValueError("no master URL given")
+    return list(dict.fromkeys(found))
+
+
+def connect(urls: str | Sequence[str], timeout: float = 30.0, **kw: Any
+            ) -> MasterClient | FailoverClient:
+    """A client for one master, or for several of which one leads."""
+    found = split_urls(urls)
+    if len(found) == 1:
+        return MasterClient(found[0], timeout=timeout, **kw)
+    return FailoverClient(found, timeout=timeout, **kw)
+
+
+class FailoverClient:
+    """``call`` like :class:`MasterClient`, on whichever master leads."""
+
+    def __init__(self, urls: str | Sequence[str], timeout: float = 30.0, **kw: Any) -> None:
+        self.urls = split_urls(urls)
+        self.timeout = timeout
+        self._clients = [MasterClient(u, timeout=timeout, **kw) for u in self.urls]
+        self._current = 0
+
+    @property
+    def url(self) -> str:
+        """The RPC URL of the master calls go to now."""
+        return self._clients[self._current].url
+
+    def _follow(self, leader: object) -> bool:
+        """Go to the master a standby named, if it is one of ours (a node's token is never
+        sent to an address nobody configured)."""
+        if isinstance(leader, str) and leader.rstrip("/") in self.urls:
+            self._current = self.urls.index(leader.rstrip("/"))
+            return True
+        return False
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        deadline = time.monotonic() + self.timeout
+        tries = 0
+        while True:
+            client = self._clients[self._current]
+            try:
+                return client.call(method, params)
+            except RpcError as exc:
+                if exc.code not in REDIRECTS:
+                    raise
+                last: Exception = exc
+                detail = getattr(exc, "detail", None) or {}
+                if exc.code == "not_leader" and self._follow(detail.get("leader")) and \
+                        self._clients[self._current] is not client:
+                    continue  # straight to the named leader
+            except Unreachable as exc:
+                if not (method in READ_ONLY or _never_sent(exc) or _has_own_id(method, params)):
+                    raise
+                last = exc
+            self._current = (self._current + 1) % len(self._clients)
+            tries += 1
+            if tries % len(self._clients) == 0:  # a whole round: nobody leads yet
+                pause = _PAUSE_S[min(tries // len(self._clients) - 1, len(_PAUSE_S) - 1)]
+                if time.monotonic() + pause > deadline:
+                    if isinstance(last, RpcError):
+                        raise Unreachable(f"no master leads at {', '.join(self.urls)}: "
+                                          f"{last.message}") from None
+                    raise last
+                time.sleep(pause)
+
+
+def _never_sent(exc: Exception) -> bool:
+    text = str(exc)
+    return any(mark in text for mark in _NEVER_SENT)
+
+
+def _has_own_id(method: str, params: dict[str, Any] | None) -> bool:
+    return method == "submit" and bool(params and params.get("id"))

@@ -1,0 +1,109 @@
+"""A highly available cluster on this machine: several masters sharing a PostgreSQL journal
+(one leads, the others stand by) and N node daemons given every master's URL.
+
+Used by the HA end-to-end tests and ``bench/failover.py``. The PostgreSQL server is the
+caller's (``demo.pgserver.PgServer``); masters are real ``trellis-masterd`` processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from control.client import MasterClient, RpcError, Unreachable
+from control.failover import FailoverClient
+from demo.cluster import Daemon, LocalCluster, _toml, free_port
+
+
+@dataclass
+class HaCluster(LocalCluster):
+    store: str = ""  # the masters' PostgreSQL URL
+    masters: int = 2
+    # Leader election timing ([master] lease_s, renew_deadline_s, retry_s).
+    election: dict[str, float] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+    master_daemons: list[Daemon] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.ports:
+            self.ports = [self.port] + [free_port() for _ in range(self.masters - 1)]
+
+    def master_url(self, i: int) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.ports[i]}"
+
+    @property
+    def url(self) -> str:  # every master: what nodes and clients are given
+        return ",".join(self.master_url(i) for i in range(self.masters))
+
+    def client(self, timeout: float = 10.0, role: str = "admin") -> FailoverClient:
+        return FailoverClient(self.url, timeout=timeout)
+
+    def master_client(self, i: int, timeout: float = 2.0) -> MasterClient:
+        return MasterClient(self.master_url(i), timeout=timeout)
+
+    def start_master(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.master_daemons = []
+        for i in range(self.masters):
+            settings: dict[str, Any] = {
+                "listen_host": "127.0.0.1", "listen_port": self.ports[i],
+                "state_dir": str(self.root / f"master{i}"), "policy": self.policy,
+                "node_grace_s": self.node_grace_s, "command_timeout_s": 10,
+                "stop_grace_s": 3, "store": self.store, **self.election,
+                **self.extra_master,
+            }
+            extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
+            cfg = self._write(f"master{i}.toml", "[master]\n" + extra)
+            daemon = Daemon(f"master{i}", [sys.executable, "-m", "masterd.main", "-c",
+                                           str(cfg)], self.root / f"master{i}.log")
+            self.master_daemons.append(daemon)
+        for daemon in self.master_daemons:
+            daemon.start(self._env())
+        self.master = self.master_daemons[0]
+        self.wait_leader(self.master_start_timeout_s)
+
+    def leader(self) -> int | None:
+        """The index of the master that answers as the leader now, if any."""
+        for i, daemon in enumerate(self.master_daemons):
+            if not daemon.running:
+                continue
+            try:
+                self.master_client(i).call("ping")
+                return i
+            except (RpcError, Unreachable):
+                continue
+        return None
+
+    def wait_leader(self, timeout: float = 30.0, not_index: int | None = None) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.leader()
+            if found is not None and found != not_index:
+                return found
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- master{i}\n{self.log(f'master{i}')}"
+                                 for i in range(self.masters))
+                raise TimeoutError(f"no master leads after {timeout:g} s\n{logs}")
+            time.sleep(0.05)
+
+    def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
+        self.master_daemons[i].stop(sig)
+
+    def start_again(self, i: int) -> None:
+        """Start master ``i`` again (as a standby, unless nobody leads)."""
+        self.master_daemons[i].start(self._env())
+
+    def stop(self) -> None:
+        for daemon in self.node_daemons.values():
+            daemon.stop()
+        for daemon in self.master_daemons:
+            daemon.stop()
+
+    def log(self, name: str) -> str:
+        if name == "master" and self.master_daemons:
+            found = self.leader()
+            name = f"master{found if found is not None else 0}"
+        return super().log(name)
