@@ -321,11 +321,23 @@ def report_config(args: argparse.Namespace, argv_text: str) -> results.ReportCon
     # Every study's options are checked, also those of studies not chosen.
     configured = {study.name: study.apply_options(config.studies[study.name], args)
                   for study in studies.REGISTRY if study.name in config.studies}
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.serial and (args.scheduler or args.workers is not None):
+        raise UsageError("--serial runs in this process: drop --scheduler/--workers")
+    if args.scheduler and args.workers is not None:
+        raise UsageError("--workers sizes a local Dask cluster; the cluster behind "
+                         "--scheduler brings its own workers")
+    # --tiny runs serially unless a Dask cluster is asked for.
+    serial = args.serial or (config.serial and not (args.scheduler or args.workers))
     return replace(
         config,
         studies={name: c for name, c in configured.items() if name in chosen},
         progress=not args.no_progress and not args.tiny,
         command=argv_text,
+        scheduler=args.scheduler or None,
+        workers=args.workers,
+        serial=serial,
     )
 
 
@@ -437,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a configuration that runs in seconds (checks the pipeline)")
     for study in studies.REGISTRY:
         study.add_options(rep)
+    rep.add_argument("--scheduler", metavar="ADDRESS",
+                     help="run the replays on the Dask cluster whose scheduler is at ADDRESS "
+                     "(e.g. tcp://10.0.0.5:8786; its workers need Trellis installed); default: "
+                     "a local Dask cluster of one worker process per core")
+    rep.add_argument("--workers", type=int,
+                     help="worker processes of the local Dask cluster (default: one per core)")
+    rep.add_argument("--serial", action="store_true",
+                     help="run every replay in this process, one after the other (no Dask)")
     rep.add_argument("--no-progress", action="store_true")
     rep.set_defaults(func=cmd_report)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.parallel import RunnerError, open_runner
 from sim.studies import REGISTRY
 from sim.studies.common import ReportError, Section, check_notes, read_notes
 from sim.tables import fmt
@@ -40,6 +41,11 @@ class ReportConfig:
     notes_dir: Path = NOTES_DIR
     progress: bool = True
     command: str = "trellis-sim report"
+    # Where studies with run_on send their replays: a Dask LocalCluster of ``workers``
+    # processes (default: one per core), the Dask cluster at ``scheduler``, or this process.
+    scheduler: str | None = None
+    workers: int | None = None
+    serial: bool = False
 
 
 def render(sections: Sequence[Section], config: ReportConfig,
@@ -77,13 +83,24 @@ def run_report(config: ReportConfig) -> list[Path]:
         raise ReportError("no study selected")
     notes = {s: read_notes(config.notes_dir, s) for s in chosen}  # fail before hours of work
     sections: list[Section] = []
-    for number, study in enumerate(REGISTRY, start=1):
-        if study.name not in config.studies:
-            continue
-        section = study.run(config.studies[study.name], config.trace_dir, figures,
-                            config.progress)
-        section.heading = f"{number}. {section.heading}"
-        sections.append(section)
+    parallel = any(s.run_on is not None for s in REGISTRY if s.name in config.studies)
+    try:
+        runner = open_runner(config.scheduler, config.workers,
+                             config.serial or not parallel, config.progress)
+        with runner:
+            for number, study in enumerate(REGISTRY, start=1):
+                if study.name not in config.studies:
+                    continue
+                args = (config.studies[study.name], config.trace_dir, figures,
+                        config.progress)
+                if study.run_on is not None:
+                    section = study.run_on(*args, runner)
+                else:
+                    section = study.run(*args)
+                section.heading = f"{number}. {section.heading}"
+                sections.append(section)
+    except RunnerError as exc:
+        raise ReportError(str(exc)) from None
     for section in sections:
         check_notes(notes[section.study], f"{section.heading}\n{section.generated_markdown()}",
                     str(config.notes_dir / f"{section.study}.md"))
@@ -131,4 +148,5 @@ def tiny_config(out: Path, trace_dir: Path, notes_dir: Path = NOTES_DIR) -> Repo
         notes_dir=notes_dir,
         progress=False,
         command="trellis-sim report --tiny",
+        serial=True,
     )

@@ -21,6 +21,7 @@ from masterd.core.policies import REGISTRY
 from masterd.core.policy import Policy
 from sim.engine import SimConfig, SimResult, simulate
 from sim.metrics import mean, percentile
+from sim.parallel import Runner, SerialRunner
 from sim.partition import simulate_partitioned
 from sim.progress import ProgressBar
 from sim.tables import Table
@@ -80,6 +81,12 @@ class Study(Generic[C]):
     ``add_options(parser)`` adds its own options to ``trellis-sim report`` and
     ``apply_options(config, args)`` returns the configuration those options give (raising
     :class:`ReportError` for bad values).
+
+    ``run_on(config, trace_dir, out_dir, show, runner)``, when a study has it, is ``run``
+    with its replays handed to a :class:`~sim.parallel.Runner` (on Dask unless the report
+    runs ``--serial``). A study adopts it by collecting its replays as :class:`ReplayCall`
+    objects, running them with :func:`replay_all` (or ``runner.map`` over its own task
+    function) and registering ``run_on=...``; ``run`` stays the serial path.
     """
 
     name: str
@@ -89,6 +96,7 @@ class Study(Generic[C]):
     tiny: Callable[[], C]
     add_options: Callable[[argparse.ArgumentParser], None] = no_options
     apply_options: Callable[[C, argparse.Namespace], C] = keep_config
+    run_on: Callable[[C, Path, Path, bool, Runner], Section] | None = None
 
 
 def check_policies(names: Sequence[str], where: str) -> None:
@@ -141,6 +149,37 @@ def replay(
         done = sum(r.state != "unfinished" for r in result.records)
         bar.close(result.end_time, done, len(result.records))
     return result, time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class ReplayCall:
+    """One replay for :func:`replay_all`: what :func:`replay` takes, minus ``show``."""
+
+    label: str
+    workload: Workload
+    factory: Callable[[], Policy]
+    config: SimConfig
+    partitioned: bool = False
+
+
+def _replay_call(call: ReplayCall) -> tuple[SimResult, float]:
+    return replay(call.label, call.workload, call.factory, call.config, False,
+                  call.partitioned)
+
+
+def replay_all(
+    calls: Sequence[ReplayCall], show: bool, runner: Runner | None = None
+) -> list[tuple[SimResult, float]]:
+    """Every replay of ``calls`` (result and wall time each, in order), on ``runner``.
+
+    Serially (no runner, or a :class:`~sim.parallel.SerialRunner`) each replay draws its own
+    progress bar; on Dask the runner counts finished replays instead. Each call's workload
+    and factory travel to the workers by pickle.
+    """
+    if runner is None or isinstance(runner, SerialRunner):
+        return [replay(c.label, c.workload, c.factory, c.config, show, c.partitioned)
+                for c in calls]
+    return runner.map(_replay_call, list(calls), "replays")
 
 
 def finished(result: SimResult, gpu: bool | None = None) -> list:

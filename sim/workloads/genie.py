@@ -7,17 +7,33 @@ giving the ranges: ours put a task's single-GPU latency between about ten minute
 hours, see docs/simulator.md). The requested GPU count is our addition (the paper's policies
 choose placements themselves): training 1/2/4/8 GPUs with weights 40/30/20/10%, inference
 1/2/4 with 50/30/20%.
+
+Task lengths (``GenieOptions.lengths``): ``"short"`` draws iterations uniformly from the ranges
+above (single-GPU latency about ten minutes to a few hours); ``"long"`` follows §7.1's "from a
+couple of hours to weeks": a task's single-GPU latency is log-uniform between 2 hours and 2
+weeks (the paper gives the span, not the distribution; log-uniform gives every order of
+magnitude of that span the same share of tasks), turned into iterations with the simulator's
+noise-free single-GPU rate of the task's model, kind and batch (what a user who knows how long
+their task takes on one GPU would declare).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
-from sim.truth import TruthParams
-from sim.workloads.assign import BATCHES, GENIE_QOS_MIX, MODEL_TYPES, pick_weighted
+from sim.truth import NodeTopology, TruthModel, TruthParams
+from sim.workloads.assign import (
+    BATCHES,
+    GENIE_QOS_MIX,
+    MODEL_TYPES,
+    ModelFill,
+    iterations_for_duration,
+    pick_weighted,
+)
 from sim.workloads.base import SimJob, Workload
 
 # Uniform iteration ranges per (model, kind).
@@ -40,6 +56,10 @@ TRAINING_GPUS: tuple[tuple[int, float], ...] = ((1, 0.4), (2, 0.3), (4, 0.2), (8
 INFERENCE_GPUS: tuple[tuple[int, float], ...] = ((1, 0.5), (2, 0.3), (4, 0.2))
 TENANTS: tuple[str, ...] = ("team-a", "team-b", "team-c", "team-d")
 
+LENGTHS = ("short", "long")
+# "long": single-GPU latency log-uniform over [2 h, 2 weeks] (§7.1: "a couple of hours to weeks").
+LONG_SPAN_S: tuple[float, float] = (2 * 3600.0, 14 * 86400.0)
+
 # GENIE Table 1: 4 nodes, 2 × 10-core Xeon, 64 GB, 4 × K80 (one K80 die per GPU here), no NVLink.
 GENIE_PLATFORM = NodeGroup(
     count=4,
@@ -61,6 +81,7 @@ class GenieOptions:
     hours: float = 24.0
     seed: int = 1
     platform: NodeGroup = GENIE_PLATFORM
+    lengths: str = "short"  # LENGTHS: today's mix, or GENIE's hours-to-weeks tasks
 
 
 def generate(options: GenieOptions) -> Workload:
@@ -68,7 +89,12 @@ def generate(options: GenieOptions) -> Workload:
         raise ValueError(f"arrival density must be positive, got {options.density:g}")
     if options.hours <= 0:
         raise ValueError(f"arrival duration must be positive, got {options.hours:g} h")
+    if options.lengths not in LENGTHS:
+        raise ValueError(f"task lengths must be one of {', '.join(LENGTHS)}, "
+                         f"got {options.lengths!r}")
     nodes = build_cluster([options.platform])
+    speeds = TruthModel()  # noise-free rates: what the long mix's users expect of one GPU
+    single = NodeTopology(1, 1, 1)
     max_gpus = options.platform.count * options.platform.gpus_per_node
     r = random.Random(
         f"genie/{options.seed}/{float(options.density)!r}/{float(options.hours)!r}"
@@ -83,8 +109,14 @@ def generate(options: GenieOptions) -> Workload:
         kind = JobKind.TRAINING if r.random() < 0.5 else JobKind.INFERENCE
         qos = pick_weighted(r, GENIE_QOS_MIX)
         batch = r.choice(BATCHES[model_type])
-        lo, hi = ITERATIONS[(model_type, kind)]
-        iterations = r.randint(lo, hi)
+        if options.lengths == "short":
+            lo, hi = ITERATIONS[(model_type, kind)]
+            iterations = r.randint(lo, hi)
+        else:
+            low, high = LONG_SPAN_S
+            seconds = math.exp(r.uniform(math.log(low), math.log(high)))
+            iterations = iterations_for_duration(speeds, ModelFill(model_type, batch), kind,
+                                                 seconds, 1, single)
         gpus = pick_weighted(r, TRAINING_GPUS if kind is JobKind.TRAINING else INFERENCE_GPUS)
         gpus = min(gpus, max_gpus)
         tenant = TENANTS[r.randrange(len(TENANTS))]
@@ -106,12 +138,13 @@ def generate(options: GenieOptions) -> Workload:
         jobs.append(SimJob(id=name, spec=spec, submit=t, truth=truth))
         t += r.expovariate(rate)
     workload = Workload(
-        name=f"genie-d{options.density:g}",
+        name=f"genie-d{options.density:g}" + ("-long" if options.lengths == "long" else ""),
         jobs=jobs,
         nodes=nodes,
         notes={
             "density_per_hour": options.density,
             "arrival_hours": options.hours,
+            "lengths": options.lengths,
             "platform": f"{options.platform.count}x{options.platform.gpus_per_node} "
                         f"{options.platform.gpu_model}",
         },

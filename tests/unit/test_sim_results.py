@@ -12,6 +12,7 @@ from masterd.core.policies import make_policy
 from sim import results
 from sim.cli import main
 from sim.engine import SimConfig, simulate
+from sim.genie_profile import profile_platform
 from sim.metrics import summarise
 from sim.oracle import oracle_modeldb, prediction_errors
 from sim.partition import simulate_partitioned, split_by_gpu_model
@@ -20,6 +21,7 @@ from sim.studies.common import ReportError, check_notes
 from sim.tables import Spread, Table, fmt
 from sim.truth import NodeTopology, TruthConfig, TruthModel
 from sim.workloads import genie, openb, philly
+from sim.workloads.assign import BATCHES
 from sim.workloads.base import LoadOptions
 
 SECTIONS = (
@@ -158,12 +160,18 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     # The run's own numbers agree with a direct replay: SWAF's first-seed QoS at density 5.
     genie_runs = document["studies"]["genie"]["data"]["runs"]
     assert {r["policy"] for r in genie_runs} == {"swaf", "fifo", "tetris-cer", "sjf"}
+    # SWAF as the study sets it up: every placement, a database profiled on the platform.
+    workload = genie.generate(genie.GenieOptions(density=5.0, hours=2.0, seed=1))
+    profiled = profile_platform(workload.nodes, TruthModel(TruthConfig(), 1),
+                                {m: max(b) for m, b in BATCHES.items()})
     direct = summarise(simulate(
-        genie.generate(genie.GenieOptions(density=5.0, hours=2.0, seed=1)),
-        make_policy("swaf"), SimConfig(seed=1),
+        workload, make_policy("swaf", modeldb=profiled.db, shape_mode="any"),
+        SimConfig(seed=1),
     ))
     logged = next(r for r in genie_runs
-                  if (r["policy"], r["density"], r["seed"]) == ("swaf", 5.0, 1))
+                  if (r["policy"], r["density"], r["seed"], r["variant"], r["shape_mode"],
+                      r["interference"], r["modeldb"])
+                  == ("swaf", 5.0, 1, "", "any", True, "profiled"))
     assert logged["summary"]["qos_pct"] == direct["qos_pct"]
     assert logged["summary"]["makespan_s"] == direct["makespan_s"]
     philly_data = document["studies"]["philly"]["data"]
