@@ -1,66 +1,93 @@
-"""A small synchronous RPC client for the master (stdlib HTTP, msgpack bodies)."""
+"""The Python client of the master's RPC (synchronous; :mod:`control.aclient` is the
+asyncio twin). msgpack bodies over HTTP; see docs/sdk.md."""
 
 from __future__ import annotations
 
 import itertools
-import ssl
-import urllib.error
-import urllib.request
-from typing import Any
 
-from shared.auth import Secret, bearer_header
+from control.transport import BadUrl, HttpError, post, split_url
 from shared.protocol import ProtocolError, encode_rpc_request, unpack
+
+# Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ssl
+    from typing import Any
+
+    from shared.auth import Secret
 
 # Replies list whole job tables; requests stay bounded by the master's frame limit.
 MAX_REPLY = 256 << 20
+RPC_PATH = "/v1/rpc"
 
 
 class RpcError(Exception):
-    """The master answered with an error."""
+    """The master answered with an error. ``detail``: the error's machine-readable part, if
+    it has one (``submit_many``: which jobs were refused and why)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.detail = detail
 
 
 class Unreachable(Exception):
     """The master could not be reached or did not answer in time."""
 
 
+def auth_headers(token: Secret | None) -> dict[str, str]:
+    """Request headers of every call (``shared.auth`` is imported only with a token)."""
+    headers = {"Content-Type": "application/msgpack"}
+    if token is not None:
+        from shared.auth import bearer_header
+
+        headers.update(bearer_header(token))
+    return headers
+
+
+def result_of(status: int, data: bytes, url: str) -> Any:
+    """The ``result`` of a reply, or :class:`RpcError` for an error reply (both clients)."""
+    if not data and status >= 400:
+        raise RpcError("http_error", f"HTTP {status} from {url}")
+    try:
+        reply = unpack(data, max_size=MAX_REPLY)
+    except ProtocolError as exc:
+        raise RpcError("bad_reply", exc.message) from None
+    if not isinstance(reply, dict):
+        raise RpcError("bad_reply", "the master's reply is not a map")
+    if "error" in reply:
+        err = reply["error"] if isinstance(reply["error"], dict) else {}
+        detail = err.get("detail")
+        raise RpcError(str(err.get("code", "error")), str(err.get("message", "")),
+                       detail if isinstance(detail, dict) else None)
+    return reply.get("result")
+
+
 class MasterClient:
     def __init__(self, url: str, timeout: float = 30.0, token: Secret | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        self.url = url.rstrip("/") + "/v1/rpc"
+        self.url = url.rstrip("/") + RPC_PATH
+        self._target = split_url(url)  # BadUrl (a ValueError) names what is wrong
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._headers = {"Content-Type": "application/msgpack", **bearer_header(token)}
+        self._headers = auth_headers(token)
         self._ssl = ssl_context
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         body = encode_rpc_request(method, params or {}, next(self._ids))
-        request = urllib.request.Request(
-            self.url, data=body, method="POST",
-            headers=self._headers,
-        )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout,
-                                        context=self._ssl) as response:
-                data = response.read()
-        except urllib.error.HTTPError as exc:
-            data = exc.read()
-            if not data:
-                raise RpcError("http_error", f"HTTP {exc.code} from {self.url}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unreachable(f"cannot reach the master at {self.url}: {reason}") from None
-        try:
-            reply = unpack(data, max_size=MAX_REPLY)
-        except ProtocolError as exc:
-            raise RpcError("bad_reply", exc.message) from None
-        if not isinstance(reply, dict):
-            raise RpcError("bad_reply", "the master's reply is not a map")
-        if "error" in reply:
-            err = reply["error"] or {}
-            raise RpcError(str(err.get("code", "error")), str(err.get("message", "")))
-        return reply.get("result")
+            reply = post(self._target, RPC_PATH, body, self._headers, self.timeout, self._ssl,
+                         MAX_REPLY)
+        except (OSError, HttpError) as exc:
+            raise Unreachable(f"cannot reach the master at {self.url}: {_reason(exc)}") from None
+        return result_of(reply.status, reply.body, self.url)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+__all__ = ["BadUrl", "MasterClient", "RpcError", "Unreachable", "auth_headers", "result_of"]

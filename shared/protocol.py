@@ -6,7 +6,7 @@ Two shapes travel on the wire:
   a reply carries the request's ``id`` and type ``"ack"`` or ``"error"``.
 * RPC (HTTP POST of one msgpack map): request ``{"v": 1, "id": any, "method": str,
   "params": map}``, response ``{"v": 1, "id": same, "result": any}`` or
-  ``{"v": 1, "id": same, "error": {"code": str, "message": str}}``.
+  ``{"v": 1, "id": same, "error": {"code": str, "message": str, "detail"?: map}}``.
 
 Every frame is size-limited before it is parsed and msgpack's own limits cap nesting and
 string sizes, so a hostile frame costs at most ``MAX_FRAME`` bytes of work.
@@ -14,10 +14,16 @@ string sizes, so a hostile frame costs at most ``MAX_FRAME`` bytes of work.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections import namedtuple
 
 import msgpack
+
+# This module is on trellisctl's start-up path, where ``typing`` (and the slow class
+# creation of typing.NamedTuple) is not: named tuples come from collections, and typing is
+# imported for type checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a node inventory of 1,024 GPUs fits many times over
@@ -29,12 +35,14 @@ MAX_ID = 128
 
 class ProtocolError(Exception):
     """A request that cannot be served; ``code`` is machine-readable, the message is a sentence
-    for a human and names what was wrong."""
+    for a human and names what was wrong. ``detail`` (optional) is machine-readable data the
+    error body carries beside them (e.g. which jobs of a batch were refused)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.detail = detail
 
 
 def pack(obj: Any) -> bytes:
@@ -101,8 +109,10 @@ def _check_version(obj: dict[str, Any]) -> None:
 # -- node channel -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(namedtuple("Frame", "type id body")):
+    # A named tuple, not a dataclass: dataclasses imports inspect, which would cost
+    # trellisctl a third of a simple command's imports.
+    __slots__ = ()
     type: str
     id: int
     body: dict[str, Any]
@@ -127,18 +137,23 @@ def decode_frame(data: bytes) -> Frame:
     return Frame(type_, id_, body)
 
 
-def error_body(code: str, message: str) -> dict[str, str]:
+def error_body(code: str, message: str, detail: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
     if len(message) > MAX_MESSAGE:  # messages quote bad input: keep the echo bounded
         message = message[:MAX_MESSAGE - 20] + f"... ({len(message)} chars)"
-    return {"code": code, "message": message}
+    body: dict[str, Any] = {"code": code, "message": message}
+    if detail is not None:
+        body["detail"] = detail
+    return body
 
 
 # -- RPC --------------------------------------------------------------------------------------
 
 
-class RpcRequest(NamedTuple):
+class RpcRequest(namedtuple("RpcRequest", "id method params")):
     # A named tuple, not a frozen dataclass: built per request, and a frozen dataclass's
     # __init__ pays a setattr call per field.
+    __slots__ = ()
     id: Any
     method: str
     params: dict[str, Any]
@@ -174,5 +189,6 @@ def encode_rpc_result(id_: Any, result: Any) -> bytes:
     return pack({"v": PROTOCOL_VERSION, "id": id_, "result": result})
 
 
-def encode_rpc_error(id_: Any, code: str, message: str) -> bytes:
-    return pack({"v": PROTOCOL_VERSION, "id": id_, "error": error_body(code, message)})
+def encode_rpc_error(id_: Any, code: str, message: str,
+                     detail: dict[str, Any] | None = None) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": id_, "error": error_body(code, message, detail)})

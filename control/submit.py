@@ -1,0 +1,230 @@
+"""What ``trellisctl submit`` sends: one job, or many in one ``submit_many`` call.
+
+Many jobs come from ``--array SPEC`` (Slurm's syntax: ``0-999``, ``1,3,5-7``, ``0-99:2``;
+each job gets its index in ``TRELLIS_ARRAY_INDEX`` and its name, and its id with ``--id``,
+ends in ``_INDEX``) or from a job file with a ``jobs`` list (TOML ``[[jobs]]`` tables, or a
+JSON list or ``{"jobs": [...]}``). Keys beside ``jobs`` are defaults for every job; options
+on the command line override both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from control.usage import UsageError
+
+# Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# Options that set a JobSpec field of the same name.
+SPEC_OPTIONS = ("name", "kind", "gpus", "cpus", "memory_mib", "gpu_model", "user", "tenant",
+                "qos", "model_type", "model_family", "model_params_m", "batch", "iterations",
+                "workdir", "max_nodes")
+MAX_ARRAY = 10_000  # jobs in one submission (Slurm's default MaxArraySize is 1001)
+MAX_INDEX = 4_000_000
+ARRAY_INDEX_ENV = "TRELLIS_ARRAY_INDEX"
+ARRAY_COUNT_ENV = "TRELLIS_ARRAY_COUNT"
+
+
+def parse_array(text: str) -> list[int]:
+    """Slurm's ``--array`` indices: ``0-999``, ``1,3,5-7``, ``0-99:2``; sorted, no repeats."""
+    spec = text.strip()
+    if "%" in spec:
+        raise UsageError(f"--array {text!r}: a %N limit on jobs running at once is not "
+                         "supported (Trellis has no per-array run limit); drop the %N")
+    indices: set[int] = set()
+    for part in spec.split(","):
+        span, colon, step_text = part.strip().partition(":")
+        first_text, dash, last_text = span.partition("-")
+        try:
+            first = int(first_text)
+            last = int(last_text) if dash else first
+            step = int(step_text) if colon else 1
+        except ValueError:
+            raise UsageError(f"--array {text!r}: {part.strip()!r} is not N, N-M or N-M:STEP "
+                             "(non-negative integers)") from None
+        if colon and not dash:
+            raise UsageError(f"--array {text!r}: a step needs a range ({part.strip()!r})")
+        if first < 0 or last > MAX_INDEX:
+            raise UsageError(f"--array {text!r}: indices must be 0 to {MAX_INDEX}")
+        if last < first:
+            raise UsageError(f"--array {text!r}: range {span!r} ends before it starts")
+        if step < 1:
+            raise UsageError(f"--array {text!r}: step {step} must be at least 1")
+        if (last - first) // step + 1 + len(indices) > MAX_ARRAY:
+            raise UsageError(f"--array {text!r}: more than {MAX_ARRAY} jobs in one array")
+        indices.update(range(first, last + 1, step))
+    return sorted(indices)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """Seconds since the epoch from "600", "+600", "90s", "10m", "2h", "1d" (from now) or an
+    ISO 8601 time (local time unless it names a zone)."""
+    raw = text.strip()
+    body = raw[1:] if raw.startswith("+") else raw
+    unit = 1.0
+    if body and body[-1] in _UNITS:
+        unit, body = _UNITS[body[-1]], body[:-1]
+    try:
+        seconds = float(body) * unit
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+            raise UsageError(f"--deadline {text!r}: must be a positive number of seconds")
+        return now + seconds
+    import datetime
+
+    try:
+        moment = datetime.datetime.fromisoformat(raw)
+    except ValueError:
+        raise UsageError(
+            f"--deadline {text!r}: not seconds from now (600, 10m, 2h) nor an ISO time "
+            "(2030-01-31T18:00)") from None
+    deadline = moment.timestamp()  # a naive time is local time
+    if deadline <= now:
+        raise UsageError(f"--deadline {text!r} is in the past")
+    return deadline
+
+
+def read_job_file(path: str) -> dict[str, Any] | list[Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if path.endswith(".toml"):
+            import tomllib
+
+            return tomllib.loads(raw.decode())
+        import json
+
+        return json.loads(raw)  # type: ignore[no-any-return]
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError included
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The job fields the command line sets (they win over the file)."""
+    job: dict[str, Any] = {}
+    command = list(args.job_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if command:
+        job["command"] = command
+    for key in SPEC_OPTIONS:
+        value = getattr(args, key)
+        if value is not None:
+            job[key] = value
+    if args.deadline is not None:
+        job["deadline"] = parse_deadline(args.deadline, time.time())
+    return job
+
+
+def _env_items(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def _complete(job: dict[str, Any], env: dict[str, str], where: str) -> dict[str, Any]:
+    """Defaults every job gets: a name from its command, the submitter as user, a kind."""
+    if env:
+        base = job.get("env", {})
+        if not isinstance(base, dict):
+            raise UsageError(f"{where}env must be a table of KEY = VALUE")
+        job["env"] = {**base, **env}
+    command = job.get("command")
+    if not command:
+        raise UsageError(f"{where}submit needs a command: trellisctl submit [options] -- CMD "
+                         "ARGS...")
+    if isinstance(command, str):
+        raise UsageError(f"{where}command must be a list of words, e.g. [\"python3\", "
+                         "\"train.py\"]")
+    job.setdefault("name", os.path.basename(str(command[0])).replace(".", "-")[:63] or "job")
+    if "user" not in job:
+        import getpass
+
+        job["user"] = getpass.getuser()
+    if "kind" not in job:
+        job["kind"] = "training" if job.get("gpus") else "cpu"
+    return job
+
+
+def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The one job of ``trellisctl submit`` (without --array and a one-job file)."""
+    jobs, _ = jobs_from_args(args)
+    if len(jobs) != 1:
+        raise UsageError(f"{args.file}: holds {len(jobs)} jobs; this needs exactly one")
+    return jobs[0]
+
+
+def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """Every job ``submit`` sends and the id each asks for (None: the master picks)."""
+    defaults: dict[str, Any] = {}
+    listed: list[Any] | None = None
+    if args.file:
+        content = read_job_file(args.file)
+        if isinstance(content, list):
+            listed = content
+        elif isinstance(content, dict):
+            if "jobs" in content:
+                if not isinstance(content["jobs"], list):
+                    raise UsageError(f"{args.file}: jobs must be a list of jobs")
+                listed = content["jobs"]
+                defaults = {k: v for k, v in content.items() if k != "jobs"}
+            else:
+                defaults = content
+        else:
+            raise UsageError(f"{args.file}: a job description must be a table/object")
+    overrides = _overrides(args)
+    env = _env_items(args.env)
+    if listed is None:
+        jobs = [{**defaults, **overrides}]
+        ids: list[str | None] = [args.id]
+    else:
+        if not listed:
+            raise UsageError(f"{args.file}: the jobs list is empty")
+        if args.id or args.array:
+            raise UsageError(f"{args.file}: --id and --array apply to one job, and this file "
+                             "lists several (give each an id in the file)")
+        jobs, ids = [], []
+        for i, item in enumerate(listed):
+            if not isinstance(item, dict):
+                raise UsageError(f"{args.file}: jobs[{i}] is not a table/object")
+            job = {**defaults, **item, **overrides}
+            job_id = job.pop("id", None)
+            if job_id is not None and not isinstance(job_id, str):
+                raise UsageError(f"{args.file}: jobs[{i}].id must be a string")
+            jobs.append(job)
+            ids.append(job_id)
+    where = (lambda i: f"{args.file}: jobs[{i}]: ") if listed is not None else (lambda i: "")
+    jobs = [_complete(job, env, where(i)) for i, job in enumerate(jobs)]
+    if args.array:
+        return expand_array(jobs[0], ids[0], parse_array(args.array))
+    return jobs, ids
+
+
+def expand_array(job: dict[str, Any], base_id: str | None, indices: list[int]
+                 ) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """One job per index: name and id end in ``_INDEX``, the environment carries the index
+    and the array's size."""
+    jobs: list[dict[str, Any]] = []
+    ids: list[str | None] = []
+    count = str(len(indices))
+    name = str(job["name"])
+    for index in indices:
+        suffix = f"_{index}"
+        env = {**job.get("env", {}), ARRAY_INDEX_ENV: str(index), ARRAY_COUNT_ENV: count}
+        jobs.append({**job, "name": name[:63 - len(suffix)] + suffix, "env": env})
+        ids.append(None if base_id is None else base_id + suffix)
+    return jobs, ids
