@@ -8,11 +8,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from shared.model import Job, NodeInventory, Placement
+from shared.model import Job, NodeAllocation, NodeInventory, Placement
 
 
 class AllocationError(RuntimeError):
     """A decision asked for a resource that is not free (a policy bug or a stale decision)."""
+
+
+_NO_SHARES: Mapping[int, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class NodeView:
     free_cpus: frozenset[int]
     free_memory_mib: int
     schedulable: bool = True
+    # GPUs held shared (fractional jobs, or lent by a job saving its model) -> how many jobs
+    # hold each; such a GPU is in neither ``free_gpus`` nor held whole. Empty unless a policy
+    # places shared allocations, so whole-GPU accounting is exactly what it was without it.
+    shared_gpus: Mapping[int, int] = field(default_factory=lambda: _NO_SHARES)
 
     @property
     def name(self) -> str:
@@ -372,20 +379,26 @@ class ClusterState:
         held_gpus: set[int] = set()
         held_cpus: set[int] = set()
         held_mem = 0
+        shares: dict[int, int] = {}
         for placement in self._allocations.values():
             for alloc in placement.allocations:
                 if alloc.node == name:
-                    held_gpus.update(alloc.gpus)
+                    if alloc.shared:
+                        for g in alloc.gpus:
+                            shares[g] = shares.get(g, 0) + 1
+                    else:
+                        held_gpus.update(alloc.gpus)
                     held_cpus.update(alloc.cpus)
                     held_mem += alloc.memory_mib
         usable_gpus = {g.index for g in inventory.gpus if g.healthy}
         old = self._views.get(name)
         self._put(NodeView(
             inventory=inventory,
-            free_gpus=frozenset(usable_gpus - held_gpus),
+            free_gpus=frozenset(usable_gpus - held_gpus - shares.keys()),
             free_cpus=frozenset({c.id for c in inventory.cpus} - held_cpus),
             free_memory_mib=max(0, inventory.memory_mib - held_mem),
             schedulable=old.schedulable if old else True,
+            shared_gpus=MappingProxyType(shares) if shares else _NO_SHARES,
         ))
 
     def remove_node(self, name: str) -> None:
@@ -415,7 +428,19 @@ class ClusterState:
             gpus, cpus = set(alloc.gpus), set(alloc.cpus)
             if len(gpus) != len(alloc.gpus) or len(cpus) != len(alloc.cpus):
                 raise AllocationError(f"job {job_id}: duplicate GPU or core on {alloc.node}")
-            if not gpus <= view.free_gpus:
+            shares = view.shared_gpus
+            if alloc.shared:
+                # A shared GPU may be free (the first holder) or shared already, never held
+                # whole by another job.
+                busy = sorted(gpus - view.free_gpus - shares.keys())
+                if busy:
+                    raise AllocationError(f"job {job_id}: GPUs {busy} on {alloc.node} are held "
+                                          "whole by another job and cannot be shared")
+                taken = {**shares}
+                for g in gpus:
+                    taken[g] = taken.get(g, 0) + 1
+                shares = MappingProxyType(taken)
+            elif not gpus <= view.free_gpus:
                 busy = sorted(gpus - view.free_gpus)
                 raise AllocationError(f"job {job_id}: GPUs {busy} on {alloc.node} are not free")
             if not cpus <= view.free_cpus:
@@ -431,6 +456,7 @@ class ClusterState:
                 free_gpus=view.free_gpus - gpus,
                 free_cpus=view.free_cpus - cpus,
                 free_memory_mib=view.free_memory_mib - alloc.memory_mib,
+                shared_gpus=shares,
             )
         for view in updated.values():
             self._put(view)
@@ -456,15 +482,51 @@ class ClusterState:
             if view is None:
                 continue
             healthy = {g.index for g in view.inventory.gpus if g.healthy}
+            returned, shares = set(alloc.gpus), view.shared_gpus
+            if alloc.shared:
+                left = dict(shares)
+                for g in alloc.gpus:
+                    left[g] = left.get(g, 1) - 1
+                # A GPU comes back free only when its last sharer leaves.
+                returned = {g for g in alloc.gpus if left[g] <= 0}
+                for g in returned:
+                    del left[g]
+                shares = MappingProxyType(left) if left else _NO_SHARES
             self._put(replace(
                 view,
-                free_gpus=view.free_gpus | (set(alloc.gpus) & healthy),
+                free_gpus=view.free_gpus | (returned & healthy),
                 free_cpus=view.free_cpus | set(alloc.cpus),
                 free_memory_mib=min(
                     view.inventory.memory_mib, view.free_memory_mib + alloc.memory_mib
                 ),
+                shared_gpus=shares,
             ))
         return placement
+
+    def lend(self, job_id: str) -> Placement | None:
+        """Hold a job's whole GPUs shared from now on (Liquid's pre-scheduling: the job is
+        saving its model, and the next job may start on its GPUs). Returns the job's placement
+        as now held, or None if the job holds nothing; lending twice changes nothing."""
+        placement = self._allocations.get(job_id)
+        if placement is None:
+            return None
+        if all(a.shared or not a.gpus for a in placement.allocations):
+            return placement
+        lent: list[NodeAllocation] = []
+        for alloc in placement.allocations:
+            if alloc.shared or not alloc.gpus:
+                lent.append(alloc)
+                continue
+            view = self._views.get(alloc.node)
+            if view is not None:
+                shares = dict(view.shared_gpus)
+                for g in alloc.gpus:
+                    shares[g] = shares.get(g, 0) + 1
+                self._put(replace(view, shared_gpus=MappingProxyType(shares)))
+            lent.append(replace(alloc, shared=True))
+        held = Placement(tuple(lent))
+        self._allocations[job_id] = held
+        return held
 
     def resize_cpus(self, job_id: str, node: str, cpus: tuple[int, ...]) -> None:
         """A running job's cores on one node changed (SODA's tuner re-pinned it): cores it

@@ -18,6 +18,7 @@ from typing import overload
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
+from masterd.core.profiling import unwrap
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement
 
 
@@ -81,6 +82,9 @@ class SchedulingCore:
         # every node per submission was a tenth of the submit RPC's cost on 100 nodes.
         self._fit_cache: dict[tuple[object, ...], str | None] = {}
         self._fit_inventory = -1
+        # When the policy wants a pass although nothing happens (a batch window closing), as
+        # of the last pass: the master sets a timer, the simulator an event.
+        self.wake_at: float | None = None
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -201,6 +205,7 @@ class SchedulingCore:
 
     # -- the scheduling pass -------------------------------------------------------------
     def schedule(self, now: float) -> list[Decision]:
+        self.wake_at = None
         if not self._queued:
             return []
         # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
@@ -238,6 +243,9 @@ class SchedulingCore:
                 job.stopping = True
                 job.reason = f"preempted: {decision.reason}"
                 applied.append(decision)
+        wake = getattr(unwrap(self.policy), "wake_at", None)
+        if wake is not None:
+            self.wake_at = wake(now)
         if notes or self._noted:
             # A note from an earlier pass that no longer applies is dropped, not left stale.
             for job_id in self._noted.difference(notes):
@@ -390,3 +398,18 @@ class SchedulingCore:
 
     def placement_of(self, job_id: str) -> Placement | None:
         return self.cluster.allocation(job_id)
+
+    def enter_post_phase(self, job_id: str) -> bool:
+        """A running job entered its post phase (Liquid §6.1: its GPU utilisation fell after
+        training; it is saving its model). Its GPUs are held shared from then on, so a policy
+        that pre-schedules may start the next job on them. False when the job is not running
+        or was lent already."""
+        job = self._active.get(job_id)
+        if job is None or job.state is not JobState.RUNNING or job.stopping:
+            return False
+        before = self.cluster.allocation(job_id)
+        held = self.cluster.lend(job_id)
+        if held is None or held == before:
+            return False
+        job.placement = held
+        return True

@@ -9,6 +9,13 @@ from masterd.core.arrays.policy import ArrayPolicy
 from masterd.core.policies.capacity import CapacityPolicy
 from masterd.core.policies.drf import DrfPolicy
 from masterd.core.policies.fifo import FifoPolicy
+from masterd.core.policies.liquid import LiquidPolicy
+from masterd.core.policies.liquid_baselines import (
+    BuddyCellPolicy,
+    EvenSpreadPolicy,
+    LeastRequestedPolicy,
+    RandomPolicy,
+)
 from masterd.core.policies.minmin import MinMinPolicy
 from masterd.core.policies.qssf import QssfPolicy
 from masterd.core.policies.sched2 import Sched2Policy
@@ -55,6 +62,15 @@ def soda_arrays(config: Any = None, **options: Any) -> ArrayPolicy:
 
 # ... and every policy, the composite ones too.
 REGISTRY: dict[str, Callable[..., Policy]] = {**POLICIES, ArrayPolicy.name: soda_arrays}
+# Liquid (seeds/liquid.md) and the placements its evaluation compares it with: each places a
+# job's tasks (workers and parameter server) itself, so none orders an array's queue.
+REGISTRY.update({
+    LiquidPolicy.name: LiquidPolicy,
+    RandomPolicy.name: RandomPolicy,
+    EvenSpreadPolicy.name: EvenSpreadPolicy,
+    LeastRequestedPolicy.name: LeastRequestedPolicy,
+    BuddyCellPolicy.name: BuddyCellPolicy,
+})
 
 
 def make_policy(name: str, **options: object) -> Policy:
