@@ -3,9 +3,9 @@
 For each task of the job in turn (workers first, the parameter server last), every node that
 can take it is scored as if the task were placed there (:func:`masterd.core.liquid.score.
 job_score`), and the task goes to the node with the smallest score; nodes tie in the order the
-pass lists them. Nodes the job does not use yet and that look alike to the score (same GPU
-counts, parameter servers, rack and domain) score alike, so one of each kind is scored: a
-search over a thousand nodes costs a few dozen scores per task.
+pass lists them. Nodes that nothing in this pass has touched and that look alike to the score
+(same GPU counts, parameter servers, rack and domain) score alike, so one of each kind is
+scored: a search over a thousand nodes costs a few dozen scores per task.
 """
 
 from __future__ import annotations
@@ -17,6 +17,14 @@ from masterd.core.liquid.nodes import Load, NodeCap
 from masterd.core.liquid.score import ScoreWeights, job_score
 
 
+def similar_groups(candidates: Sequence[NodeCap]) -> list[list[tuple[int, NodeCap]]]:
+    """Candidates grouped by :attr:`NodeCap.similar`, groups and members in list order."""
+    groups: dict[tuple[object, ...], list[tuple[int, NodeCap]]] = {}
+    for order, cap in enumerate(candidates):
+        groups.setdefault(cap.similar, []).append((order, cap))
+    return list(groups.values())
+
+
 def best_fit(
     demand: Demand,
     candidates: Sequence[NodeCap],
@@ -25,32 +33,40 @@ def best_fit(
     weights: ScoreWeights,
     lent: bool = False,
     ps_added: Mapping[str, int] | None = None,
+    groups: list[list[tuple[int, NodeCap]]] | None = None,
 ) -> dict[int, str] | None:
     """Task index -> node for every task of ``demand``, or None when some task fits nowhere.
 
     ``load`` holds what the pass placed before (it is updated with this job's tasks only on
-    success); ``lent``: the job may use GPUs lent by jobs saving their model."""
+    success); ``lent``: the job may use GPUs lent by jobs saving their model; ``groups``:
+    :func:`similar_groups` of ``candidates``, if the caller keeps them."""
+    if groups is None:
+        groups = similar_groups(candidates)
+    order_of = {cap.name: order for group in groups for order, cap in group}
     trial = load.copy()
     workers_on: dict[str, int] = {}
     ps_on: str | None = None
     placed: dict[int, str] = {}
+
+    def touched(name: str) -> bool:
+        return (name in workers_on or name == ps_on or name in trial.gpus
+                or name in trial.cpus or name in trial.memory)
+
     for task in demand.tasks:
         best: tuple[float, int, str] | None = None
-        seen: set[tuple[object, ...]] = set()
-        for order, cap in enumerate(candidates):
+        # Every touched node on its own; of the untouched ones, the first fitting per group.
+        looked: list[NodeCap] = [caps[n] for n in {*trial.gpus, *trial.cpus, *trial.memory,
+                                                   *workers_on, *((ps_on,) if ps_on else ())}
+                                 if n in order_of]
+        for group in groups:
+            for _, cap in group:
+                if not touched(cap.name) and trial.fits(cap, task, lent):
+                    looked.append(cap)
+                    break
+        for cap in looked:
             name = cap.name
-            fresh = name not in workers_on and name != ps_on
-            if fresh and not (trial.gpus.get(name) or trial.cpus.get(name)
-                              or trial.memory.get(name)):
-                key = cap.key()
-                if key in seen:
-                    continue
-            else:
-                key = None
             if not trial.fits(cap, task, lent):
                 continue
-            if key is not None:
-                seen.add(key)
             if task.role == PS:
                 score = job_score(demand, workers_on, name, caps, trial.gpus, weights, ps_added)
             else:
@@ -62,8 +78,9 @@ def best_fit(
                 workers_on[name] -= 1
                 if not workers_on[name]:
                     del workers_on[name]
-            if best is None or (score, order) < best[:2]:
-                best = (score, order, name)
+            key = (score, order_of[name], name)
+            if best is None or key < best:
+                best = key
         if best is None:
             return None
         node = best[2]

@@ -56,6 +56,10 @@ class Demand:
     shareable: bool  # may share a GPU (a 1-GPU job that gave gpu_milli)
 
     @property
+    def has_ps(self) -> bool:
+        return self.tasks[-1].role == PS if self.tasks else False
+
+    @property
     def workers(self) -> int:
         return sum(1 for t in self.tasks if t.role == WORKER)
 

@@ -77,10 +77,15 @@ class _Problem:
         self.base_ps = base_ps
         self.tasks: list[Task] = []
         self.owner: list[int] = []
+        self.tasks_of: list[list[int]] = []
         for j, demand in enumerate(demands):
+            self.tasks_of.append([])
             for task in demand.tasks:
+                self.tasks_of[j].append(len(self.tasks))
                 self.tasks.append(task)
                 self.owner.append(j)
+        self.is_ps = [t.role == PS for t in self.tasks]
+        self.scores: dict[tuple[object, ...], float] = {}
         self.candidates = [list(candidates[j]) for j in range(len(demands))]
         self.allowed = [{c.name for c in cands} for cands in self.candidates]
 
@@ -156,30 +161,43 @@ def _random_fit(problem: _Problem, plan: _Plan, ks: Sequence[int], rng: random.R
 
 
 def _evaluate(problem: _Problem, plan: _Plan) -> float:
-    if any(n is None for n in plan.assign):
+    assign = plan.assign
+    if None in assign:
         return INVALID
     gpus_used = plan.load.gpus
-    per_job_workers: list[dict[str, int]] = [{} for _ in problem.demands]
-    per_job_ps: list[str | None] = [None] * len(problem.demands)
+    owner, is_ps = problem.owner, problem.is_ps
+    jobs = len(problem.demands)
+    nodes_of: list[list[str]] = [[] for _ in range(jobs)]
+    per_job_ps: list[str | None] = [None] * jobs
     plan_ps: dict[str, int] = {}
-    for k, node in enumerate(plan.assign):
+    for k, node in enumerate(assign):
         assert node is not None
-        j = problem.owner[k]
-        if problem.tasks[k].role == PS:
+        j = owner[k]
+        nodes_of[j].append(node)
+        if is_ps[k]:
             per_job_ps[j] = node
             plan_ps[node] = plan_ps.get(node, 0) + 1
-        else:
-            workers = per_job_workers[j]
-            workers[node] = workers.get(node, 0) + 1
     total = 0.0
+    cache = problem.scores
     for j, demand in enumerate(problem.demands):
         ps = per_job_ps[j]
-        others = None
-        if ps is not None:
-            others = {ps: problem.base_ps.get(ps, 0) + plan_ps[ps] - 1}
-        total += job_score(demand, per_job_workers[j], ps, problem.caps, gpus_used,
-                           problem.weights, others)
-    return -(total + len(set(plan.assign)))
+        others = problem.base_ps.get(ps, 0) + plan_ps[ps] - 1 if ps is not None else 0
+        where = nodes_of[j]
+        # A job's score reads only its own nodes: most jobs of a child are as in its parent.
+        key = (j, tuple(where), tuple(gpus_used.get(n, 0) for n in where), others)
+        score = cache.get(key)
+        if score is None:
+            workers: dict[str, int] = {}
+            for k, node in zip(problem.tasks_of[j], where, strict=True):
+                if not is_ps[k]:
+                    workers[node] = workers.get(node, 0) + 1
+            score = job_score(demand, workers, ps, problem.caps, gpus_used, problem.weights,
+                              {ps: others} if ps is not None else None)
+            if len(cache) > 200_000:
+                cache.clear()
+            cache[key] = score
+        total += score
+    return -(total + len(set(assign)))
 
 
 def grouping_ga(
@@ -219,12 +237,13 @@ def grouping_ga(
     if _first_fit(problem, first, everything):
         first.fitness = _evaluate(problem, first)
         population.append(first)
-    # Liquid's immediate mode, job after job: a plan the batch must at least match.
+    # Liquid's immediate mode, job after job: a plan the batch must at least match (the
+    # caller's seeds are that plan already when it reserved room by best fit).
     greedy = _Plan(n, base)
     greedy_load = base.copy()
     offset = 0
-    ok = True
-    for j, demand in enumerate(demands):
+    ok = not seeds
+    for j, demand in enumerate(demands if ok else ()):
         placed = best_fit(demand, problem.candidates[j], caps, greedy_load, weights)
         if placed is None:
             ok = False

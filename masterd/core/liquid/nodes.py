@@ -45,6 +45,11 @@ class NodeCap:
         inv = self.inventory
         return (self.total_gpus, self.free_gpus, self.ps_tasks, inv.rack, inv.domain)
 
+    def __post_init__(self) -> None:
+        # Read once per candidate per task by best fit: computed once per pass.
+        self.similar = self.key()
+        self.where = (self.inventory.rack, self.inventory.domain)
+
 
 class Load:
     """Tasks put on nodes by a plan under construction: the counts a fit check needs."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.liquid.bestfit import best_fit
+from masterd.core.liquid.bestfit import best_fit, similar_groups
 from masterd.core.liquid.demand import Demand, Task, demand_of, has_ps
 from masterd.core.liquid.ga import GaSettings, grouping_ga
 from masterd.core.liquid.nodes import Load, NodeCap
@@ -50,6 +50,8 @@ class LiquidPass:
     wake: list[float] = field(init=False, default_factory=list)
     stats: PassStats = field(init=False, default_factory=PassStats)
     _by_model: dict[object, list[NodeCap]] = field(init=False, default_factory=dict)
+    _groups: dict[object, list[list[tuple[int, NodeCap]]]] = field(init=False,
+                                                                   default_factory=dict)
 
     def __post_init__(self) -> None:
         snapshot = self.snapshot
@@ -103,7 +105,13 @@ class LiquidPass:
                      if spec.gpus == 0 or (c.total_gpus > 0 and (
                          spec.gpu_model is None or c.inventory.gpu_model == spec.gpu_model))]
             self._by_model[key] = found
+            self._groups[key] = similar_groups(found)
         return found
+
+    def groups(self, job: Job) -> list[list[tuple[int, NodeCap]]]:
+        self.candidates(job)
+        spec = job.spec
+        return self._groups["cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model)]
 
     def demand(self, job: Job) -> Demand:
         memory = None
@@ -120,7 +128,7 @@ class LiquidPass:
             for name, ids in self.lent.items():
                 self.caps[name].lent_gpus = len(ids)
         placed = best_fit(demand, self.candidates(job), self.caps, self.load, self.weights,
-                          lent=lent, ps_added=self.ps_added)
+                          lent=lent, ps_added=self.ps_added, groups=self.groups(job))
         if placed is None:
             return None
         placement = realise_plan(demand, placed, self.pool, self.lent if lent else {},
@@ -171,7 +179,7 @@ class LiquidPass:
         """Hold room for a job of a closing batch by best fit, in its queue position; the
         batch is re-planned together by :meth:`place_batch`."""
         return best_fit(demand, self.candidates(job), self.caps, self.load, self.weights,
-                        ps_added=self.ps_added)
+                        ps_added=self.ps_added, groups=self.groups(job))
 
     def place_batch(self, jobs: Sequence[tuple[Job, Demand, dict[int, str]]],
                     settings: GaSettings, seed: str) -> list[Start]:

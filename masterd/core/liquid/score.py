@@ -54,13 +54,14 @@ def job_score(
         # Most workers first; the name breaks ties so the score is deterministic.
         hub = min(workers_on, key=lambda n: (-workers_on[n], n))
     cost = 0.0
-    has_ps = any(t.role == "ps" for t in demand.tasks)
-    if has_ps and hub is not None:
-        hub_inv = caps[hub].inventory
+    if demand.has_ps and hub is not None:
+        rack, domain = caps[hub].where
         dist = weights.distances
         for node, count in workers_on.items():
             if node != hub:
-                cost += count * dist.between(hub_inv, caps[node].inventory)
+                other = caps[node].where
+                cost += count * (dist.other_domain if other[1] != domain else
+                                 dist.same_domain if other[0] != rack else dist.same_rack)
         cost *= demand.bandwidth / BANDWIDTH_UNIT_MBPS
     fitness = 0.0
     nodes = set(workers_on)
