@@ -454,10 +454,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trellisctl: {exc}", file=sys.stderr)
         return 3
     except RpcError as exc:
-        print(f"trellisctl: {exc.code}: {exc.message}", file=sys.stderr)
-        for refusal in (exc.detail or {}).get("refused", [])[:50]:
-            print(f"  jobs[{refusal.get('index')}]: {refusal.get('code')}: "
-                  f"{refusal.get('message')}", file=sys.stderr)
+        refused = (exc.detail or {}).get("refused")
+        if isinstance(refused, list):  # a batch: a summary, then one line per refused job
+            accepted = exc.detail.get("accepted") or []  # type: ignore[union-attr]
+            kept = (f"{len(accepted)} job(s) were stored and queued all the same" if accepted
+                    else "no job was submitted")
+            print(f"trellisctl: {exc.code}: {len(refused)} of {exc.detail.get('jobs', '?')} "  # type: ignore[union-attr]
+                  f"job(s) refused; {kept}", file=sys.stderr)
+            for r in refused:
+                print(f"  jobs[{r.get('index')}]: {r.get('code')}: {r.get('message')}",
+                      file=sys.stderr)
+        else:
+            print(f"trellisctl: {exc.code}: {exc.message}", file=sys.stderr)
         return 3 if exc.code in UNAVAILABLE_CODES else 1
     except KeyboardInterrupt:
         print("trellisctl: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -86,8 +87,9 @@ GATE_KEY = web.AppKey("gate", Gate)
 METRICS_KEY = web.AppKey("metrics", MasterMetrics)
 
 
-def _rpc_error(req_id: object, code: str, message: str, status: int) -> web.Response:
-    return web.Response(body=encode_rpc_error(req_id, code, message), status=status,
+def _rpc_error(req_id: object, code: str, message: str, status: int,
+               detail: dict[str, Any] | None = None) -> web.Response:
+    return web.Response(body=encode_rpc_error(req_id, code, message, detail), status=status,
                         content_type=MSGPACK)
 
 
@@ -117,7 +119,8 @@ async def handle_rpc(request: web.Request) -> web.Response:
         return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
     except ProtocolError as exc:
         error = exc.code
-        return _rpc_error(req_id, exc.code, exc.message, STATUS_OF.get(exc.code, 400))
+        return _rpc_error(req_id, exc.code, exc.message, STATUS_OF.get(exc.code, 400),
+                          exc.detail)
     except StoreError as exc:
         error = "store_unavailable"
         return _rpc_error(req_id, "store_unavailable", str(exc), 503)

@@ -34,8 +34,8 @@ OPEN_PATHS = frozenset({"/healthz"})
 
 # Methods each non-admin role may call; admins may call everything. A method missing here is
 # admin-only, so a new operator-level RPC is protected until someone decides otherwise.
-CLIENT_METHODS = frozenset({"ping", "submit", "cancel", "jobs", "job", "nodes", "place",
-                            "placement", "release", "report_load", "services"})
+CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "job", "nodes",
+                            "place", "placement", "release", "report_load", "services"})
 NODE_METHODS = frozenset({"ping"})
 
 
@@ -149,15 +149,16 @@ def authorize_rpc(principal: Principal | None, method: str, params: dict[str, An
     if method not in CLIENT_METHODS:
         raise ProtocolError("forbidden", f"{method!r} is an admin-only method; "
                             f"client {principal.name!r} may not call it")
-    if method == "submit":
+    if method in ("submit", "submit_many"):
         if not master.config.clients_may_submit:
             raise ProtocolError("forbidden", "this master does not let clients submit jobs; "
                                 "ask an operator")
-        job = params.get("job")
-        user = job.get("user") if isinstance(job, dict) else None
-        if user != principal.name:
-            raise ProtocolError("forbidden", f"client {principal.name!r} may submit jobs only "
-                                f"as Unix user {principal.name!r}, not {user!r}")
+        jobs = [params.get("job")] if method == "submit" else params.get("jobs")
+        for job in jobs if isinstance(jobs, list) else [None]:
+            user = job.get("user") if isinstance(job, dict) else None
+            if user != principal.name:
+                raise ProtocolError("forbidden", f"client {principal.name!r} may submit jobs "
+                                    f"only as Unix user {principal.name!r}, not {user!r}")
     elif method == "cancel":
         job_id = params.get("id")
         job = master.core.jobs.get(job_id) if isinstance(job_id, str) else None

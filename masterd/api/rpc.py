@@ -13,6 +13,7 @@ from masterd.api.inference import method_table as inference_methods
 from masterd.core.scheduler import JobError
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
+from masterd.service.bulk import BatchRefused, Refusal
 from masterd.service.master import Master
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
@@ -25,6 +26,18 @@ VERSION = "0.1.0"
 class SubmitParams:
     job: JobSpec
     id: str | None = bounded(None, max_len=256)
+
+
+MAX_BATCH = 10_000  # jobs in one submit_many (the 1 MiB request limit usually binds first)
+
+
+@dataclass(frozen=True)
+class SubmitManyParams:
+    # Job specs (as `submit`'s `job`), decoded one by one so that every bad one is reported
+    # by its index, not only the first.
+    jobs: tuple[dict[str, Any], ...] = bounded(max_len=MAX_BATCH)
+    # One entry per job: the id to use, or nil for one the master picks.
+    ids: tuple[str | None, ...] | None = bounded(None, max_len=MAX_BATCH)
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class Rpc:
         self.methods: dict[str, tuple[type, Callable[[Any], Awaitable[Any]]]] = {
             "ping": (NoParams, self.ping),
             "submit": (SubmitParams, self.submit),
+            "submit_many": (SubmitManyParams, self.submit_many),
             "cancel": (JobIdParams, self.cancel),
             "jobs": (JobsParams, self.jobs),
             "job": (JobIdParams, self.job),
@@ -150,6 +164,36 @@ class Rpc:
         # Built, not cached: a submission's view is sent once, and most jobs are never
         # listed while queued (the cache fills when they are).
         return {"job": job_view(job)}
+
+    async def submit_many(self, p: SubmitManyParams) -> dict[str, Any]:
+        """Many jobs in one call and one journal transaction, all or none: a refused job
+        refuses the batch, and the error (``batch_refused``) lists every refused job by
+        index in its message and in ``detail.refused``."""
+        if not p.jobs:
+            raise ProtocolError("invalid_params", "params.jobs: must hold at least one job")
+        if p.ids is not None and len(p.ids) != len(p.jobs):
+            raise ProtocolError("invalid_params", f"params.ids: has {len(p.ids)} entries for "
+                                f"{len(p.jobs)} jobs (give an id or nil for each job)")
+        ids = list(p.ids) if p.ids is not None else [None] * len(p.jobs)
+        specs: list[JobSpec] = []
+        refused: list[Refusal] = []
+        decoded: list[int] = []  # index in the batch of each spec
+        for index, raw in enumerate(p.jobs):
+            try:
+                specs.append(decode(JobSpec, raw, f"jobs[{index}]"))
+                decoded.append(index)
+            except SchemaError as exc:
+                refused.append(Refusal(index, "invalid_params", str(exc)))
+        try:
+            if refused:  # the others are checked too: the client hears of every bad job
+                more = self.master.batch_refusals(specs, [ids[i] for i in decoded])
+                refused += [Refusal(decoded[r.index], r.code, r.message) for r in more]
+                raise BatchRefused(sorted(refused, key=lambda r: r.index), len(p.jobs))
+            # Each map as sent decodes to its spec: it serves as the spec's wire form.
+            jobs = await self.master.submit_many(specs, ids, wire_specs=p.jobs)
+        except BatchRefused as exc:
+            raise ProtocolError(exc.code, str(exc), exc.detail()) from None
+        return {"jobs": [job_view(job) for job in jobs]}
 
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         found = await self._job(p.id)

@@ -13,7 +13,7 @@ import pwd
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from masterd.runtime.context import (
 )
 from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
+from masterd.service.bulk import BatchRefused, Refusal, journalled_ids
 from masterd.service.features import Features, assemble
 from masterd.service.jobmetrics import JobMetrics
 from masterd.service.leader import Leadership
@@ -216,10 +217,8 @@ class Master:
         if not self._users.exists(user):
             raise JobError("unknown_user", f"Unix user {user!r} does not exist")
 
-    async def submit(self, spec: JobSpec, job_id: str | None = None,
-                     wire_spec: dict[str, Any] | None = None) -> Job:
-        """``wire_spec``: a map that decodes to ``spec`` (the one the client sent), kept as
-        the spec's wire form instead of encoding the spec again."""
+    def _check_new(self, spec: JobSpec, job_id: str | None) -> None:
+        """Everything that may refuse one submission before it is journalled."""
         if self.halted:
             raise JobError("not_leader", "this master no longer leads; retry on the leader")
         if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
@@ -227,44 +226,132 @@ class Master:
         self.check_user(spec.user)
         self.core.check_submittable(spec)
         self.events.submitting(spec)
+
+    def _reserve(self, spec: JobSpec, job_id: str | None,
+                 wire_spec: dict[str, Any] | None) -> tuple[int, Job]:
+        """A checked submission's sequence number and job, its id held in memory so that a
+        concurrent duplicate is refused while the journal writes it."""
         seq = self._seq
         self._seq += 1
         if job_id is None:
             job_id = f"{spec.name[:44]}-{seq}"
-        else:
-            check_name(job_id, "job id")
         if job_id in self.core.jobs:
             raise JobError("duplicate_job", f"job id {job_id!r} already exists")
         job = Job(id=job_id, spec=spec, submit_time=self.clock())
         if wire_spec is not None:
             self.journal.wire.remember_spec(job, wire_spec)
-        # Reserve the id before the first await so a concurrent duplicate is refused.
         self.core.jobs[job_id] = job
-        try:
-            await self.journal.submit(seq, job)
-        except StoreError as exc:
-            del self.core.jobs[job_id]
-            self.journal.wire.forget(job_id)
-            raise JobError("store_unavailable", str(exc)) from None
-        except sqlite3.IntegrityError:
+        return seq, job
+
+    def _unreserve(self, job_id: str) -> None:
+        del self.core.jobs[job_id]
+        self.journal.wire.forget(job_id)
+
+    @staticmethod
+    def _not_stored(job_id: str, exc: BaseException) -> JobError:
+        """Why the journal did not take a submission, as the client hears it."""
+        if isinstance(exc, StoreError):
+            return JobError("store_unavailable", str(exc))
+        if isinstance(exc, sqlite3.IntegrityError):
             # The id belongs to a journalled job the master no longer keeps in memory (an
             # ended one beyond finished_jobs_in_memory, or one written before a crash).
-            del self.core.jobs[job_id]
-            self.journal.wire.forget(job_id)
-            raise JobError("duplicate_job", f"job id {job_id!r} already exists (an ended "
-                           "job; trellisctl show lists it)") from None
-        except Exception as exc:
-            del self.core.jobs[job_id]
-            self.journal.wire.forget(job_id)
-            raise JobError("duplicate_job", f"job id {job_id!r} cannot be stored: {exc}") from None
-        del self.core.jobs[job_id]
+            return JobError("duplicate_job", f"job id {job_id!r} already exists (an ended "
+                            "job; trellisctl show lists it)")
+        return JobError("duplicate_job", f"job id {job_id!r} cannot be stored: {exc}")
+
+    def _accept(self, job: Job) -> None:
+        """A journalled submission joins the queue (the caller requests the pass)."""
+        del self.core.jobs[job.id]
         self.core.submit(job)
         # Debug, not info: the journal's "submitted" event already records every submission
         # (trellisctl events), and a log line per submission costs a tenth of the request.
-        log.debug("job=%s submitted tenant=%s gpus=%d cpus=%d", job.id, spec.tenant,
-                  spec.gpus, spec.cpus)
+        log.debug("job=%s submitted tenant=%s gpus=%d cpus=%d", job.id, job.spec.tenant,
+                  job.spec.gpus, job.spec.cpus)
+
+    async def submit(self, spec: JobSpec, job_id: str | None = None,
+                     wire_spec: dict[str, Any] | None = None) -> Job:
+        """``wire_spec``: a map that decodes to ``spec`` (the one the client sent), kept as
+        the spec's wire form instead of encoding the spec again."""
+        self._check_new(spec, job_id)
+        seq, job = self._reserve(spec, job_id, wire_spec)
+        try:
+            await self.journal.submit(seq, job)
+        except Exception as exc:
+            self._unreserve(job.id)
+            raise self._not_stored(job.id, exc) from None
+        self._accept(job)
         self.request_pass()
         return job
+
+    def batch_refusals(self, specs: Sequence[JobSpec], ids: Sequence[str | None]
+                       ) -> list[Refusal]:
+        """Every job of a batch that ``submit`` would refuse, by index, with the reason; ids
+        the batch repeats or the master holds in memory count as duplicates."""
+        refusals: list[Refusal] = []
+        seen: set[str] = set()
+        for index, (spec, job_id) in enumerate(zip(specs, ids, strict=True)):
+            try:
+                self._check_new(spec, job_id)
+                if job_id is not None and (job_id in seen or job_id in self.core.jobs):
+                    raise JobError("duplicate_job", f"job id {job_id!r} already exists"
+                                   + (" in this batch" if job_id in seen else ""))
+            except JobError as exc:
+                refusals.append(Refusal(index, exc.code, str(exc)))
+            except ValueError as exc:  # a bad id (check_name)
+                refusals.append(Refusal(index, "invalid_params", str(exc)))
+            if job_id is not None:
+                seen.add(job_id)
+        return refusals
+
+    async def submit_many(self, specs: Sequence[JobSpec],
+                          ids: Sequence[str | None] | None = None,
+                          wire_specs: Sequence[dict[str, Any] | None] | None = None
+                          ) -> list[Job]:
+        """Many jobs, all or none: each is checked as ``submit`` checks one, and any refusal
+        refuses the batch (:class:`BatchRefused` names every refused job by index). The jobs
+        are handed to the journal in one loop turn, so its group commit writes them in one
+        transaction. Only a store failure part-way can leave part of a batch accepted: the
+        error then lists which jobs were journalled (and queued) and which were not."""
+        if self.halted:  # the batch as a whole: a client then retries it on the leader
+            raise JobError("not_leader", "this master no longer leads; retry on the leader")
+        ids = list(ids) if ids is not None else [None] * len(specs)
+        wires = list(wire_specs) if wire_specs is not None else [None] * len(specs)
+        refusals = self.batch_refusals(specs, ids)
+        if refusals:
+            raise BatchRefused(refusals, len(specs))
+        reserved = [self._reserve(spec, job_id, wire)
+                    for spec, job_id, wire in zip(specs, ids, wires, strict=True)]
+        chosen = [job_id for job_id in ids if job_id is not None]
+        try:
+            # Ended jobs the master forgot keep their ids in the journal: one look for all.
+            taken = set(await self.journal.call(journalled_ids, chosen)) if chosen else set()
+        except Exception:
+            for _, job in reserved:
+                self._unreserve(job.id)
+            raise
+        if taken:
+            for _, job in reserved:
+                self._unreserve(job.id)
+            raise BatchRefused([Refusal(i, "duplicate_job", f"job id {job_id!r} already "
+                                        "exists (an ended job; trellisctl show lists it)")
+                                for i, job_id in enumerate(ids) if job_id in taken], len(specs))
+        writes = [self.journal.submit(seq, job) for seq, job in reserved]
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        failed: list[Refusal] = []
+        accepted: list[Job] = []
+        for index, ((_, job), outcome) in enumerate(zip(reserved, outcomes, strict=True)):
+            if isinstance(outcome, BaseException):
+                self._unreserve(job.id)
+                refusal = self._not_stored(job.id, outcome)
+                failed.append(Refusal(index, refusal.code, str(refusal)))
+            else:
+                self._accept(job)
+                accepted.append(job)
+        if accepted:
+            self.request_pass()
+        if failed:
+            raise BatchRefused(failed, len(specs), accepted=[job.id for job in accepted])
+        return accepted
 
     async def find_job(self, job_id: str) -> Job | None:
         """The job in memory, else as the journal has it (an ended job the master forgot),
