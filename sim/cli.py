@@ -22,6 +22,7 @@ from sim.oracle import oracle_modeldb
 from sim.partition import simulate_partitioned
 from sim.progress import ProgressBar
 from sim.report import Run, comparison_table, make_run, write_outputs, write_plots
+from sim.rl import command as rl_command
 from sim.truth import TruthConfig, TruthModel
 from sim.workloads import genie, jobfile, openb, philly, sacct
 from sim.workloads.base import LoadOptions, TraceError, Workload
@@ -368,6 +369,10 @@ def cmd_convert_sacct(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    return rl_command.run(args, resolve_trace(args.trace), "trellis-sim " + " ".join(args.argv))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trellis-sim",
@@ -468,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("target")
     conv.add_argument("--skip-bad-rows", action="store_true")
     conv.set_defaults(func=cmd_convert_sacct)
+
+    rl_command.add_parser(sub, str(DEFAULT_TRACE_DIR)).set_defaults(func=cmd_train)
     return parser
 
 

@@ -1,0 +1,90 @@
+"""``trellis-sim train sched2``: the command line of the trainer (imports torch only when run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sim.workloads.sched2 import Sched2Options
+
+AGENTS = ("sched2",)
+TORCH_HINT = ("training needs PyTorch, the optional extra 'rl': pip install -e '.[rl]' "
+              "(torch==2.13.0, a CPU build)")
+
+
+class TrainUsageError(ValueError):
+    """A bad training option, reported in one sentence."""
+
+
+def add_parser(sub: Any, trace_default: str) -> argparse.ArgumentParser:
+    train: argparse.ArgumentParser = sub.add_parser(
+        "train", help="train SCHED²'s agent in the simulator (needs torch)")
+    train.add_argument("agent", choices=AGENTS)
+    train.add_argument("--trace", help=f"trace directory with philly-jobs.csv "
+                       f"(default {trace_default})")
+    train.add_argument("--episodes", type=int, default=100, help="training episodes")
+    train.add_argument("--seed", type=int, default=1)
+    train.add_argument("--out", required=True, help="the weights, e.g. model.npz (the curve "
+                       "and the record go beside it as .png and .json)")
+    train.add_argument("--mix", default="0.68",
+                       help="share of one-GPU jobs (0.68: the paper's), or 'philly' as it is")
+    train.add_argument("--jobs", type=int, default=1000, help="jobs per episode")
+    train.add_argument("--servers", type=int, default=15)
+    train.add_argument("--gpus-per-server", type=int, default=8)
+    train.add_argument("--mean-gap", type=float, default=172.0,
+                       help="mean inter-arrival time, seconds")
+    train.add_argument("--window", type=int, default=10, help="J: waiting jobs the agent sees")
+    train.add_argument("--eval-every", type=int, default=10,
+                       help="episodes between greedy evaluations (the best export is kept)")
+    train.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return train
+
+
+def options(args: argparse.Namespace) -> Sched2Options:
+    if args.mix == "philly":
+        share: float | None = None
+    else:
+        try:
+            share = float(args.mix)
+        except ValueError:
+            raise TrainUsageError(f"--mix {args.mix!r}: a share in [0, 1] or 'philly'") from None
+    try:
+        return replace(Sched2Options(), one_gpu_share=share, jobs=args.jobs,
+                       servers=args.servers, gpus_per_server=args.gpus_per_server,
+                       mean_gap_s=args.mean_gap, seed=args.seed)
+    except ValueError as exc:
+        raise TrainUsageError(str(exc)) from None
+
+
+def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
+    opts = options(args)
+    try:
+        from sim.rl.train import TrainConfig, train
+    except ImportError as exc:
+        if "torch" not in str(exc):
+            raise
+        raise TrainUsageError(TORCH_HINT) from None
+    try:
+        config = TrainConfig(trace_dir=trace_dir, out=Path(args.out), episodes=args.episodes,
+                             seed=args.seed, options=opts, window=args.window,
+                             eval_every=args.eval_every, command=command)
+    except ValueError as exc:
+        raise TrainUsageError(str(exc)) from None
+    if config.window < 1:
+        raise TrainUsageError(f"--window must be at least 1, got {config.window}")
+
+    def show(line: str) -> None:
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    result = train(config, show)
+    chosen = result.record["chosen"]
+    print(f"trained {args.episodes} episodes in {result.record['seconds']:.0f} s; kept the "
+          f"export after episode {chosen['episode']} (greedy effectiveness "
+          f"{chosen['effectiveness']:.3f} on training episodes {list(config.eval_episodes)})")
+    for path in result.written:
+        print(f"wrote {path}")
+    return 0
