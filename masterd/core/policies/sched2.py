@@ -15,6 +15,7 @@ the agent's business: they start first come, first served, on whatever they fit.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,8 @@ class Sched2Policy:
         self.agent = agent if agent is not None else GreedyAgent(self.network)
         self.estimator = Estimator(load_modeldb(modeldb), default_duration_s)
         self.gpu_state = GpuState(self.shape)
+        self._profiles: dict[str, Waiting] = {}  # waiting job -> its profile
+        self._facts: tuple[object, ...] | None = None
 
     def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job],
                now: float) -> list[Decision]:
@@ -61,10 +64,19 @@ class Sched2Policy:
 
     def plan(self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float) -> PassResult:
         models = GpuModels.of(snapshot)
+        # Profiles depend on the job, the platform and the model database only.
+        facts = (models, self.estimator.db.version)
+        if facts != self._facts:
+            self._facts, self._profiles = facts, {}
         pool = FreePool(snapshot)
         decisions: list[Decision] = []
         waiting: list[Waiting] = []
+        profiles = self._profiles
         for job in queue:
+            known = profiles.get(job.id)
+            if known is not None and known.job is job:  # the usual case: seen last pass
+                waiting.append(known)
+                continue
             if job.spec.gpus:
                 waiting.append(self._waiting(job, models))
                 continue
@@ -78,14 +90,17 @@ class Sched2Policy:
             return PassResult(decisions, {w.job.id: note for w in waiting})
         decisions += self._select(waiting, snapshot, pool, models, now)
         if len(self.estimator) > 4 * (len(queue) + len(snapshot.running)) + 4096:
-            self.estimator.forget({*(j.id for j in queue), *snapshot.running})
+            live = {*(j.id for j in queue), *snapshot.running}
+            self.estimator.forget(live)
+            self._profiles = {k: v for k, v in self._profiles.items() if k in live}
         return PassResult(decisions)
 
     def _waiting(self, job: Job, models: GpuModels) -> Waiting:
         model = models.model_for(job.spec) or ""
         profile = self.estimator.profile(job, model, models.gpus_per_server.get(model, 1),
                                          models.servers.get(model, 1), self.shape.profiles)
-        return Waiting(job, profile, job.spec.gpus)
+        waiting = self._profiles[job.id] = Waiting(job, profile, job.spec.gpus)
+        return waiting
 
     def _end(self, job: Job, models: GpuModels, now: float) -> float:
         placement = job.placement
@@ -100,23 +115,27 @@ class Sched2Policy:
         J, scale = self.shape.jobs, self.network.time_scale
         gpus_per_server = self.shape.gpus_per_server
         free = free_gpus(snapshot)
-        # (jobs, GPUs, ideal seconds, submit times) of every waiting job not started yet.
-        totals = [float(len(waiting)), 0.0, 0.0, 0.0]
-        for w in waiting:
-            totals[1] += w.gpus
-            totals[2] += w.profile.ideal
-            totals[3] += w.job.submit_time
+        busy = any(job.spec.gpus for job in snapshot.running.values())
+        # (jobs, GPUs, ideal seconds, submit times) of every waiting job not started yet,
+        # summed when the first decision needs them (most passes have nothing to decide).
+        totals: list[float] = []
         window: list[Waiting | None] = [*waiting[:J], *[None] * (J - len(waiting[:J]))]
         following = len(waiting[:J])
         blocked: set[str] = set()  # jobs the free GPUs hold in number but packing could not
         decisions: list[Decision] = []
         while True:
             mask = np.zeros(J + 1, dtype=bool)
-            mask[J] = True
+            # Waiting pays only while something runs: on an idle cluster every job has its
+            # best locality, and "no job" there could wait for ever (our guard, not §III).
+            mask[J] = busy or bool(decisions)
             for i, w in enumerate(window):
                 mask[i] = w is not None and w.job.id not in blocked and _fits(w, free)
             if not mask[:J].any():
                 break  # nothing to choose: "no job" is the only action
+            if not totals:
+                totals = [float(len(waiting)), float(sum([w.gpus for w in waiting])),
+                          math.fsum([w.profile.ideal for w in waiting]),
+                          math.fsum([w.job.submit_time for w in waiting])]
             present = [w for w in window if w is not None]
             rest = (int(totals[0]) - len(present), totals[1] - sum(w.gpus for w in present),
                     totals[2] - sum(w.profile.ideal for w in present),
