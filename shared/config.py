@@ -209,6 +209,33 @@ class ContentionConfig:
 
 
 @dataclass(frozen=True)
+class NetConfig:
+    """SODA's network partition (§V-E), section ``[net]``: while a multi-node GPU job runs on
+    the node, GPU jobs are guaranteed ``gpu_share`` of the data NIC and CPU jobs
+    ``cpu_share``; either may use the whole link alone (noded/partition.py)."""
+
+    enabled: bool = False
+    interface: str = bounded("", pattern=r"[^/\s:]{0,15}")  # the data NIC, e.g. "ib0"
+    link_mbit: int = bounded(0, min=0, max=10_000_000)  # 0: the NIC's speed from sysfs
+    gpu_share: float = bounded(0.75, min=0.01, max=1.0)
+    cpu_share: float = bounded(0.25, min=0.01, max=1.0)
+    # How job traffic is told apart: cgroup2 (socket cgroupv2; needs jobs in v2 cgroups),
+    # net_cls (a cgroup v1 net_cls hierarchy), or auto (cgroup2 under cgroup v2, else net_cls).
+    classifier: str = bounded("auto", pattern=r"auto|cgroup2|net_cls")
+    net_cls_mount: str = bounded("", max_len=4096)  # empty: found in /proc/self/mountinfo
+    # The network namespace the data NIC lives in; empty: noded's own (tests use one).
+    netns: str = bounded("", pattern=r"[A-Za-z0-9_.-]{0,64}")
+    nft_table: str = bounded("trellis_netshape", pattern=r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.interface:
+            raise ValueError("net.interface must name the data NIC when net.enabled is true")
+        if self.gpu_share + self.cpu_share > 1.0 + 1e-9:
+            raise ValueError(f"net.gpu_share + net.cpu_share must be at most 1, got "
+                             f"{self.gpu_share} + {self.cpu_share}")
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = bounded(pattern=NAME_PATTERN)
     master_url: str = bounded("http://127.0.0.1:7400", max_len=1024)
@@ -235,6 +262,7 @@ class NodeConfig:
     rdt: RdtConfig = field(default_factory=RdtConfig)
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
+    net: NetConfig = field(default_factory=NetConfig)
     # Authentication to the master: a token file (one token, mode 0600) and/or TLS.
     token_file: str = bounded("", max_len=4096)
     tls_ca_file: str = bounded("", max_len=4096)

@@ -63,6 +63,21 @@ CONTENTION_ACTIONS = r"mba|cores|restore_mba|restore_cores"
 
 
 @dataclass(frozen=True)
+class Partition:
+    """The node's network partition (SODA §V-E) went on or off: while ``active``, GPU jobs are
+    guaranteed ``gpu_share`` of ``interface`` and CPU jobs ``cpu_share``; ``jobs`` are the
+    multi-node GPU jobs that call for it."""
+
+    active: bool
+    interface: str = bounded(max_len=15)
+    link_mbit: int = bounded(min=0, max=10_000_000)
+    gpu_share: float = bounded(min=0, max=1)
+    cpu_share: float = bounded(min=0, max=1)
+    jobs: tuple[str, ...] = bounded(default_factory=tuple, pattern=NAME_PATTERN, max_len=10_000)
+    reason: str = bounded("", max_len=512)
+
+
+@dataclass(frozen=True)
 class Contention:
     """The node's contention eliminator changed a job's share (SODA V-E).
 
@@ -175,6 +190,7 @@ NODE_EVENTS = {
     "gpu_util": GpuUtil,
     "gpu_health": GpuHealth,
     "contention": Contention,
+    "partition": Partition,
     "cores_changed": CoresChanged,
     "job_metric": JobMetric,
 }
