@@ -1,6 +1,10 @@
 """Submit-RPC throughput and latency against a bare aiohttp msgpack echo, same run, loopback.
 
-    python bench/rpc.py [--seconds 5] [--concurrency 32]
+    python bench/rpc.py [--seconds 5] [--concurrency 32] [--store sqlite|postgresql]
+
+``--store postgresql`` keeps the master's journal in a private PostgreSQL server this bench
+starts (demo/pgserver.py; fsync and synchronous_commit on, as in production), the master
+electing itself leader of it (docs/high-availability.md); the default is the SQLite file.
 
 Starts a real trellis-masterd (journal on disk, synchronous=FULL) with one real node daemon
 that is drained, so submissions are journalled and queued but nothing is launched; and, as the
@@ -250,17 +254,38 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                   help="where the master keeps its journal")
     args = p.parse_args()
 
-    with exit_on_signals(), scratch_dir("trellis-bench-") as root:
-        with LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
-                          cgroup_mode="affinity") as cluster, echo_server() as echo:
+    with exit_on_signals(), scratch_dir("trellis-bench-") as root, \
+            contextlib.ExitStack() as stack:
+        cluster: LocalCluster
+        store_url = ""
+        if args.store == "postgresql":
+            from demo.hacluster import HaCluster
+            from demo.pgserver import PgServer
+
+            store_url = stack.enter_context(PgServer.started()).create_database()
+            cluster = HaCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
+                                cgroup_mode="affinity", store=store_url, masters=1)
+        else:
+            cluster = LocalCluster(root, nodes=1, gpus_per_node=8, prefix="trellis-bench",
+                                   cgroup_mode="affinity")
+        with cluster, echo_server() as echo:
             cluster.start()
             m = measure(cluster, echo, args)
         # Counted in the journal itself (the jobs RPC lists 10,000 by default, at most
         # 100,000): every acknowledged submission must be there.
-        with contextlib.closing(sqlite3.connect(root / "master" / "master.db")) as db:
-            queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
+        count = "SELECT COUNT(*) FROM jobs WHERE state='queued'"
+        if store_url:
+            import psycopg
+
+            with psycopg.connect(store_url) as conn:
+                queued = conn.execute(count).fetchone()[0]
+        else:
+            with contextlib.closing(sqlite3.connect(root / "master" / "master.db")) as db:
+                queued = db.execute(count).fetchone()[0]
     sub_n, echo_n, lat, errors = m.sub_n, m.echo_n, m.latencies, m.errors
     submit_rps = sub_n / args.seconds
     echo_rps = echo_n / args.seconds
@@ -273,6 +298,7 @@ def main() -> int:
         "errors": errors,
         "jobs_journalled": queued,
         "concurrency": args.concurrency,
+        "store": args.store,
         # Group commit: how many submissions shared each of the writer's transactions.
         "jobs_per_transaction": round(sub_n / m.transactions, 2) if m.transactions else None,
         "cpu_us_per_request": m.cpu,
