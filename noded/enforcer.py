@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -137,6 +137,7 @@ class ContentionEnforcer:
         self._onset_rate: float | None = None  # set by an onset read, used by the next pass
         self._foreign = True  # whether control groups other than ours exist (until looked)
         self.passes = 0
+        self.actions: Counter[str] = Counter()  # applied decisions by action, for /metrics
         log.info("contention enforcer interval_s=%.2f mbm=%s mba=%s levels=%s peak_mibps=%s",
                  config.interval_s, self.mbm, self.mb is not None, list(levels),
                  f"{peak / MIB:.0f}" if peak else "measure" if self.mbm else "unused")
@@ -280,6 +281,7 @@ class ContentionEnforcer:
                 self.controller.revert(d)
                 continue
             log.info("contention applied %s", d.describe())
+            self.actions[d.action] += 1
             applied.append(d)
         return applied
 

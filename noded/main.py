@@ -26,6 +26,7 @@ from aiohttp import web
 
 from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
+from noded.enforced_metrics import EnforcementCollector
 from noded.enforcer import ContentionEnforcer, running_jobs
 from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
@@ -36,6 +37,7 @@ from noded.master_auth import master_credentials
 from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
 from noded.metrics_channel import MetricsChannel
+from noded.partition import NetPartition
 from noded.rdt_setup import open_node_resctrl
 from noded.tuning import CoreTuning
 from shared.config import ConfigError, NodeConfig, load_config
@@ -185,6 +187,13 @@ class NodeDaemon:
                 self.agent.send_event,
                 measure_peak=lambda: peak_bandwidth(state, workers),
             )
+        # SODA's network partition (§V-E), when [net] switches it on.
+        self.partition: NetPartition | None = None
+        if config.net.enabled:
+            self.partition = NetPartition(config.net, self.runner, self.cgroups,
+                                          self.agent.send_event)
+        self.metrics.registry.register(EnforcementCollector(
+            config.name, self.contention, self.tuning, self.partition))
         log.info("node=%s cgroups=%s gpus=%s gpu_count=%d cpus=%d rdt=%s contention=%s",
                  config.name, self.cgroups.kind, self.gpus.name, len(gpus), len(self.cpus),
                  "none" if self.resctrl is None else self.resctrl.root,
@@ -264,6 +273,9 @@ class NodeDaemon:
         enforcer = (loop.create_task(self.contention.run(stop))
                     if self.contention is not None else None)
         tuning = loop.create_task(self.tuning.run(stop))
+        # Removes the partition and restores the NIC's qdisc once stop is set.
+        net = (loop.create_task(self.partition.run(stop))
+               if self.partition is not None else None)
         channel = loop.create_task(self.metrics_channel.run(stop))
         try:
             if self.config.metrics_port:
@@ -288,6 +300,9 @@ class NodeDaemon:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*background, agent, tuning, channel,
                                                       return_exceptions=True), 5.0)
+            if net is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(net, 10.0)
             if enforcer is not None:
                 enforcer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

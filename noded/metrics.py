@@ -5,8 +5,9 @@ utilisation-band events anyway), so a scrape never touches NVML. Job figures com
 runner. Everything is read at scrape time, on the event-loop thread, into a registry of this
 daemon's own.
 
-Metrics of features this node does not run yet (memory-bandwidth allocation through RDT MBA,
-tc traffic shaping, the CPU tuner) are not emitted: they are added when those features land.
+What the node enforces (MBA throttles and core cuts of the contention eliminator, the CPU
+tuner's steps and core counts, the network partition) is exported by
+:mod:`noded.enforced_metrics`, registered beside this collector.
 """
 
 from __future__ import annotations

@@ -89,6 +89,7 @@ class CoreTuning:
         self.tunings: dict[str, _PartTuning] = {}
         self.done: set[str] = set()  # parts whose tuning has finished (or cannot run)
         self.results: dict[str, int] = {}  # job id -> converged core count
+        self.last: dict[str, CoresChanged] = {}  # job id -> its latest step, for /metrics
 
     # -- the supervisor ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -120,6 +121,8 @@ class CoreTuning:
             if job_id not in parts:
                 self.done.discard(job_id)
                 self.results.pop(job_id, None)
+        for job_id in [j for j in self.last if j not in parts]:
+            del self.last[job_id]
         for job_id, part in parts.items():
             plan = part.prepare.cores
             if (part.state != "running" or plan is None or job_id in self.tunings
@@ -269,6 +272,7 @@ class CoreTuning:
             reason=reason,
         )
         _write_state(part.dir, event)
+        self.last[part.job_id] = event
         await self._send(event)
 
     async def _send(self, event: CoresChanged) -> None:

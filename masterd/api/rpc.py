@@ -298,8 +298,12 @@ class Rpc:
             gpu["job"] = holder.get(gpu["index"])
         view = self.master.core.cluster.node(p.node)
         assert view is not None
-        return {"node": found, "jobs": jobs,
-                "rdt": dataclasses.asdict(view.inventory.rdt)}
+        reply = {"node": found, "jobs": jobs, "rdt": dataclasses.asdict(view.inventory.rdt)}
+        partition = self.master.features.partitions.of(p.node)
+        if partition is not None:  # SODA's network partition, once the node reported one
+            reply["partition"] = {k: v for k, v in partition.items() if k != "jobs"} | {
+                "jobs": ",".join(partition["jobs"]) or "-"}
+        return reply
 
     async def events(self, p: EventsParams) -> dict[str, Any]:
         """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest

@@ -16,6 +16,7 @@ from masterd.features.arrays.pools import ArrayPools
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.inference import InferenceService
+from masterd.features.netpartition import NetPartitions
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
 
@@ -27,6 +28,7 @@ class Features:
     adaptive: AdaptiveCpus  # SODA's adaptive CPU allocator (the master's half)
     inference: InferenceService  # SODA's hardware-aware inference placer
     arrays: ArrayPools  # SODA's multi-array pools: view and re-sizing
+    partitions: NetPartitions  # SODA's network partition, as the nodes report it
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -46,5 +48,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
     policy = ProfilingPolicy(build_policy(config.policy, config.policy_options, models.db),
                              profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
-                        inference=inference, arrays=arrays)
+                        inference=inference, arrays=arrays, partitions=NetPartitions(ctx))
     return features, policy

@@ -107,8 +107,15 @@ async def test_node_lifecycle_ready_reload_metrics_stop(
         assert [s.value for s in m["trellis_jobs_running"]] == [0]
         assert [s.value for s in m["trellis_node_connected"]] == [0]
         assert m["trellis_job_cpu_cores"] == []
-        # No feature that is not running on this node has metrics.
-        assert not [name for name in m if "mba" in name or "tc" in name.split("_")]
+        # What the node enforces is exported: the contention eliminator (no throttle yet, no
+        # action applied) and the CPU tuner (nothing tuned); the network partition is off in
+        # this configuration, so it has no metrics at all.
+        actions = {s.labels["action"]: s.value for s in m["trellis_contention_actions"]
+                   if s.name.endswith("_total")}
+        assert actions == {"mba": 0, "cores": 0, "restore_mba": 0, "restore_cores": 0}
+        assert m["trellis_contention_mba_percent"] == []
+        assert m["trellis_tuner_pinned_cores"] == [] and m["trellis_tuner_step"] == []
+        assert not [name for name in m if name.startswith("trellis_net_")]
 
         write_config(cfg_path, tmp_path, unique_name, port, master_port, sample_interval_s=0.2,
                      allowed_users='["nobody"]', cgroup_mode='"v2"')
