@@ -99,6 +99,8 @@ class LocalCluster:
     node_sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Extra [node] keys for every node.
     node_settings: dict[str, Any] = field(default_factory=dict)
+    # Extra sections per node number (1-based), e.g. {1: {"net": {"enabled": True, ...}}}.
+    node_sections_by_node: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # Bearer tokens for every role (files of mode 0600 under root); off = open loopback access.
     auth: bool = False
     listen_host: str = "127.0.0.1"
@@ -202,6 +204,8 @@ class LocalCluster:
     def start_node(self, i: int) -> None:
         name = self.node_name(i)
         extra = {k: dict(v) for k, v in self.node_sections.items()}
+        for section, keys in self.node_sections_by_node.get(i, {}).items():
+            extra.setdefault(section, {}).update(keys)
         gpu_extra = "".join(f"{k} = {_toml(v)}\n" for k, v in extra.pop("gpu", {}).items())
         sections = "".join(
             f"[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
