@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from noded.cgroups import detect_cgroups
+from noded.usage.setup import sweep_usage
 
 T = TypeVar("T")
 
@@ -186,3 +187,4 @@ def sweep_node(parent: str, state_dir: Path) -> None:
     with shielded():
         kill_jobs(state_dir)
         remove_cgroups(parent, state_dir)
+        sweep_usage(parent)

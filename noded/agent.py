@@ -69,6 +69,7 @@ class NodeAgent:
         reconnect_max_s: float = 30.0,
         headers: dict[str, str] | None = None,
         ssl_context: Any = None,
+        heartbeat_only_s: float = 0.0,
     ) -> None:
         self.masters = master_urls(master_url)
         self._current = 0
@@ -88,6 +89,10 @@ class NodeAgent:
         self.dialled = asyncio.Event()
         self.last_error = ""
         self.last_samples: list[GpuSample] = []  # the latest GPU sample, for /metrics
+        # Benchmarks and tests only (node.heartbeat_only_s): events wait for the next beat,
+        # as on a node that reports by heartbeat instead of at once (Liquid §6.3's baseline).
+        self.heartbeat_only_s = heartbeat_only_s
+        self._held: list[tuple[str, dict[str, Any]]] = []
         runner.on_exited = self._job_exited
 
     @property
@@ -107,6 +112,8 @@ class NodeAgent:
     # -- connection ----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         monitor = asyncio.get_running_loop().create_task(self._monitor_gpus(stop))
+        beats = (asyncio.get_running_loop().create_task(self._heartbeats(stop))
+                 if self.heartbeat_only_s > 0 else None)
         delay = 0.2
         try:
             async with aiohttp.ClientSession() as http:
@@ -145,6 +152,10 @@ class NodeAgent:
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
+            if beats is not None:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
 
     async def _session(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0,
@@ -178,6 +189,21 @@ class NodeAgent:
         await self._send(type_, body)
 
     async def _send(self, type_: str, body: dict[str, Any], id_: int | None = None) -> None:
+        if self.heartbeat_only_s > 0 and id_ is None and type_ != "hello":
+            self._held.append((type_, body))
+            return
+        await self._put(type_, body, id_)
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        """Send the events held since the last beat, every ``heartbeat_only_s``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.heartbeat_only_s)
+            held, self._held = self._held, []
+            for type_, body in held:
+                await self._put(type_, body)
+
+    async def _put(self, type_: str, body: dict[str, Any], id_: int | None = None) -> None:
         ws = self.ws
         if ws is None or ws.closed:
             return  # hello on the next connection carries what matters

@@ -99,6 +99,11 @@ class JobRunner:
         # More channels a job gets in its environment, e.g. the metrics channel:
         # (job id, owner uid) -> variables.
         self.env_providers: list[Callable[[str, int], dict[str, str]]] = []
+        # More groups the shim joins before exec (usage accounting): job id -> procs files.
+        self.attach_providers: list[Callable[[str], list[Path]]] = []
+        # Called as a part's processes are gone and before its groups are removed (the last
+        # reading of what it used): part -> None.
+        self.cleanup_hooks: list[Callable[[JobPart], None]] = []
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -207,7 +212,8 @@ class JobRunner:
             "groups": os.getgrouplist(entry.pw_name, entry.pw_gid) if os.geteuid() == 0 else [],
             # A service account's home often does not exist (nobody: /nonexistent).
             "workdir": spec.workdir or (entry.pw_dir if os.path.isdir(entry.pw_dir) else "/"),
-            "cgroup_procs": [str(p) for p in self.cgroups.attach_files(part.job_id)],
+            "cgroup_procs": [str(p) for p in self.cgroups.attach_files(part.job_id)]
+            + [str(p) for provide in self.attach_providers for p in provide(part.job_id)],
             "cpus": list(alloc.cpus),
         }
         write_atomic(part.dir / "launch.json", launch)
@@ -341,6 +347,11 @@ class JobRunner:
                  f" error={part.error!r}" if part.error else "")
 
     def _cleanup(self, part: JobPart) -> None:
+        for hook in self.cleanup_hooks:
+            try:
+                hook(part)
+            except Exception:  # a hook must never keep a job's groups from going
+                log.exception("job=%s cleanup hook failed", part.job_id)
         self.gpus.job_ended(part.job_id)
         try:
             leftover = self.cgroups.pids(part.job_id)

@@ -37,9 +37,11 @@ from noded.master_auth import master_credentials
 from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
 from noded.metrics_channel import MetricsChannel
+from noded.mps import open_mps
 from noded.partition import NetPartition
 from noded.rdt_setup import open_node_resctrl
 from noded.tuning import CoreTuning
+from noded.usage.setup import open_usage
 from shared.config import ConfigError, NodeConfig, load_config
 from shared.eventloop import install_uvloop
 from shared.logs import set_level, setup_logging
@@ -164,7 +166,14 @@ class NodeDaemon:
         headers, ssl_context = master_credentials(config)
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s,
-                               headers=headers, ssl_context=ssl_context)
+                               headers=headers, ssl_context=ssl_context,
+                               heartbeat_only_s=config.heartbeat_only_s)
+        # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
+        self.usage = open_usage(config, self.runner, self.gpus, self.agent)
+        self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])
+        if self.mps is not None:
+            mps = self.mps
+            self.runner.env_providers.append(lambda job, uid: mps.job_env(self.runner, job))
         self.tuning = CoreTuning(
             self.runner, self.gpus, self.cgroups, config.tuner, self.agent.send_event,
             numa_of={c.id: c.numa_node for c in self.cpus}, connected=self.agent.connected,
@@ -214,6 +223,8 @@ class NodeDaemon:
             gpu_links=links,
             rdt=(self.resctrl.capabilities.to_model() if self.resctrl is not None
                  else RdtCapabilities()),
+            rack=self.config.rack,
+            domain=self.config.domain,
         )
 
     def running_parts(self) -> int:
@@ -277,6 +288,7 @@ class NodeDaemon:
         net = (loop.create_task(self.partition.run(stop))
                if self.partition is not None else None)
         channel = loop.create_task(self.metrics_channel.run(stop))
+        usage = loop.create_task(self.usage.run(stop))
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -295,11 +307,15 @@ class NodeDaemon:
             stop.set()  # the agent closes its session and returns by itself
             tuning.cancel()
             channel.cancel()
+            usage.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*background, agent, tuning, channel,
-                                                      return_exceptions=True), 5.0)
+                                                      usage, return_exceptions=True), 5.0)
+            self.usage.close()
+            if self.mps is not None and self.running_parts() == 0:
+                self.mps.close()
             if net is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(net, 10.0)

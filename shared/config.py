@@ -254,6 +254,23 @@ class NodeConfig:
     # How often jobs' metrics files are read and relayed (at most one event per job and
     # metric name per period; see noded/metrics_channel.py).
     job_metrics_interval_s: float = bounded(1.0, min=0.05, max=3600)
+    # Where the node sits in the network, sent in its hello (Liquid weighs traffic by it).
+    rack: str = bounded("", pattern=f"({NAME_PATTERN})?")
+    domain: str = bounded("", pattern=f"({NAME_PATTERN})?")
+    # What jobs really use (noded/usage): sampled this often, reported at exit and every
+    # usage_report_s while a part runs (0: at exit only).
+    usage_interval_s: float = bounded(1.0, min=0.05, max=3600)
+    usage_report_s: float = bounded(300.0, min=0, max=86400)
+    # Liquid's post phase: GPU utilisation below this after having been above it, for
+    # phase_samples samples in a row, is reported as a job_phase event.
+    phase_threshold_pct: float = bounded(15.0, min=0.1, max=100)
+    phase_samples: int = bounded(3, min=1, max=1000)
+    # Shared GPUs (fractional jobs) under CUDA MPS on NVIDIA nodes: auto (when
+    # nvidia-cuda-mps-control exists and the backend is nvml), on (required), off.
+    mps: str = bounded("auto", pattern=r"auto|on|off")
+    # For benchmarks and tests only: hold every event and send what accumulated every this
+    # many seconds, as a heartbeat-only node would (0: send each event as it happens).
+    heartbeat_only_s: float = bounded(0.0, min=0, max=3600)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     # Prometheus /metrics listener; 0 = off. Loopback by default: a scraper on the node (or a
     # deliberate address here) reads it, nothing else can.

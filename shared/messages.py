@@ -1,7 +1,7 @@
 """Bodies of the messages on the node channel; each is decoded with :func:`shared.schema.decode`.
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
-``contention``, ``cores_changed``, ``job_metric``.
+``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
 """
 
@@ -183,6 +183,42 @@ class JobMetric:
     count: int = bounded(1, min=1, max=1 << 32)
 
 
+@dataclass(frozen=True)
+class JobUsage:
+    """What one job part really used on its node (Liquid §4): sent when the part exits
+    (``final``) and every ``usage_report_s`` while it runs, each covering the whole run so far.
+
+    CPU from the job's cgroup CPU accounting (peak over sampling intervals, in cores), memory
+    from its cgroup (peak), GPU utilisation over the part's GPUs (mean and standard deviation
+    of the samples, percent), GPU memory from the per-process figures (peak, MiB), network
+    bytes from the kernel's counters for the job's cgroup. ``None``: not measurable here
+    (the reason is in the node's log)."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    seconds: float = bounded(min=0, max=1e9)  # how long the part has run
+    samples: int = bounded(0, min=0, max=1 << 32)
+    cpu_peak: float | None = bounded(None, min=0, max=1e6)
+    cpu_mean: float | None = bounded(None, min=0, max=1e6)
+    memory_peak_mib: float | None = bounded(None, min=0, max=1e12)
+    gpu_util_mean: float | None = bounded(None, min=0, max=100)
+    gpu_util_std: float | None = bounded(None, min=0, max=100)
+    gpu_memory_peak_mib: float | None = bounded(None, min=0, max=1e12)
+    net_tx_bytes: int | None = bounded(None, min=0, max=1 << 62)
+    net_rx_bytes: int | None = bounded(None, min=0, max=1 << 62)
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class JobPhase:
+    """A job part entered a phase (Liquid §6.1): ``post`` when its GPU utilisation fell below
+    the threshold after having been above it (training is over; it is saving its model)."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    phase: str = bounded(pattern=r"post")
+    gpu_util: float = bounded(min=0, max=100)  # the utilisation that crossed the threshold
+    pre_s: float | None = bounded(None, min=0, max=1e9)  # launching phase it had, if seen
+
+
 NODE_EVENTS = {
     "hello": Hello,
     "job_started": JobStarted,
@@ -193,6 +229,8 @@ NODE_EVENTS = {
     "partition": Partition,
     "cores_changed": CoresChanged,
     "job_metric": JobMetric,
+    "job_usage": JobUsage,
+    "job_phase": JobPhase,
 }
 NODE_COMMANDS = {
     "prepare_job": PrepareJob,

@@ -40,6 +40,7 @@ from noded.gpu.base import (
     check_job_gpus,
     switch_groups,
 )
+from noded.gpu.declared import MEMORY_FILE_NAME, UTIL_FILE_NAME, read_declared
 from noded.gpu.health import HealthTracker
 from noded.gpu.progress import PROGRESS_ENV, PROGRESS_FILE_NAME, ProgressMeter
 from shared.model import GpuInfo, check_name
@@ -149,6 +150,16 @@ class _EmulatedJob:
     # pid -> start time when registered; comparing it defeats pid reuse.
     pids: dict[int, float | None] = field(default_factory=dict)
     meter: ProgressMeter | None = None
+    progress_dir: Path | None = None
+    last: tuple[float, int] | None = None  # (utilisation %, memory MiB) at the last sample
+
+    def declared(self, default_mib: int) -> tuple[float | None, int]:
+        """(utilisation, memory) the job declared in its progress directory, if it did."""
+        if self.progress_dir is None:
+            return None, default_mib
+        util = read_declared(self.progress_dir / UTIL_FILE_NAME, 100.0)
+        memory = read_declared(self.progress_dir / MEMORY_FILE_NAME, float(1 << 30))
+        return util, default_mib if memory is None else int(memory)
 
     def set_pids(self, pids: tuple[int, ...]) -> None:
         self.pids = {pid: _process_start(pid) for pid in pids}
@@ -240,12 +251,18 @@ class EmulatedGpuBackend:
                     measured = job.meter.utilization()
                     if measured is not None:
                         job_util = measured
+                # What the job declared it uses (noded.gpu.declared), where it did.
+                declared_util, job_mem = job.declared(cfg.job_memory_mib)
+                if declared_util is not None:
+                    job_util = declared_util
+                job.last = (job_util, job_mem)
                 # Every live process of the job is listed on each of its GPUs, sharing the
                 # job's memory there: which process holds which context is not modelled.
-                share, extra = divmod(cfg.job_memory_mib, len(alive))
+                # Jobs sharing a GPU add up on it (utilisation and memory), as on a real one.
+                share, extra = divmod(job_mem, len(alive))
                 for g in job.gpus:
                     util[g] += job_util
-                    mem[g] += cfg.job_memory_mib
+                    mem[g] += job_mem
                     for k, pid in enumerate(alive):
                         procs[g].append((pid, share + (extra if k == 0 else 0)))
             lost = set(self._lost)
@@ -320,6 +337,7 @@ class EmulatedGpuBackend:
                 # A job a restarted daemon re-adopts: it still writes where it was told to.
                 progress = self._progress_dirs[job_id] = self._progress_root / job_id
             if progress is not None:
+                job.progress_dir = progress
                 job.meter = ProgressMeter(
                     progress / PROGRESS_FILE_NAME,
                     self.config.rate_window_s,
@@ -335,6 +353,19 @@ class EmulatedGpuBackend:
             if job is None:
                 raise ValueError(f"job {job_id!r} is not running on the emulated GPUs")
             job.set_pids(tuple(pids))
+
+    def job_utilization(self, job_id: str) -> float | None:
+        """The job's own share of its GPUs' utilisation at the last sample (what a shared
+        GPU's total hides), or None before one."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None or job.last is None else job.last[0]
+
+    def job_memory(self, job_id: str) -> int | None:
+        """GPU memory the job held on each of its GPUs at the last sample (MiB)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None or job.last is None else job.last[1]
 
     def job_ended(self, job_id: str) -> None:
         check_name(job_id, "job id")
