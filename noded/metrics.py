@@ -20,6 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared.health import Readiness, readiness_response
+
 if TYPE_CHECKING:
     from noded.agent import NodeAgent
     from noded.jobs import JobRunner
@@ -93,6 +95,7 @@ def _single(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
 class NodeMetrics:
     def __init__(self, node: str, agent: NodeAgent, runner: JobRunner,
                  gpu_uuids: dict[int, str]) -> None:
+        self.agent = agent
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(NodeStateCollector(node, agent, runner, gpu_uuids))
 
@@ -100,14 +103,34 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
-async def serve_metrics(metrics: NodeMetrics, host: str, port: int) -> web.AppRunner:
-    """Start ``GET /metrics`` on host:port; the caller cleans the returned runner up."""
+def node_readiness(agent: NodeAgent) -> Readiness:
+    """A node takes work while it has a session with the master (its jobs keep running
+    without one, but nothing new can reach it)."""
+    readiness = Readiness()
+    readiness.add("master", lambda: None if agent.connected.is_set()
+                  else "no session with the master (dialling, with backoff)")
+    return readiness
+
+
+async def serve_metrics(metrics: NodeMetrics, host: str, port: int,
+                        readiness: Readiness | None = None) -> web.AppRunner:
+    """Start ``GET /metrics``, ``/healthz`` and ``/readyz`` on host:port; the caller cleans
+    the returned runner up."""
+    ready = readiness if readiness is not None else node_readiness(metrics.agent)
 
     async def handle(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})  # answering at all is the liveness
+
+    async def readyz(_: web.Request) -> web.Response:
+        return readiness_response(ready)
+
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -26,6 +26,7 @@ from masterd.api.rpc import VERSION, Rpc
 from masterd.journal.store import StoreError
 from masterd.service.master import Master
 from masterd.service.sessions import NodeSession
+from shared.health import Readiness, readiness_response
 from shared.messages import NODE_EVENTS, Hello
 from shared.protocol import (
     MAX_FRAME,
@@ -85,6 +86,7 @@ MASTER_KEY = web.AppKey("master", Master)
 RPC_KEY = web.AppKey("rpc", Rpc)
 GATE_KEY = web.AppKey("gate", Gate)
 METRICS_KEY = web.AppKey("metrics", MasterMetrics)
+READY_KEY = web.AppKey("readiness", Readiness)
 
 
 def _rpc_error(req_id: object, code: str, message: str, status: int,
@@ -232,6 +234,28 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def handle_ready(request: web.Request) -> web.Response:
+    return readiness_response(request.app[READY_KEY])
+
+
+def master_readiness(master: Master, gate: Gate) -> Readiness:
+    """The master takes work while its journal is open, it is not draining and it leads."""
+    readiness = Readiness()
+    readiness.add("journal", lambda: "the journal is closed" if master.journal.closed
+                  else None)
+    readiness.add("draining", lambda: "the master is shutting down" if gate.closed else None)
+
+    def leading() -> str | None:
+        if master.halted:
+            return "this master lost the leadership and is stopping"
+        if not master.leadership.leader:
+            return f"standing by; the leader is {master.leadership.leader_url or 'unknown'}"
+        return None
+
+    readiness.add("leadership", leading)
+    return readiness
+
+
 async def handle_metrics(request: web.Request) -> web.Response:
     body = request.app[METRICS_KEY].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -258,6 +282,7 @@ ROUTES: dict[str, tuple[str, Handler]] = {
     "/v1/rpc": ("POST", handle_rpc),
     "/v1/node": ("GET", handle_node),
     "/healthz": ("GET", handle_health),
+    "/readyz": ("GET", handle_ready),
     "/metrics": ("GET", handle_metrics),
 }
 
@@ -273,6 +298,7 @@ def make_app(master: Master, wrap: Callable[[Handler], Handler] | None = None
     app[MASTER_KEY] = master
     app[RPC_KEY] = Rpc(master)
     app[GATE_KEY] = Gate()
+    app[READY_KEY] = master_readiness(master, app[GATE_KEY])
     app[METRICS_KEY] = metrics
 
     def route(handler: Handler) -> Handler:

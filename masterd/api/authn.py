@@ -30,7 +30,7 @@ log = logging.getLogger("trellis.master.auth")
 
 PRINCIPAL_KEY = web.RequestKey("principal", Principal)
 # Reachable without credentials: liveness probes carry none and learn nothing from it.
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 # Methods each non-admin role may call; admins may call everything. A method missing here is
 # admin-only, so a new operator-level RPC is protected until someone decides otherwise.

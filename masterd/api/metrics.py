@@ -29,18 +29,24 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from masterd.core.policy import Preempt, Start
-from shared.model import JobKind, JobState
+from shared.model import Job, JobKind, JobState
 
 if TYPE_CHECKING:
     from masterd.service.leader import Leadership
     from masterd.service.master import Master
 
 NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable")
+PENDING_QUEUES = ("active", "requeued")
+ARRAY_FAMILIES = ("cpu", "small", "large")
+ATTEMPT_RESULTS = ("scheduled", "unschedulable")
 
 # A pass over an idle cluster is tens of microseconds; one over thousands of queued jobs with
 # packing policies can reach a second.
 PASS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                 0.5, 1.0, 2.5)
+# From submission to the decision to start: seconds on an idle cluster, hours on a full one.
+JOB_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                       900.0, 3600.0, 14400.0, 86400.0)
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -79,6 +85,7 @@ class MasterStateCollector(Collector):
             "trellis_queue_head_wait_seconds",
             "How long the job at the head of the queue has waited (0 when the queue is empty).",
             value=head_wait)
+        yield from pending_jobs(queue, self.clock())
 
         status = GaugeMetricFamily(
             "trellis_node_status",
@@ -118,10 +125,39 @@ class MasterStateCollector(Collector):
             "trellis_journal_writer_restarts",
             "Journal writer processes started because the previous one died.",
             value=journal.writer_restarts)
+        yield CounterMetricFamily(
+            "trellis_journal_write_errors",
+            "Journal operations the store failed (disk full, read-only, the writer gone): "
+            "what they recorded was refused with store_unavailable or may be lost.",
+            value=journal.write_errors)
         yield GaugeMetricFamily(
             "trellis_journal_in_flight",
             "Journal operations waiting for the writer's answer (a growing number means the "
             "disk is not keeping up).", value=journal.in_flight)
+
+
+def pending_jobs(queue: Sequence[Job], now: float) -> Iterator[Metric]:
+    """kube-scheduler's scheduler_pending_pods, for jobs: the queue by ``queue`` (``active``:
+    never placed yet; ``requeued``: back after a preemption or a failed start) and by SODA
+    ``array`` family (``cpu``, ``small``, ``large``), and the oldest waiting job's wait."""
+    counts = {(q, a): 0 for q in PENDING_QUEUES for a in ARRAY_FAMILIES}
+    oldest: float | None = None
+    for job in queue:
+        key = ("requeued" if job.attempts else "active", job.spec.array_kind)
+        counts[key] = counts.get(key, 0) + 1
+        if oldest is None or job.submit_time < oldest:
+            oldest = job.submit_time
+    family = GaugeMetricFamily(
+        "trellis_scheduler_pending_jobs",
+        "Jobs waiting to be placed, by queue (active: never placed; requeued: preempted or "
+        "failed to start) and array family (cpu, small, large).", labels=["queue", "array"])
+    for (queue_name, array), n in sorted(counts.items()):
+        family.add_metric([queue_name, array], n)
+    yield family
+    yield GaugeMetricFamily(
+        "trellis_scheduler_oldest_pending_job_seconds",
+        "How long the longest-waiting queued job has waited (0 when none waits).",
+        value=max(0.0, now - oldest) if oldest is not None else 0.0)
 
 
 class LeadershipCollector(Collector):
@@ -168,6 +204,12 @@ class LoopHistogram(Collector):
         self.label = label
         self._series: dict[str, _Series] = {}  # by label value ("" without a label)
 
+    def declare(self, label_value: str = "") -> None:
+        """Export the series (all zeros) before its first observation, so that queries and
+        dashboards find it from the start."""
+        if label_value not in self._series:
+            self._series[label_value] = _Series([0] * (len(self.bounds) + 1))
+
     def observe(self, value: float, label_value: str = "") -> None:
         series = self._series.get(label_value)
         if series is None:
@@ -210,14 +252,66 @@ class MasterMetrics:
             registry=self.registry)
         self.registry.register(MasterStateCollector(master, version, clock))
         self.registry.register(LeadershipCollector(master.leadership))
+        self._scheduler_metrics(master, clock)
+
+    def _scheduler_metrics(self, master: Master, clock: Callable[[], float]) -> None:
+        """The scheduler's series under kube-scheduler's names (scheduler_schedule_attempts_
+        total, scheduler_scheduling_attempt_duration_seconds, scheduler_pod_scheduling_sli_
+        duration_seconds, scheduler_preemption_attempts_total / _victims), for jobs."""
+        self.master = master
+        self.clock = clock
+        self.attempts = Counter(
+            "trellis_scheduler_schedule_attempts",
+            "Jobs each scheduling pass considered, by result: scheduled (a start was "
+            "decided) or unschedulable (left waiting).", ["result"], registry=self.registry)
+        for result in ATTEMPT_RESULTS:
+            self.attempts.labels(result)
+        self.attempt_duration = LoopHistogram(
+            "trellis_scheduler_scheduling_attempt_duration_seconds",
+            "Wall time of one scheduling pass, by result (scheduled: it started a job).",
+            PASS_BUCKETS, label="result")
+        self.job_latency = LoopHistogram(
+            "trellis_scheduler_job_scheduling_sli_duration_seconds",
+            "From a job's submission to the pass that decided to start it (a re-queued job: "
+            "to its latest start).", JOB_LATENCY_BUCKETS)
+        for result in ATTEMPT_RESULTS:
+            self.attempt_duration.declare(result)
+        self.passes.declare()
+        self.job_latency.declare()
+        self.registry.register(self.attempt_duration)
+        self.registry.register(self.job_latency)
+        self.preemption_attempts = Counter(
+            "trellis_scheduler_preemption_attempts",
+            "Scheduling passes that decided at least one preemption.", registry=self.registry)
+        self.preemption_victims = Counter(
+            "trellis_scheduler_preemption_victims",
+            "Jobs preempted (stopped and re-queued at the head of their array).",
+            registry=self.registry)
 
     def observe_pass(self, seconds: float, decisions: Sequence[Any]) -> None:
         self.passes.observe(seconds)
+        started = preempted = 0
+        now = self.clock()
+        jobs = self.master.core.jobs
         for decision in decisions:
             if isinstance(decision, Preempt):
                 self.preemptions.inc()
+                preempted += 1
             elif isinstance(decision, Start):
                 self.placements.inc()
+                started += 1
+                job = jobs.get(decision.job_id)
+                if job is not None:
+                    self.job_latency.observe(max(0.0, now - job.submit_time))
+        waiting = len(self.master.core.queue())
+        if started:
+            self.attempts.labels("scheduled").inc(started)
+        if waiting:
+            self.attempts.labels("unschedulable").inc(waiting)
+        self.attempt_duration.observe(seconds, "scheduled" if started else "unschedulable")
+        if preempted:
+            self.preemption_attempts.inc()
+            self.preemption_victims.inc(preempted)
 
     def observe_rpc(self, method: str, seconds: float, error_code: str | None = None) -> None:
         self.rpc.observe(seconds, method)

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from masterd.api.limits import Handler
 from masterd.api.metrics import LeadershipCollector
 from masterd.service.leader import Leadership
+from shared.health import Readiness, readiness_response
 from shared.protocol import (
     MAX_FRAME,
     ProtocolError,
@@ -77,6 +78,14 @@ def make_standby_app(leadership: Leadership,
 
     app.router.add_route("POST", "/v1/rpc", route(rpc))
     app.router.add_route("GET", "/v1/node", route(node))  # type: ignore[arg-type]
+    # Readiness as the leader's /readyz reports it: a standby takes no work.
+    readiness = Readiness()
+    readiness.add("leadership", lambda: not_leader_message(leadership))
+
+    async def ready(_: web.Request) -> web.Response:
+        return readiness_response(readiness)
+
     app.router.add_route("GET", "/healthz", route(health))
+    app.router.add_route("GET", "/readyz", route(ready))
     app.router.add_route("GET", "/metrics", route(metrics))
     return app

@@ -129,8 +129,10 @@ class Journal:
 
     ``store`` is this process's own connection to the same file, kept for reads at start-up
     (the master's restore) and for tests: after start-up every write goes through here.
-    ``commits`` counts the transactions the writer reported and ``writer_restarts`` the
-    writers started after one died (both for /metrics).
+    ``commits`` counts the transactions the writer reported, ``writer_restarts`` the
+    writers started after one died and ``write_errors`` the operations the store failed
+    (StoreError: disk full, read-only, the writer gone; not a duplicate key) - all for
+    /metrics.
     """
 
     def __init__(self, store: Store) -> None:
@@ -139,6 +141,7 @@ class Journal:
         self.wire = WireCache()
         self.commits = 0
         self.writer_restarts = 0
+        self.write_errors = 0
         self._writer: _WriterProcess | None = _WriterProcess(store)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
@@ -195,6 +198,10 @@ class Journal:
             self._flush_pending = True
             loop.call_soon(self._flush)  # everything issued this turn leaves in one write
         return fut
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def in_flight(self) -> int:
@@ -277,6 +284,8 @@ class Journal:
             commits, outcomes = pickle.loads(payload)
             self.commits += commits
             for op_id, error, result in outcomes:
+                if isinstance(error, StoreError):
+                    self.write_errors += 1
                 fut = self._pending.pop(op_id, None)
                 if fut is not None:
                     _settle(fut, error, result)
@@ -299,6 +308,8 @@ class Journal:
         self._out.clear()
         self._batch = []
         pending, self._pending = self._pending, {}
+        if isinstance(error, StoreError):
+            self.write_errors += len(pending)
         for fut in pending.values():
             _settle(fut, error, None)
 
