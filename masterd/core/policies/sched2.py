@@ -144,7 +144,11 @@ class Sched2Policy:
                 self.gpu_state.features(now, scale),
                 job_vector(window, rest, self.shape, now, scale, gpus_per_server), mask)
             action = self.agent.act(observation)
-            if action >= J or not mask[action]:
+            if not 0 <= action <= J or not mask[action]:
+                # Not an allowed action: "no job" if that is allowed, else the oldest job
+                # that fits (the idle-cluster guard holds whatever the agent does).
+                action = J if mask[J] else int(np.argmax(mask))
+            if action == J:
                 break
             chosen = window[action]
             assert chosen is not None
