@@ -56,6 +56,8 @@ def master_url(flag: str | None) -> str:
     from control.credentials import read_config
 
     value = read_config(CONFIG_PATHS).get("master")
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ",".join(value)  # several masters, one leading (docs/high-availability.md)
     return value if isinstance(value, str) else DEFAULT_MASTER
 
 
@@ -347,12 +349,13 @@ def events(client: MasterClient, args: argparse.Namespace,
 
 
 def make_client(args: argparse.Namespace) -> MasterClient:
-    from control.client import MasterClient
     from control.credentials import credentials
+    from control.failover import connect  # several masters, comma-separated: the leader's
 
     try:
         url = master_url(args.master)
-        return MasterClient(url, timeout=args.timeout, **credentials(args, url, CONFIG_PATHS))
+        return connect(url, timeout=args.timeout,  # type: ignore[return-value]
+                       **credentials(args, url, CONFIG_PATHS))
     except ValueError as exc:  # a bad URL, config file or credential (AuthError)
         raise UsageError(str(exc)) from None
 

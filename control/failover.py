@@ -18,10 +18,14 @@ with its own ``id``, which a retry cannot store twice (the leader answers ``dupl
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from control.client import MasterClient, RpcError, Unreachable
+
+# Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 # Methods that change nothing: safe to send again whatever happened to the first attempt.
 READ_ONLY = frozenset({"ping", "jobs", "job", "nodes", "node", "events", "models",
