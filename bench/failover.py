@@ -1,0 +1,158 @@
+"""Failover of a highly available master: kill -9 the leader again and again under load.
+
+    python bench/failover.py [--kills 5] [--per-round 200] [--clients 50]
+
+Starts a private PostgreSQL server (demo/pgserver.py), two trellis-masterd sharing it (one
+leads, one stands by; kube-scheduler's lease timing, the defaults: lease 15 s, renew 10 s,
+retry 2 s) and two node daemons given both masters' URLs. Each round submits ``--per-round``
+short jobs (explicit ids) from ``--clients`` concurrent connections to the leader, SIGKILLs
+it once a third of them are acknowledged, times how long until the other master answers as
+the leader (``takeover_s``: from the kill to the first successful RPC), and starts the killed
+one again as a standby. Every job's command appends its pid to a file named after the job.
+
+At the end, after the jobs have run: ``lost_acked`` counts acknowledged submissions missing
+from the journal, ``duplicate_starts`` jobs whose start file has more than one line (started
+twice). Last line: JSON with ``takeover_s_p99`` (nearest rank over the kills), the takeover of
+every kill, ``lost_acked``, ``duplicate_starts``, ``seconds`` (the whole run), and whether
+the targets (takeover p99 <= 15 s, 0, 0) hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import msgpack
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from demo.cluster import default_job_user  # noqa: E402
+from demo.hacluster import HaCluster  # noqa: E402
+from demo.harness import exit_on_signals, run, scratch_dir  # noqa: E402
+from demo.pgserver import PgServer  # noqa: E402
+from shared.protocol import encode_rpc_request  # noqa: E402
+
+TAKEOVER_TARGET_S = 15.0
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+async def burst(cluster: HaCluster, leader: int, ids: list[str], command: str, clients: int,
+                kill_after: int) -> tuple[set[str], float]:
+    """Submit ``ids`` to the leader; SIGKILL it after ``kill_after`` acknowledgements.
+    Returns the acknowledged ids and the kill's monotonic time."""
+    acked: set[str] = set()
+    killed_at = 0.0
+    pending = list(reversed(ids))
+    url = cluster.master_url(leader) + "/v1/rpc"
+    user = default_job_user()
+
+    async def client() -> None:
+        nonlocal killed_at
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+            while pending:
+                job_id = pending.pop()
+                job = {"name": job_id, "command": ["sh", "-c", command], "user": user,
+                       "gpus": 1}
+                body = encode_rpc_request("submit", {"job": job, "id": job_id}, job_id)
+                try:
+                    async with session.post(url, data=body) as r:
+                        reply = msgpack.unpackb(await r.read())
+                except (TimeoutError, aiohttp.ClientError, OSError):
+                    continue
+                if "result" in reply:
+                    acked.add(job_id)
+                    if len(acked) >= kill_after and not killed_at:
+                        killed_at = time.monotonic()
+                        cluster.kill_master(leader)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    if not killed_at:  # every submission was acknowledged before the threshold: kill now
+        killed_at = time.monotonic()
+        cluster.kill_master(leader)
+    return acked, killed_at
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--per-round", type=int, default=200)
+    p.add_argument("--clients", type=int, default=50)
+    args = p.parse_args()
+    if args.kills < 1 or args.per_round < 3:
+        p.error("--kills must be at least 1 and --per-round at least 3")
+
+    started = time.monotonic()
+    takeovers: list[float] = []
+    acked: set[str] = set()
+    with exit_on_signals(), scratch_dir("trellis-bench-", mode=0o777) as root, \
+            PgServer.started() as server:
+        store = server.create_database()
+        starts = root / "starts"
+        starts.mkdir()
+        os.chmod(starts, 0o777)
+        command = f'echo "$$" >> {starts}/$TRELLIS_JOB_ID; sleep 0.2'
+        with HaCluster(root / "cluster", nodes=2, gpus_per_node=2, prefix="trellis-bench",
+                       cgroup_mode="affinity", store=store, masters=2) as cluster:
+            cluster.start()
+            client = cluster.client(timeout=60)
+            for round_ in range(args.kills):
+                leader = cluster.wait_leader(60)
+                ids = [f"r{round_}-{i:04d}" for i in range(args.per_round)]
+                got, killed_at = run(burst(cluster, leader, ids, command, args.clients,
+                                           args.per_round // 3))
+                cluster.wait_leader(60, not_index=leader)
+                takeover = time.monotonic() - killed_at
+                takeovers.append(takeover)
+                acked |= got
+                cluster.start_again(leader)
+                print(f"kill {round_ + 1}: master{leader} killed after {len(got)} acks, "
+                      f"takeover {takeover:.2f} s", file=sys.stderr, flush=True)
+            cluster.wait_nodes(2, timeout=60)
+            # Everything stored runs to its end (each job: one start line, then exit).
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                active = client.call("jobs", {"state": "active"})["jobs"]
+                queued = client.call("jobs", {"state": "queued"})["jobs"]
+                if not active and not queued:
+                    break
+                time.sleep(1.0)
+            with psycopg.connect(store) as conn:
+                stored = {r[0] for r in conn.execute("SELECT id FROM jobs")}
+                states = dict(conn.execute(
+                    "SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+            duplicates = sum(1 for f in starts.iterdir() if len(f.read_text().split()) > 1)
+            started_jobs = sum(1 for _ in starts.iterdir())
+    lost = len(acked - stored)
+    p99 = nearest_rank(takeovers, 0.99)
+    result = {
+        "takeover_s_p99": round(p99, 2),
+        "takeover_s": [round(t, 2) for t in takeovers],
+        "kills": len(takeovers),
+        "lost_acked": lost,
+        "duplicate_starts": duplicates,
+        "acked": len(acked),
+        "stored": len(stored),
+        "started": started_jobs,
+        "states": states,
+        "seconds": round(time.monotonic() - started, 1),
+        "targets_met": p99 <= TAKEOVER_TARGET_S and lost == 0 and duplicates == 0,
+    }
+    print(json.dumps(result))
+    return 0 if result["targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
