@@ -16,6 +16,7 @@ from masterd.features.genie.prediction import predict
 from masterd.features.genie.profiler import ProfileRequest
 from masterd.service.master import Master
 from shared.model import NAME_PATTERN, UNIX_USER_PATTERN, Job
+from shared.rpcdoc import returns
 from shared.schema import bounded
 
 Handler = tuple[type, Callable[[Any], Awaitable[Any]]]
@@ -62,11 +63,18 @@ class ProfilesParams:
 
 def method_table(master: Master) -> dict[str, Handler]:
     features = master.features
+    @returns("`models`: every row of the model database (`model_type`, `gpu_model`, `kind`, "
+             "`family`, `k0`, `k1`, `k2`, `gamma`, `lam`, `nu`, `source`, `stored`); "
+             "`default_gpu_model`.")
     async def models(_: NoParams) -> dict[str, Any]:
+        """GENIE's prediction model database."""
         return {"models": features.models.listing(),
                 "default_gpu_model": features.models.db.default_gpu_model}
 
+    @returns("`loaded`: how many rows; `models`: `TYPE/GPU_MODEL/KIND` of each.",
+             ("invalid_params",))
     async def load_models(p: LoadModelsParams) -> dict[str, Any]:
+        """Add or replace model rows, from a file on the master's host or given inline."""
         if (p.path is None) == (p.rows is None):
             raise JobError("invalid_params", "give either path (a .json/.toml file on the "
                            "master's host) or rows")
@@ -79,7 +87,11 @@ def method_table(master: Master) -> dict[str, Handler]:
         return {"loaded": len(entries),
                 "models": [f"{e.model_type}/{e.gpu_model}/{e.kind}" for e in entries]}
 
+    @returns("`profile`: the new campaign (`id`, `model_type`, `gpu_model`, `kind`, "
+             "`state`, `runs`: each run's `job_id`, `phase`, `d_node`, `d_gpn`, `batch`, "
+             "`state`, `rate`).", ("unsatisfiable", "unknown_user", "user_refused"))
     async def profile(p: ProfileParams) -> dict[str, Any]:
+        """Start a profiling campaign (B + N + G runs) that fits a model type."""
         request = ProfileRequest(
             model_type=p.model_type, command=p.command, user=p.user, gpu_model=p.gpu_model,
             kind=p.kind, batches=p.batches, global_batch=p.global_batch,
@@ -91,16 +103,27 @@ def method_table(master: Master) -> dict[str, Handler]:
         campaign = await features.profiler.start(request)
         return {"profile": features.profiler.view(campaign)}
 
+    @returns("`profiles`: every campaign (or the one asked for) as `profile` returns it, "
+             "with `fit` (coefficients and fit errors) once fitted and `error` if it "
+             "failed.", ("unknown_profile",))
     async def profiles(p: ProfilesParams) -> dict[str, Any]:
+        """Profiling campaigns, or one of them."""
         if p.id is not None:
             return {"profiles": [features.profiler.view(features.profiler.get(p.id))]}
         campaigns = features.profiler.campaigns.values()
         return {"profiles": [features.profiler.view(c) for c in campaigns]}
 
+    @returns("`arrays`: each SODA array's `name`, `kind`, `unit`, `size`, `used`, "
+             "`borrowed_out`, `borrowed_in`, `queued`; `last_resize` and `last_change` "
+             "(time, jobs, changed) or nil.")
     async def pools(_: NoParams) -> dict[str, Any]:
+        """SODA's arrays: sizes, use, loans and queues."""
         return features.arrays.summary()
 
+    @returns("The re-sizing: the sizes before and after and whether they changed.",
+             ("invalid_params",))
     async def resize_arrays(_: NoParams) -> dict[str, Any]:
+        """Re-derive SODA's array sizes from recent demand now."""
         features.arrays.require()
         return await features.arrays.resize_now()
 

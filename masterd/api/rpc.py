@@ -17,6 +17,7 @@ from masterd.service.bulk import BatchRefused, Refusal
 from masterd.service.master import Master
 from shared.model import NAME_PATTERN, Job, JobSpec, JobState
 from shared.protocol import ProtocolError
+from shared.rpcdoc import returns
 from shared.schema import SchemaError, bounded, decode
 
 VERSION = "0.1.0"
@@ -154,10 +155,16 @@ class Rpc:
         and forget it at once): caching its view would bring back what forgetting dropped."""
         return self.master.journal.wire if job.id in self.master.core.jobs else None
 
+    @returns("`version`: the master's version; `policy`: its scheduling policy.")
     async def ping(self, _: NoParams) -> dict[str, Any]:
+        """Whether the master answers, and its version and policy."""
         return {"version": VERSION, "policy": self.master.core.policy.name}
 
+    @returns("`job`: the new job's [job view](#job-view), state `queued`.",
+             ("unknown_user", "user_refused", "unsatisfiable", "invalid_job", "duplicate_job",
+              "not_leader"))
     async def submit(self, p: SubmitParams, params: dict[str, Any]) -> dict[str, Any]:
+        """Submit one job; journalled before the reply. ``id`` makes a retry idempotent."""
         # The job map as sent decodes to exactly this spec (it just did), so it serves as the
         # spec's wire form for the journal and the nodes without encoding the spec again.
         job = await self.master.submit(p.job, p.id, wire_spec=params["job"])
@@ -165,6 +172,10 @@ class Rpc:
         # listed while queued (the cache fills when they are).
         return {"job": job_view(job)}
 
+    @returns("`jobs`: the new jobs' [job views](#job-view), in the order given. Refused: "
+             "`batch_refused`, with `detail` = `{jobs: N, refused: [{index, code, message}], "
+             "accepted: [ids]}` (`accepted` is empty unless the store failed part-way).",
+             ("batch_refused", "not_leader"))
     async def submit_many(self, p: SubmitManyParams) -> dict[str, Any]:
         """Many jobs in one call and one journal transaction, all or none: a refused job
         refuses the batch, and the error (``batch_refused``) lists every refused job by
@@ -195,7 +206,11 @@ class Rpc:
             raise ProtocolError(exc.code, str(exc), exc.detail()) from None
         return {"jobs": [job_view(job) for job in jobs]}
 
+    @returns("`job`: the job's [job view](#job-view) (queued jobs end `cancelled` at once; "
+             "running ones are stopped: SIGTERM, SIGKILL after `stop_grace_s`).",
+             ("unknown_job", "job_finished"))
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
+        """Cancel a queued or running job."""
         found = await self._job(p.id)
         if p.id not in self.master.core.jobs:
             # Only ended jobs are ever forgotten: the answer the core gives for one in memory.
@@ -203,6 +218,7 @@ class Rpc:
         job = await self.master.cancel(p.id)
         return {"job": job_view(job, self._wire_for(job))}
 
+    @returns("`jobs`: [job views](#job-view) of the jobs in memory that match the filters.")
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         """Jobs in the master's memory: every queued and active one, and the newest
         ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``)."""
@@ -227,7 +243,12 @@ class Rpc:
                 break
         return {"jobs": out}
 
+    @returns("`job`: its [job view](#job-view); `events`: its journal rows `{time, node, "
+             "kind, detail}`, oldest first; `prediction`: GENIE's view (model, fallback, "
+             "predicted latency, ECT, waiting allowance) or nil; `metrics`: the latest "
+             "values it reported, `{name: {value, last, count}}`.", ("unknown_job",))
     async def job(self, p: JobIdParams) -> dict[str, Any]:
+        """One job, also one ended long ago (read from the journal), with its events."""
         job = await self._job(p.id)
         events = await self.master.journal.call(Store.events, job.id)
         return {
@@ -239,7 +260,12 @@ class Rpc:
             **job_extras(self.master, job),
         }
 
+    @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "
+             "`unreachable`), `address`, `gpu_model`, `gpus`, `gpus_free`, `gpus_unhealthy`, "
+             "`cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` (ids) and "
+             "`gpu_detail` (each GPU's inventory and `utilization_pct`).")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
+        """Every registered node with its status and free resources."""
         out = []
         for view in self.master.core.cluster.views():
             inv = view.inventory
@@ -265,14 +291,22 @@ class Rpc:
             })
         return {"nodes": out}
 
+    @returns("`node` and its `status` (`drained`): running jobs stay, nothing new starts.",
+             ("unknown_node",))
     async def drain(self, p: NodeParams) -> dict[str, Any]:
+        """Stop placing jobs on a node."""
         await self.master.set_drained(p.node, True)
         return {"node": p.node, "status": self.master.node_status(p.node)}
 
+    @returns("`node` and its `status`.", ("unknown_node",))
     async def undrain(self, p: NodeParams) -> dict[str, Any]:
+        """Place jobs on a drained node again."""
         await self.master.set_drained(p.node, False)
         return {"node": p.node, "status": self.master.node_status(p.node)}
 
+    @returns("`node`: as one entry of `nodes`, each GPU with its holder `job`; `jobs`: the "
+             "job parts placed there (`id`, `state`, `tenant`, `user`, `qos`, `gpus`, "
+             "`cpus`, `memory_mib`); `rdt`: `{cat, mba, mbm, mba_mbps}`.", ("unknown_node",))
     async def node(self, p: NodeParams) -> dict[str, Any]:
         """One node in detail: its GPUs with utilisation and holder, its jobs with the cores
         and GPUs each holds there, and its RDT capabilities."""
@@ -305,6 +339,8 @@ class Rpc:
                 "jobs": ",".join(partition["jobs"]) or "-"}
         return reply
 
+    @returns("`events`: journal rows `{seq, time, job, node, kind, detail}` oldest first; "
+             "`last`: the cursor to pass as `after` next time.")
     async def events(self, p: EventsParams) -> dict[str, Any]:
         """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest
         first; ``last`` is the cursor to pass as ``after`` next time."""

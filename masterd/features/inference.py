@@ -62,6 +62,7 @@ from shared.model import (
     JobSpec,
     JobState,
 )
+from shared.rpcdoc import returns
 from shared.schema import SchemaError, bounded, decode, encode
 
 log = logging.getLogger("trellis.master.inference")
@@ -433,7 +434,11 @@ class InferenceService:
             raise JobError("unknown_service", f"inference service {name!r} is not registered")
         return reg
 
+    @returns("The `place` reply plus `registered` (true when new; registering again "
+             "replaces the profile).", ("invalid_params", "too_many_services", "unknown_user",
+                                        "user_refused"))
     async def register_service(self, p: RegisterServiceParams) -> dict[str, Any]:
+        """Register (or update) an inference service: its profile and replica command."""
         try:
             profile = p.profile()
         except PlacerError as exc:
@@ -452,7 +457,9 @@ class InferenceService:
         self.plan()
         return {"service": p.service, "registered": new, **self._place(p.service)}
 
+    @returns("The `place` reply after re-planning.", ("unknown_service", "invalid_params"))
     async def report_load(self, p: ReportLoadParams) -> dict[str, Any]:
+        """Report a service's current load; the placer re-plans."""
         reg = self._service(p.service)
         if (p.load is None) == (p.qps is None):
             raise JobError("invalid_params", "give exactly one of load (queries per batching "
@@ -474,7 +481,12 @@ class InferenceService:
         self.plan()
         return self._place(p.service)
 
+    @returns("`service`, `version` (changes whenever the endpoints or a replica's readiness "
+             "do), `mode` (`cpu`/`gpu`), `load`, `endpoints`: `replica`, `job`, `kind`, "
+             "`node`, `address`, `port`, `gpu` (index or nil), `cpus`, `ready`.",
+             ("unknown_service",))
     async def place(self, p: ServiceParams) -> dict[str, Any]:
+        """Where a service's replicas serve (cache the reply; poll cheaply)."""
         self._service(p.service)
         return self._place(p.service)
 
@@ -509,7 +521,9 @@ class InferenceService:
         self._cache[service] = _Cached(key, reply)
         return reply
 
+    @returns("`service`; `retired`: the replicas being stopped.", ("unknown_service",))
     async def deregister_service(self, p: ServiceParams) -> dict[str, Any]:
+        """Stop serving a service: its replicas are retired."""
         self._service(p.service)
         await self.ctx.journal.call(delete_service, p.service)
         del self.registrations[p.service]
@@ -521,7 +535,10 @@ class InferenceService:
             self._retire(action)
         return {"service": p.service, "retired": [a.replica.id for a in retired]}
 
+    @returns("`services`: each service's `service`, `user`, `tenant`, `mode`, `load`, "
+             "`version`, `replicas`, `ready` and `profile`.")
     async def services(self, _: NoServiceParams) -> dict[str, Any]:
+        """Every registered service."""
         out = []
         for name, reg in sorted(self.registrations.items()):
             answer = self._place(name)
