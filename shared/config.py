@@ -36,6 +36,19 @@ class InferenceConfig:
 
 
 @dataclass(frozen=True)
+class LiquidConfig:
+    """Liquid's resource-requirement model (§4), ``[master.liquid]``."""
+
+    # Learn from jobs' usage and attach predictions to jobs (the liquid policy reads them).
+    model: bool = True
+    # Re-train this often from the journal's usage rows (0: only at start).
+    retrain_s: float = bounded(600.0, min=0, max=30 * 86400)
+    # Train on at most this many of the newest final usage reports.
+    max_rows: int = bounded(20_000, min=10, max=10_000_000)
+    seed: int = bounded(0, min=0, max=2**31 - 1)
+
+
+@dataclass(frozen=True)
 class MasterConfig:
     listen_host: str = bounded("127.0.0.1", max_len=255)
     listen_port: int = bounded(7400, min=0, max=65535)
@@ -65,6 +78,7 @@ class MasterConfig:
     # events still find them). Queued and running jobs are always kept.
     finished_jobs_in_memory: int = bounded(10_000, min=0, max=10_000_000)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    liquid: LiquidConfig = field(default_factory=LiquidConfig)
 
     # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),
     # mode 0600; with none of these and no TLS client CA the master serves loopback only.

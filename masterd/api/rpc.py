@@ -10,6 +10,8 @@ from typing import Any
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
 from masterd.api.inference import method_table as inference_methods
+from masterd.api.liquid import job_extras as liquid_job_extras
+from masterd.api.liquid import method_table as liquid_methods
 from masterd.core.scheduler import JobError
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
@@ -123,6 +125,8 @@ class Rpc:
         self.methods.update(inference_methods(master.features.inference))
         # GENIE's model database and profiler, SODA's pools.
         self.methods.update(genie_methods(master))
+        # Liquid's resource model.
+        self.methods.update(liquid_methods(master))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -258,6 +262,7 @@ class Rpc:
                 for e in events
             ],
             **job_extras(self.master, job),
+            **await liquid_job_extras(self.master, job),
         }
 
     @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "

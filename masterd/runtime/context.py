@@ -135,6 +135,14 @@ class JobActions:
     cores_changed: Callable[[str, str, tuple[int, ...]], None]
     # (job, reason), during the restore only: cancel a restored job, journalled at once.
     cancel_restored: Callable[[str, str], None]
+    # (job, {key: value}): attach predictions to a job for the policy to read (Job.annotations;
+    # keys are namespaced by feature, e.g. "liquid.gpu_util"), and ask for a pass. Not
+    # journalled: the feature attaches them again after a restart. False: not in memory.
+    annotate: Callable[[str, Mapping[str, float]], bool]
+    # (job): a running job entered its post phase (Liquid §6.1: it saves its model); its GPUs
+    # are lent for pre-scheduling (SchedulingCore.enter_post_phase), journalled. False when
+    # the job is not running or was lent already.
+    post_phase: Callable[[str], bool]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from masterd.features.arrays.pools import ArrayPools
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.inference import InferenceService
+from masterd.features.liquid.feature import LiquidResources
 from masterd.features.netpartition import NetPartitions
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
@@ -29,6 +30,7 @@ class Features:
     inference: InferenceService  # SODA's hardware-aware inference placer
     arrays: ArrayPools  # SODA's multi-array pools: view and re-sizing
     partitions: NetPartitions  # SODA's network partition, as the nodes report it
+    liquid: LiquidResources  # Liquid's usage journal, resource model and post phases
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -48,5 +50,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
     policy = ProfilingPolicy(build_policy(config.policy, config.policy_options, models.db),
                              profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
-                        inference=inference, arrays=arrays, partitions=NetPartitions(ctx))
+                        inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
+                        liquid=LiquidResources(ctx))
     return features, policy

@@ -13,7 +13,7 @@ import pwd
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,9 @@ class Master:
         self.gpu_util: dict[str, dict[int, GpuUtil]] = {}
         self._seq = self.store.next_seq()
         self._pass_pending = False
+        # The pass a policy asked for at a time of its own (SchedulingCore.wake_at).
+        self._wake_handle: asyncio.TimerHandle | None = None
+        self._wake_time = 0.0
         self._launching: set[str] = set()
         self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
@@ -142,7 +145,8 @@ class Master:
                 check_user=self.check_user, submit=self.submit, cancel=self.cancel,
                 preempt=self.preempt, drop_queued=self.drop_queued,
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
-                cancel_restored=self.cancel_restored),
+                cancel_restored=self.cancel_restored, annotate=self.annotate,
+                post_phase=self.post_phase),
             nodes=NodeCommands(send=self._command, status=self.node_status),
             tasks=self.tasks,
             events=self.events,
@@ -199,6 +203,8 @@ class Master:
     async def close(self) -> None:
         for handle in self._grace.values():
             handle.cancel()
+        if self._wake_handle is not None:
+            self._wake_handle.cancel()
         await self.tasks.close()
         await self.context.workers.close()
         self.journal.close()
@@ -415,6 +421,8 @@ class Master:
         self.passes += 1
         if self.observe_pass is not None:
             self.observe_pass(elapsed, decisions)
+        if self.core.wake_at is not None:
+            self._wake(self.core.wake_at)
         for decision in decisions:
             if isinstance(decision, Start):
                 job = self.core.jobs[decision.job_id]
@@ -422,6 +430,21 @@ class Master:
                 self.tasks.spawn(self._launch(job))
             elif isinstance(decision, Preempt):
                 self.tasks.spawn(self._preempt(decision))
+
+    def _wake(self, when: float) -> None:
+        """A pass at ``when`` although no event may come (a policy's batch window closes)."""
+        handle = self._wake_handle
+        if handle is not None and self._wake_time <= when:
+            return
+        if handle is not None:
+            handle.cancel()
+        self._wake_time = when
+        self._wake_handle = asyncio.get_running_loop().call_later(
+            max(0.0, when - self.clock()), self._woken)
+
+    def _woken(self) -> None:
+        self._wake_handle = None
+        self.request_pass()
 
     async def _launch(self, job: Job) -> None:
         """Two-phase start: every node prepares (checks user, GPUs, creates its cgroup), then
@@ -536,6 +559,26 @@ class Master:
         if transition is not None:  # queued: cancelled at once, nothing runs
             self.store.update_jobs([self.core.jobs[job_id]],
                                    [(now, job_id, None, "cancelled", {"reason": reason})])
+
+    def annotate(self, job_id: str, values: Mapping[str, float]) -> bool:
+        """Attach a feature's predictions to a job (see JobActions.annotate)."""
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            return False
+        job.annotations.update(values)
+        if job.state is JobState.QUEUED:
+            self.request_pass()
+        return True
+
+    def post_phase(self, job_id: str) -> bool:
+        """A running job entered its post phase: lend its GPUs, journal it, ask for a pass."""
+        if not self.core.enter_post_phase(job_id):
+            return False
+        job = self.core.jobs[job_id]
+        self.tasks.spawn(self._persist([job], [(self.clock(), job_id, None, "post_phase",
+                                                {})]))
+        self.request_pass()
+        return True
 
     def launch_placed(self, spec: JobSpec, placement: Placement, id_prefix: str,
                       reason: str) -> Job:

@@ -7,6 +7,7 @@ asked for, so a test can see it and decide what happened.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,12 +64,20 @@ class FeatureHarness:
                 check_user=lambda user: None, submit=self._submit, cancel=self._cancel,
                 preempt=self._preempt, drop_queued=self.recorded.dropped.append,
                 launch_placed=self._launch_placed, cores_changed=self.core.cores_changed,
-                cancel_restored=lambda job_id, reason: self.recorded.cancelled.append(job_id)),
+                cancel_restored=lambda job_id, reason: self.recorded.cancelled.append(job_id),
+                annotate=self._annotate, post_phase=self.core.enter_post_phase),
             nodes=NodeCommands(send=self._send, status=lambda node: "ready"),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
         )
+
+    def _annotate(self, job_id: str, values: Mapping[str, float]) -> bool:
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            return False
+        job.annotations.update(values)
+        return True
 
     def _request_pass(self) -> None:
         self.recorded.passes += 1
