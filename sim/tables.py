@@ -59,6 +59,8 @@ class Table:
     formats: list[str]  # one per column; ignored for string cells
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
+    # The trellis-sim command line that regenerates the table's numbers (shown under it).
+    command: str = ""
 
     def __post_init__(self) -> None:
         if len(self.formats) != len(self.columns):
@@ -80,12 +82,15 @@ class Table:
         for row in self.rows:
             cells = [fmt(v, f).replace("|", "\\|") for v, f in zip(row, self.formats, strict=True)]
             lines.append("| " + " | ".join(cells) + " |")
+        if self.command:
+            lines += ["", f"Regenerate: `{self.command}`"]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "caption": self.caption,
+            "command": self.command,
             "columns": self.columns,
             "formats": self.formats,
             "rows": [[_json_cell(v) for v in row] for row in self.rows],

@@ -5,7 +5,8 @@
   ``ReportError``, the notes check, the replay helper, queueing statistics, plot helpers and
   the policies' display names (``POLICY_TITLES``).
 - ``genie``: the GENIE workload (GENIE §7.1–7.2).
-- ``philly``: the Philly trace (Helios §4.2.3).
+- ``philly``: the Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4).
+- ``ces``: Cluster Energy Saving on Philly's node activity (Helios §4.3, Table 5).
 - ``openb``: the openb trace (SODA §VI).
 
 Each study module owns its configuration dataclass, the paper's figures it quotes, its run
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.studies import genie, openb, philly
+from sim.studies import ces, genie, openb, philly
 from sim.studies.common import Study
 
 # The report's studies, in the order of its sections.
-REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, openb.STUDY)
+REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, ces.STUDY, openb.STUDY)

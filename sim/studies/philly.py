@@ -1,7 +1,17 @@
-"""Study 2: the Philly trace (Helios §4.2.3, Table 3).
+"""Study 2: the Philly trace as Helios replayed it (Helios §4.2.3, Tables 3 and 4).
 
-FIFO against SJF with perfect knowledge on Helios' Philly evaluation period, one scheduling
-core per virtual cluster, at several VC scales; other policies on one scale; the full trace.
+Helios' simulator on Philly: the 11 VCs of ``philly-vcs.csv``, jobs submitted 2017-10-01 to
+2017-11-30, each VC scheduled on its own nodes with its own queue, consolidated placement
+(one node for a job of up to 8 GPUs, else whole free nodes), no backfill; FIFO, SJF ranking by
+the recorded duration and QSSF ranking by GPUs × an estimate with Helios' error model. Each of
+those rules is a policy or placement option here (``placement=consolidate``, ``sjf``'s
+``rank=recorded`` and ``backfill=false``), and every replay below uses them.
+
+Helios sized each VC "corresponding to its workloads" and reports 69.0% node utilisation for
+Philly (Table 5); the trace here (the Pollux preprocessing) carries less work than theirs, so
+the VCs as sized by ``philly-vcs.csv`` sit mostly idle. The study therefore searches the VC
+scale (each VC gets round(scale × its nodes) nodes) at which FIFO's node utilisation equals
+69.0% — on utilisation, never on JCT — and reports Tables 3 and 4 there, beside the paper.
 """
 
 from __future__ import annotations
@@ -15,17 +25,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from masterd.core.helios.estimate import RECORDED_KEY
 from masterd.core.policies import make_policy
 from masterd.core.policy import Policy
 from sim.engine import SimConfig, SimResult
 from sim.metrics import mean, percentile, summarise
-from sim.oracle import oracle_modeldb, prediction_errors
+from sim.oracle import oracle_modeldb
 from sim.studies.common import (
     QUEUED_THRESHOLD_S,
     ReportError,
     Section,
     Study,
-    check_policies,
     csv_list,
     finished,
     plot_cdf,
@@ -36,66 +46,91 @@ from sim.studies.common import (
     title,
 )
 from sim.tables import Table, fmt
-from sim.truth import NodeTopology, TruthConfig, TruthModel
+from sim.truth import TruthConfig, TruthModel
 from sim.workloads import philly
-from sim.workloads.base import LoadOptions
+from sim.workloads.base import LoadOptions, Workload
 
 # The paper's own figures, quoted next to ours (never computed here).
 HELIOS_PHILLY = {
-    "source": "Helios §4.2.3, Table 3, Philly column; Table 2 (seeds/helios.md)",
-    "fifo_avg_jct_s": 86072,
-    "sjf_avg_jct_s": 34272,
-    "fifo_avg_queue_s": 56531,
-    "sjf_avg_queue_s": 4731,
-    "fifo_queued_jobs": 30282,
-    "sjf_queued_jobs": 21437,
+    "source": "Helios §4.2.3, Tables 3 and 4 (Philly column), Table 5 (seeds/helios.md)",
+    "avg_jct_s": {"fifo": 86072, "sjf": 34272, "qssf": 37324},
+    "avg_queue_s": {"fifo": 56531, "sjf": 4731, "qssf": 7783},
+    "queued_jobs": {"fifo": 30282, "sjf": 21437, "qssf": 22026},
+    # Table 4: FIFO ÷ QSSF average queueing delay per duration group.
+    "fifo_over_qssf_queue": {"short": 26.95, "middle": 5.54, "long": 1.70},
+    "node_util_pct": 69.0,
     "avg_duration_s": 28329,  # Table 2, the whole Philly trace Helios used
     "avg_gpus": 1.75,
 }
+POLICIES = ("fifo", "sjf", "qssf")
+# Helios' rules as options: consolidated placement, SJF by recorded duration without backfill.
+ALIGNED: dict[str, dict[str, Any]] = {
+    "fifo": {"placement": "consolidate"},
+    "sjf": {"rank": "recorded", "backfill": False, "placement": "consolidate"},
+    "qssf": {},
+}
+# Table 4's groups by recorded duration (Helios: short < 15 min, middle 15 min – 6 h, long).
+GROUPS = (("short", 0.0, 900.0), ("middle", 900.0, 21600.0), ("long", 21600.0, math.inf))
+SIZES = (("1 GPU", 1, 1), ("2–4 GPUs", 2, 4), ("5–8 GPUs", 5, 8), ("> 8 GPUs", 9, 1 << 30))
 
 
 @dataclass(frozen=True)
 class PhillyStudy:
     since: str = "2017-10-01"  # Helios' Philly evaluation period: October and November 2017
     until: str = "2017-12-01"
-    vc_scales: tuple[float, ...] = (1.0, 0.5, 0.25)
-    policies: tuple[str, ...] = ("fifo", "sjf")
-    # Policies replayed besides FIFO and SJF, on the VC scale named here (where queues form).
-    other_policies: tuple[str, ...] = ("weighted-fair", "tetris-perf", "drf", "capacity")
-    other_scale: float = 0.5
-    full_trace_pair: bool = True
     seed: int = 1
+    target_util_pct: float = 69.0  # Helios Table 5, Philly's node utilisation
+    scale_low: float = 0.1
+    scale_high: float = 1.0
+    util_tolerance_pct: float = 0.5  # stop searching when FIFO's utilisation is this close
+    scale_resolution: float = 0.002  # ... or the scale bracket is this narrow
+    fixed_scale: float | None = None  # skip the search, replay at this scale
+    extra_scales: tuple[float, ...] = (1.0,)  # also replayed with the three policies
+    alignment: bool = True  # what each Helios rule changes, at the found scale
     limit: int | None = None
 
 
 def tiny() -> PhillyStudy:
-    return replace(PhillyStudy(), vc_scales=(1.0, 0.5), other_policies=("drf",), other_scale=0.5)
+    return replace(PhillyStudy(), scale_low=0.5, scale_high=1.0, util_tolerance_pct=100.0,
+                   extra_scales=(0.5, 1.0))
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--philly-since", help="first submission date kept (default 2017-10-01)")
     parser.add_argument("--philly-until", help="end of the window (default 2017-12-01)")
-    parser.add_argument("--philly-vc-scales",
-                        help="comma-separated VC scales (default 1,0.5,0.25)")
-    parser.add_argument("--philly-others", help="policies replayed besides FIFO and SJF "
-                        "(comma-separated; empty for none)")
-    parser.add_argument("--no-philly-full", action="store_true",
-                        help="skip the full-trace FIFO/SJF pair")
+    parser.add_argument("--philly-scale", type=float,
+                        help="replay at this VC scale instead of searching the one at which "
+                             "FIFO's node utilisation is --philly-target-util")
+    parser.add_argument("--philly-target-util", type=float,
+                        help="node utilisation %% the VC scale is searched for (default 69.0, "
+                             "Helios Table 5)")
+    parser.add_argument("--philly-extra-scales",
+                        help="comma-separated VC scales also replayed (default 1; empty: none)")
+    parser.add_argument("--no-philly-alignment", action="store_true",
+                        help="skip the replays without Helios' placement and SJF rules")
 
 
 def apply_options(study: PhillyStudy, args: argparse.Namespace) -> PhillyStudy:
-    if args.philly_since:
+    if getattr(args, "philly_since", None):
         study = replace(study, since=args.philly_since)
-    if args.philly_until:
+    if getattr(args, "philly_until", None):
         study = replace(study, until=args.philly_until)
-    if args.philly_vc_scales:
-        study = replace(study, vc_scales=tuple(
-            csv_list(args.philly_vc_scales, float, "--philly-vc-scales")))
-    if args.philly_others is not None:
-        others = tuple(t.strip() for t in args.philly_others.split(",") if t.strip())
-        study = replace(study, other_policies=others)
-    if args.no_philly_full:
-        study = replace(study, full_trace_pair=False)
+    scale = getattr(args, "philly_scale", None)
+    if scale is not None:
+        if not scale > 0:
+            raise ReportError(f"--philly-scale must be positive, got {scale:g}")
+        study = replace(study, fixed_scale=scale)
+    target = getattr(args, "philly_target_util", None)
+    if target is not None:
+        if not 0 < target < 100:
+            raise ReportError(f"--philly-target-util must be within (0, 100), got {target:g}")
+        study = replace(study, target_util_pct=target)
+    extra = getattr(args, "philly_extra_scales", None)
+    if extra is not None:
+        study = replace(study, extra_scales=tuple(
+            csv_list(extra, float, "--philly-extra-scales")) if extra.strip() else ())
+    if getattr(args, "no_philly_alignment", False):
+        study = replace(study, alignment=False)
     return study
 
 
@@ -109,11 +144,72 @@ def _day(text: str, what: str) -> float:
     return stamp.timestamp()
 
 
-def _philly_stats(result: SimResult) -> dict[str, Any]:
+def command(study: PhillyStudy, scale: float, policies: tuple[str, ...] = POLICIES,
+            aligned: bool = True) -> str:
+    """The ``trellis-sim run`` line that replays these policies at this scale."""
+    parts = ["trellis-sim run --workload philly --per-vc", f"--since {study.since}",
+             f"--until {study.until}", f"--vc-scale {scale:g}", "--noise 0 --no-interference",
+             f"--seeds {study.seed}", f"--policies {','.join(policies)}"]
+    for name in policies:
+        options = ALIGNED[name] if aligned else ({"modeldb": "oracle"} if name == "sjf" else {})
+        for key, value in options.items():
+            text = str(value).lower() if isinstance(value, bool) else value
+            parts.append(f"--policy-option {name}.{key}={text}")
+    if study.limit is not None:
+        parts.append(f"--limit {study.limit}")
+    return " ".join(parts)
+
+
+@dataclass
+class _Setup:
+    study: PhillyStudy
+    trace_dir: Path
+    truth: TruthModel
+    config: SimConfig
+    since: float
+    until: float
+    show: bool
+    workloads: dict[float, Workload]
+
+    def workload(self, scale: float) -> Workload:
+        if scale not in self.workloads:
+            self.workloads[scale] = philly.load(
+                self.trace_dir, LoadOptions(seed=self.study.seed, limit=self.study.limit),
+                self.truth, per_vc=True, since=self.since, until=self.until, vc_scale=scale)
+        return self.workloads[scale]
+
+    def factory(self, name: str, aligned: bool = True) -> Callable[[], Policy]:
+        if aligned:
+            options = ALIGNED[name]
+            return lambda: make_policy(name, **options)
+        if name == "sjf":  # as before alignment: GENIE's oracle prediction, skips misfits
+            oracle = oracle_modeldb(self.config.truth, philly.philly_node_group(1).gpu_model)
+            return lambda: make_policy("sjf", modeldb=oracle)
+        return lambda: make_policy(name)
+
+    def run(self, name: str, scale: float, aligned: bool = True) -> tuple[SimResult, float]:
+        label = f"philly x{scale:g} {name}{'' if aligned else ' (unaligned)'}"
+        return replay(label, self.workload(scale), self.factory(name, aligned), self.config,
+                      self.show, partitioned=True)
+
+
+def stats(result: SimResult, workload: Workload) -> dict[str, Any]:
     done = finished(result)
     q = queue_stats(done)
     jct = [r.jct for r in done if r.jct is not None]
     summary = summarise(result)
+    recorded = {j.id: j.annotations.get(RECORDED_KEY, 0.0) for j in workload.jobs}
+    by_group = {}
+    for group, low, high in GROUPS:
+        delays = [r.queue_delay for r in done
+                  if r.queue_delay is not None and low <= recorded.get(r.id, 0.0) < high]
+        by_group[group] = {"jobs": len(delays), "avg_queue_s": mean(delays)}
+    by_size = {}
+    for label, low, high in SIZES:
+        delays = [r.queue_delay for r in done
+                  if r.queue_delay is not None and low <= r.gpus <= high]
+        by_size[label] = {"jobs": len(delays), "avg_queue_s": mean(delays)}
+    util = summary["node_utilisation"]
     return {
         "jobs": len(result.records),
         "finished": len(done),
@@ -123,215 +219,255 @@ def _philly_stats(result: SimResult) -> dict[str, Any]:
         "p99_jct_s": percentile(jct, 99),
         "avg_queue_s": q["avg_s"],
         "queued_jobs": q["queued"],
+        "node_util_pct": None if util is None else 100 * util,
         "gpu_active_pct": None if summary["gpu_active_rate"] is None
         else 100 * summary["gpu_active_rate"],
+        "by_duration": by_group,
+        "by_size": by_size,
         "per_vc_avg_queue_s": {t: v["avg_queue_s"] for t, v in summary["queue_by_tenant"].items()},
     }
 
 
+def search_scale(setup: _Setup, log: list[dict[str, Any]]) -> float:
+    """The VC scale at which FIFO's node utilisation is closest to the target: bisection
+    (utilisation falls as the VCs grow), stopping within the tolerance or when the bracket is
+    narrower than the resolution. Every probe is kept in ``log``."""
+    study = setup.study
+    target = study.target_util_pct
+    low, high = study.scale_low, study.scale_high
+    best: tuple[float, float] | None = None  # (|util - target|, scale)
+    while True:
+        scale = round((low + high) / 2, 4)
+        result, wall = setup.run("fifo", scale)
+        util = stats(result, setup.workload(scale))["node_util_pct"] or 0.0
+        log.append({"vc_scale": scale, "node_util_pct": util, "wall_s": wall,
+                    "nodes": setup.workload(scale).notes["nodes"]})
+        if best is None or abs(util - target) < best[0]:
+            best = (abs(util - target), scale)
+        if abs(util - target) <= study.util_tolerance_pct or high - low <= study.scale_resolution:
+            return best[1]
+        if util > target:  # too busy: more nodes
+            low = scale
+        else:
+            high = scale
+        setup.workloads.pop(scale, None)  # a probe's workload is loaded again if chosen
+
+
 def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Section:
-    policies = list(dict.fromkeys([*study.policies, *study.other_policies]))
-    check_policies(policies, "philly policies")
-    for needed in ("fifo", "sjf"):
-        if needed not in study.policies:
-            raise ReportError(f"the Philly study compares FIFO and SJF: include {needed}")
-    if not study.vc_scales:
-        raise ReportError("philly: give at least one VC scale")
     since, until = _day(study.since, "philly since"), _day(study.until, "philly until")
-    section = Section("philly", "Philly trace (Helios §4.2.3, Table 3)")
+    if until <= since:
+        raise ReportError(f"philly: the window {study.since} to {study.until} is empty")
+    if not 0 < study.scale_low < study.scale_high:
+        raise ReportError("philly: the scale search needs 0 < low < high")
+    section = Section("philly", "Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4)")
     started = time.monotonic()
-    # Helios' simulator runs each job for exactly its recorded duration: no noise, no
-    # interference (a spread placement still pays its communication cost in our truth model).
+    # Helios' simulator runs each job for exactly its recorded duration.
     truth_config = TruthConfig(noise_sigma=0.0, interference=False)
-    truth = TruthModel(truth_config, study.seed)
-    config = SimConfig(seed=study.seed, truth=truth_config)
-    oracle = oracle_modeldb(truth_config, philly.philly_node_group(1).gpu_model)
-    options = LoadOptions(seed=study.seed, limit=study.limit)
-
-    def factory(name: str) -> Callable[[], Policy]:
-        # SJF with perfect knowledge: it ranks by the truth's own coefficients.
-        if name == "sjf":
-            return lambda: make_policy("sjf", modeldb=oracle)
-        return lambda: make_policy(name)
-
+    setup = _Setup(study, trace_dir, TruthModel(truth_config, study.seed),
+                   SimConfig(seed=study.seed, truth=truth_config), since, until, show, {})
+    probes: list[dict[str, Any]] = []
+    scale = study.fixed_scale if study.fixed_scale is not None else search_scale(setup, probes)
     results: dict[tuple[str, float], dict[str, Any]] = {}
-    workload_notes: dict[str, Any] = {}
-    oracle_error: dict[str, Any] = {}
-    curves: dict[tuple[str, float], list[float]] = {}
-    scales = list(dict.fromkeys([*study.vc_scales, study.other_scale]
-                                if study.other_policies else study.vc_scales))
-    window_stats: dict[str, Any] = {}
-    for scale in scales:
-        workload = philly.load(trace_dir, options, truth, per_vc=True, since=since,
-                               until=until, vc_scale=scale)
-        workload_notes[f"{scale:g}"] = workload.notes
-        if not window_stats:
-            durations = [j.truth.known_duration or 0.0 for j in workload.jobs]
-            window_stats = {
-                "jobs": len(workload.jobs),
-                "avg_duration_s": mean(durations),
-                "avg_gpus": mean([float(j.spec.gpus) for j in workload.jobs]),
-                "gpu_hours": math.fsum(d * j.spec.gpus for d, j in
-                                       zip(durations, workload.jobs, strict=True)) / 3600,
-            }
-            oracle_error = prediction_errors(oracle, workload.jobs,
-                                             NodeTopology.of(workload.nodes))
-        names = [*study.policies]
-        if scale == study.other_scale:
-            names += [p for p in study.other_policies if p not in names]
-        for name in names:
-            result, wall = replay(f"philly x{scale:g} {name}", workload, factory(name), config,
-                                  show, partitioned=True)
-            stats = _philly_stats(result)
-            stats["wall_s"] = wall
-            results[(name, scale)] = stats
-            curves[(name, scale)] = [r.jct for r in finished(result) if r.jct is not None]
-    full: dict[str, dict[str, Any]] = {}
-    full_stats: dict[str, Any] = {}
-    if study.full_trace_pair:
-        workload = philly.load(trace_dir, options, truth, per_vc=True)
-        workload_notes["full"] = workload.notes
-        durations = [j.truth.known_duration or 0.0 for j in workload.jobs]
-        full_stats = {"jobs": len(workload.jobs), "avg_duration_s": mean(durations),
-                      "avg_gpus": mean([float(j.spec.gpus) for j in workload.jobs])}
+    curves: dict[str, list[float]] = {}
+    for s in dict.fromkeys([scale, *study.extra_scales]):
+        for name in POLICIES:
+            result, wall = setup.run(name, s)
+            results[(name, s)] = dict(stats(result, setup.workload(s)), wall_s=wall)
+            if s == scale:
+                curves[name] = [r.jct for r in finished(result) if r.jct is not None]
+    unaligned: dict[str, dict[str, Any]] = {}
+    if study.alignment:
         for name in ("fifo", "sjf"):
-            result, wall = replay(f"philly full {name}", workload, factory(name), config,
-                                  show, partitioned=True)
-            full[name] = dict(_philly_stats(result), wall_s=wall)
-
-    base = workload_notes[f"{scales[0]:g}"]
+            result, wall = setup.run(name, scale, aligned=False)
+            unaligned[name] = dict(stats(result, setup.workload(scale)), wall_s=wall)
+    base = setup.workload(scale)
+    window = {
+        "jobs": len(base.jobs),
+        "avg_duration_s": mean([j.annotations.get(RECORDED_KEY, 0.0) for j in base.jobs]),
+        "avg_gpus": mean([float(j.spec.gpus) for j in base.jobs]),
+    }
+    notes = base.notes
+    fifo, qssf = results[("fifo", scale)], results[("qssf", scale)]
+    searched = (f"found by bisection on FIFO's node utilisation ({len(probes)} probes, "
+                f"target {fmt(study.target_util_pct, '{:.1f}')} %, tolerance "
+                f"{fmt(study.util_tolerance_pct, '{:.1f}')} points)"
+                if study.fixed_scale is None else "given with --philly-scale")
     section.text(
         f"**Setup (generated).** `philly-jobs.csv` jobs submitted from {study.since} to "
-        f"{study.until} (Helios' Philly evaluation period): {window_stats['jobs']} of "
-        f"{base['jobs_in_trace']} jobs, mean recorded duration "
-        f"{fmt(window_stats['avg_duration_s'], '{:.0f}')} s on "
-        f"{fmt(window_stats['avg_gpus'], '{:.2f}')} GPUs. Each virtual cluster is scheduled "
-        f"separately on its own nodes (`--per-vc`: one scheduling core per VC, nodes sized by "
-        f"`philly-vcs.csv`, {base['virtual_clusters']} VCs, {base['nodes']} nodes × 8 GPUs at "
-        f"scale 1); a VC scale s gives each VC round(s × its nodes) nodes (at least one) to "
-        f"load the VCs more heavily. Jobs of VCs missing from `philly-vcs.csv` "
-        f"({', '.join(base['vcs_without_size']) or 'none'}): "
-        f"{base['jobs_in_vcs_without_size']}; they have no nodes and the core rejects them as "
-        "never fitting, as it does jobs larger than their VC ever is (counts per scale below). "
-        "Jobs run exactly their recorded duration when packed as they ran (no noise, no "
-        "interference). SJF has perfect knowledge: it ranks by a model database holding the "
-        "simulator's true coefficients, whose predictions differ from the recorded durations by "
-        f"{fmt(oracle_error.get('mean_pct'), '{:.2f}')} % on average and "
-        f"{fmt(oracle_error.get('max_pct'), '{:.1f}')} % at most over the "
-        f"{oracle_error.get('jobs', 0)} jobs of at least a minute (the prediction model has no "
-        "PCIe/socket locality term). Queued jobs: jobs that waited at least "
-        f"{QUEUED_THRESHOLD_S:g} s."
+        f"{study.until} (Helios' Philly period): {window['jobs']} of {notes['jobs_in_trace']} "
+        f"jobs, mean recorded duration {fmt(window['avg_duration_s'], '{:.0f}')} s on "
+        f"{fmt(window['avg_gpus'], '{:.2f}')} GPUs. Each of the {notes['virtual_clusters']} VCs "
+        "of `philly-vcs.csv` is scheduled on its own nodes with its own queue (one scheduling "
+        "core per VC). Helios' rules, each an option of our policies: consolidated placement "
+        "(a job of up to 8 GPUs waits for one node that holds it, a larger one for whole free "
+        "nodes), no backfill (a pass stops at the first job that does not fit), SJF ranking "
+        "by the recorded duration, QSSF ranking by GPUs × an estimate drawn from Helios' error "
+        f"model (seed {study.seed}). Jobs run exactly their recorded duration. Node "
+        "utilisation: the time-weighted share of nodes running at least one job between the "
+        f"first and the last submission. VC scale {fmt(scale, '{:g}')} ({notes['nodes']} nodes "
+        f"of 8 GPUs) is {searched}: there FIFO's node utilisation is "
+        f"{fmt(fifo['node_util_pct'], '{:.1f}')} % against Helios' "
+        f"{fmt(HELIOS_PHILLY['node_util_pct'], '{:.1f}')} %. Jobs of VCs missing from "
+        f"`philly-vcs.csv` ({', '.join(notes['vcs_without_size']) or 'none'}): "
+        f"{notes['jobs_in_vcs_without_size']}, rejected as never fitting; jobs larger than "
+        f"their scaled VC: {notes['jobs_larger_than_vc']}. Queued jobs: jobs that waited at "
+        f"least {QUEUED_THRESHOLD_S:g} s."
     )
+    if probes:
+        search = section.table(Table(
+            "philly-scale-search", ["VC scale", "nodes", "FIFO node utilisation %", "wall s"],
+            ["{:g}", "{:d}", "{:.1f}", "{:.0f}"],
+            caption="The search for the VC scale, in probe order.",
+            command=command(study, probes[0]["vc_scale"], ("fifo",))
+            .replace(f"--vc-scale {probes[0]['vc_scale']:g}", "--vc-scale SCALE"),
+        ))
+        for p in probes:
+            search.add(p["vc_scale"], p["nodes"], p["node_util_pct"], p["wall_s"])
+
+    t3 = section.table(Table(
+        "philly-table3",
+        ["metric", "policy", "Helios Table 3", f"ours, VC scale {scale:g}"],
+        ["{}", "{}", "{:.0f}", "{:.0f}"],
+        caption=f"Theirs: {HELIOS_PHILLY['source']}. Ours: Helios' rules, per-VC scheduling.",
+        command=command(study, scale),
+    ))
+    for metric, key in (("avg JCT s", "avg_jct_s"), ("avg queueing s", "avg_queue_s"),
+                        ("queued jobs", "queued_jobs")):
+        for name in POLICIES:
+            theirs = HELIOS_PHILLY[key][name]  # type: ignore[index]
+            t3.add(metric, title(name), theirs, results[(name, scale)][key])
+    ratios = section.table(Table(
+        "philly-ratios", ["ratio", "Helios", "ours"], ["{}", "{:.2f}", "{:.2f}"],
+        caption="FIFO ÷ QSSF, as Helios' text quotes it (2.3× JCT, 7.3× queueing).",
+        command=command(study, scale, ("fifo", "qssf")),
+    ))
+    for label, key in (("avg JCT", "avg_jct_s"), ("avg queueing", "avg_queue_s")):
+        theirs = HELIOS_PHILLY[key]  # type: ignore[index]
+        ours = _ratio(fifo[key], qssf[key])
+        ratios.add(f"FIFO ÷ QSSF {label}", theirs["fifo"] / theirs["qssf"], ours)
+    t4 = section.table(Table(
+        "philly-table4", ["job group", "Helios Table 4", "ours", "jobs"],
+        ["{}", "{:.2f}", "{:.2f}", "{:d}"],
+        caption="FIFO ÷ QSSF average queueing delay by recorded duration: short < 15 min, "
+                "middle 15 min – 6 h, long > 6 h.",
+        command=f"trellis-sim report --studies philly --philly-scale {scale:g} "
+                "--philly-extra-scales '' --no-philly-alignment --out OUT",
+    ))
+    for group, _, _ in GROUPS:
+        f, q = fifo["by_duration"][group], qssf["by_duration"][group]
+        t4.add(group, HELIOS_PHILLY["fifo_over_qssf_queue"][group],  # type: ignore[index]
+               _ratio(f["avg_queue_s"], q["avg_queue_s"]), q["jobs"])
     main = section.table(Table(
         "philly-main",
         ["VC scale", "nodes", "policy", "avg JCT s", "avg queueing s", "queued jobs",
-         "p99 JCT s", "GPU active %", "rejected", "jobs larger than VC"],
-        ["{:g}", "{:d}", "{}", "{:.0f}", "{:.0f}", "{:d}", "{:.0f}", "{:.1f}", "{:d}", "{:d}"],
-        caption=f"Jobs submitted {study.since} to {study.until}, per-VC scheduling.",
+         "p99 JCT s", "node util %", "GPU active %", "rejected"],
+        ["{:g}", "{:d}", "{}", "{:.0f}", "{:.0f}", "{:d}", "{:.0f}", "{:.1f}", "{:.1f}", "{:d}"],
+        caption="Every replay with Helios' rules.",
+        command=" ; ".join(command(study, s) for s in dict.fromkeys([scale,
+                                                                        *study.extra_scales])),
     ))
-    for scale in scales:
-        notes = workload_notes[f"{scale:g}"]
-        for name in policies:
-            stats = results.get((name, scale))
-            if stats is None:
-                continue
-            main.add(scale, notes["nodes"], title(name), stats["avg_jct_s"],
-                     stats["avg_queue_s"], stats["queued_jobs"], stats["p99_jct_s"],
-                     stats["gpu_active_pct"], stats["rejected"], notes["jobs_larger_than_vc"])
-
-    side = section.table(Table(
-        "philly-helios",
-        ["", "Helios Table 3", *[f"ours, scale {s:g}" for s in study.vc_scales],
-         *(["ours, full trace, scale 1"] if full else [])],
-        ["{}", "{:.0f}", *["{:.0f}"] * len(study.vc_scales), *(["{:.0f}"] if full else [])],
-        caption=f"Theirs: {HELIOS_PHILLY['source']}. Ratio = FIFO / SJF.",
-    ))
-    rows: list[tuple[str, Any, str, str]] = [
-        ("FIFO avg JCT s", HELIOS_PHILLY["fifo_avg_jct_s"], "fifo", "avg_jct_s"),
-        ("SJF avg JCT s", HELIOS_PHILLY["sjf_avg_jct_s"], "sjf", "avg_jct_s"),
-        ("FIFO avg queueing s", HELIOS_PHILLY["fifo_avg_queue_s"], "fifo", "avg_queue_s"),
-        ("SJF avg queueing s", HELIOS_PHILLY["sjf_avg_queue_s"], "sjf", "avg_queue_s"),
-        ("FIFO queued jobs", HELIOS_PHILLY["fifo_queued_jobs"], "fifo", "queued_jobs"),
-        ("SJF queued jobs", HELIOS_PHILLY["sjf_queued_jobs"], "sjf", "queued_jobs"),
-    ]
-    for label, theirs, name, key in rows:
-        cells = [results[(name, s)][key] for s in study.vc_scales]
-        if full:
-            cells.append(full[name][key])
-        side.add(label, theirs, *cells)
-    ratio_cells = []
-    for s in study.vc_scales:
-        f, j = results[("fifo", s)]["avg_jct_s"], results[("sjf", s)]["avg_jct_s"]
-        ratio_cells.append(f / j if f is not None and j else None)
-    if full:
-        f, j = full["fifo"]["avg_jct_s"], full["sjf"]["avg_jct_s"]
-        ratio_cells.append(f / j if f is not None and j else None)
-    ratio = Table("philly-ratio", side.columns, ["{}", *["{:.2f}"] * (len(side.columns) - 1)])
-    ratio.add("avg JCT ratio FIFO / SJF",
-              HELIOS_PHILLY["fifo_avg_jct_s"] / HELIOS_PHILLY["sjf_avg_jct_s"], *ratio_cells)
-    section.table(ratio)
+    for (name, s), st in results.items():
+        main.add(s, setup.workload(s).notes["nodes"], title(name), st["avg_jct_s"],
+                 st["avg_queue_s"], st["queued_jobs"], st["p99_jct_s"], st["node_util_pct"],
+                 st["gpu_active_pct"], st["rejected"])
+    if unaligned:
+        align = section.table(Table(
+            "philly-alignment",
+            ["policy", "placement", "misfit", "ranks by", "avg JCT s", "avg queueing s",
+             "queued jobs"],
+            ["{}", "{}", "{}", "{}", "{:.0f}", "{:.0f}", "{:d}"],
+            caption=f"What Helios' rules change, at VC scale {scale:g}: without them a job "
+                    "may be split over partly used nodes, and SJF skips a job that does not "
+                    "fit (a backfill) and ranks by the model's predicted latency.",
+            command=command(study, scale, ("fifo", "sjf"), aligned=False),
+        ))
+        for name in ("fifo", "sjf"):
+            for aligned, st in ((False, unaligned[name]), (True, results[(name, scale)])):
+                ranks = ("submission" if name == "fifo" else
+                         "recorded duration" if aligned else "predicted latency (oracle)")
+                misfit = "stops" if aligned or name == "fifo" else "skips"
+                align.add(title(name), "consolidate" if aligned else "pack", misfit, ranks,
+                          st["avg_jct_s"], st["avg_queue_s"], st["queued_jobs"])
     workload_table = section.table(Table(
-        "philly-workload",
-        ["workload", "jobs", "avg duration s", "avg GPUs"],
+        "philly-workload", ["workload", "jobs", "avg duration s", "avg GPUs"],
         ["{}", "{:d}", "{:.0f}", "{:.2f}"],
-        caption="What was replayed against what Helios replayed (their Table 2 gives the "
-                "whole Philly trace; the job count there is about 103k).",
+        caption="What was replayed against what Helios replayed (their Table 2: the whole "
+                "Philly trace, about 103k jobs).",
     ))
     workload_table.add("Helios (Table 2)", None, HELIOS_PHILLY["avg_duration_s"],
                        HELIOS_PHILLY["avg_gpus"])
-    workload_table.add(f"ours, {study.since} to {study.until}", window_stats["jobs"],
-                       window_stats["avg_duration_s"], window_stats["avg_gpus"])
-    if full_stats:
-        workload_table.add("ours, full trace", full_stats["jobs"], full_stats["avg_duration_s"],
-                           full_stats["avg_gpus"])
-
-    plt = pyplot()
-    if plt is not None:
-        heavy = min(study.vc_scales)
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        for (name, scale), jcts in curves.items():
-            if name in ("fifo", "sjf") and scale in study.vc_scales:
-                plot_cdf(ax, jcts, f"{title(name)} x{scale:g}", log_x=True)
-        ax.set_xscale("log")
-        ax.set_xlabel("JCT (s)")
-        ax.set_ylabel("CDF of jobs")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        save_figure(plt, fig, out_dir / "philly_jct_cdf.png")
-        section.figures.append(("philly_jct_cdf.png", "Philly: JCT CDF of FIFO and SJF per VC "
-                                "scale (log scale)."))
-        fifo_q = results[("fifo", heavy)]["per_vc_avg_queue_s"]
-        sjf_q = results[("sjf", heavy)]["per_vc_avg_queue_s"]
-        top = sorted(fifo_q, key=lambda v: -(fifo_q[v] or 0.0))[:10]
-        fig, ax = plt.subplots(figsize=(7, 3.6))
-        xs = range(len(top))
-        ax.bar([x - 0.2 for x in xs], [(fifo_q[v] or 0) / 3600 for v in top], width=0.4,
-               label="FIFO")
-        ax.bar([x + 0.2 for x in xs], [(sjf_q.get(v) or 0) / 3600 for v in top], width=0.4,
-               label="SJF")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(top, rotation=30, fontsize=7)
-        ax.set_ylabel("avg queueing (h)")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-        save_figure(plt, fig, out_dir / "philly_vc_queue.png")
-        section.figures.append(("philly_vc_queue.png", f"Philly: average queueing delay of "
-                                f"the ten most-queued VCs at VC scale {heavy:g} (cf. Helios "
-                                "Fig. 13)."))
+    workload_table.add(f"ours, {study.since} to {study.until}", window["jobs"],
+                       window["avg_duration_s"], window["avg_gpus"])
+    _plots(section, out_dir, scale, results, curves)
     section.data = {
         "config": asdict(study),
         "paper": HELIOS_PHILLY,
-        "workload_notes": workload_notes,
-        "window": window_stats,
-        "oracle_prediction_error": oracle_error,
-        "runs": [dict(policy=n, vc_scale=s, **{k: v for k, v in st.items()})
-                 for (n, s), st in results.items()],
-        "full_trace": full,
-        "full_trace_workload": full_stats,
+        "vc_scale": scale,
+        "scale_search": probes,
+        "window": window,
+        "workload_notes": {f"{s:g}": setup.workload(s).notes for s in
+                           dict.fromkeys([scale, *study.extra_scales])},
+        "runs": [dict(policy=n, vc_scale=s, **st) for (n, s), st in results.items()],
+        "unaligned": unaligned,
+        "commands": {"table3": command(study, scale)},
     }
     section.wall_s = time.monotonic() - started
     return section
 
 
-STUDY = Study(name="philly", label="Philly", config=PhillyStudy, run=run, tiny=tiny,
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _plots(section: Section, out_dir: Path, scale: float,
+           results: dict[tuple[str, float], dict[str, Any]],
+           curves: dict[str, list[float]]) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for name in POLICIES:
+        plot_cdf(ax, curves.get(name, []), title(name), log_x=True)
+    ax.set_xscale("log")
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("CDF of jobs")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(plt, fig, out_dir / "philly_jct_cdf.png")
+    section.figures.append(("philly_jct_cdf.png", f"Philly: JCT CDF at VC scale {scale:g} "
+                            "(log scale; cf. Helios Fig. 11)."))
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    labels = [label for label, _, _ in SIZES]
+    width = 0.8 / len(POLICIES)
+    for k, name in enumerate(POLICIES):
+        by_size = results[(name, scale)]["by_size"]
+        ax.bar([x + (k - 1) * width for x in range(len(labels))],
+               [(by_size[lab]["avg_queue_s"] or 0.0) / 3600 for lab in labels], width=width,
+               label=title(name))
+    ax.set_xticks(list(range(len(labels))))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("avg queueing (h)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(plt, fig, out_dir / "philly_queue_by_size.png")
+    section.figures.append(("philly_queue_by_size.png", f"Philly: average queueing delay by "
+                            f"job size at VC scale {scale:g}."))
+    queues = {n: results[(n, scale)]["per_vc_avg_queue_s"] for n in POLICIES}
+    top = sorted(queues["fifo"], key=lambda v: -(queues["fifo"][v] or 0.0))[:10]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for k, name in enumerate(POLICIES):
+        ax.bar([x + (k - 1) * width for x in range(len(top))],
+               [(queues[name].get(v) or 0.0) / 3600 for v in top], width=width,
+               label=title(name))
+    ax.set_xticks(list(range(len(top))))
+    ax.set_xticklabels(top, rotation=30, fontsize=7)
+    ax.set_ylabel("avg queueing (h)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(plt, fig, out_dir / "philly_vc_queue.png")
+    section.figures.append(("philly_vc_queue.png", f"Philly: average queueing delay of the "
+                            f"ten most-queued VCs at VC scale {scale:g} (cf. Helios Fig. 13)."))
+
+
+STUDY = Study(name="philly", label="Philly (Helios)", config=PhillyStudy, run=run, tiny=tiny,
               add_options=add_options, apply_options=apply_options)

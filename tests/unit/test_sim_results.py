@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,8 @@ SECTIONS = (
     "# Reproducing the papers, side by side",
     "## 1. GENIE workload",
     "## 2. Philly trace",
-    "## 3. openb trace",
+    "## 3. Cluster Energy Saving",
+    "## 4. openb trace",
 )
 
 
@@ -69,6 +72,13 @@ def write_traces(root: Path) -> Path:
             pods.append(f"openb-pod-{i:04d},4000,8192,{gpus},1000,,LS,Running,{created},"
                         f"{created + 2400 + 60 * i},{created}")
     (root / "openb-pods.csv").write_text("\n".join(pods) + "\n")
+    # Five days of busy nodes every 10 minutes (a daily wave) for the CES study's tiny run.
+    rows = ["time,active,total"]
+    for step in range(5 * 144):
+        stamp = 1506816000 + 600 * step  # 2017-10-01 00:00 UTC
+        busy = 30 + round(20 * math.sin(2 * math.pi * step / 144))
+        rows.append(f"{datetime.fromtimestamp(stamp, UTC):%Y-%m-%d %H:%M:%S},{busy},60")
+    (root / "philly-node-sequence.csv").write_text("\n".join(rows) + "\n")
     return root
 
 
@@ -151,7 +161,7 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     text = (out / "results.md").read_text()
     for heading in SECTIONS:
         assert heading in text
-    assert text.count("### Why (hand-written)") == 3
+    assert text.count("### Why (hand-written)") == 4
     assert "The tables above say what happened. (philly)" in text
     document = json.loads((out / "results" / "results.json").read_text())
     assert set(document["studies"]) == set(results.STUDIES)
@@ -181,8 +191,13 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert by[("fifo", 0.5)]["rejected"] == 2  # the unsized VC's job and the 16-GPU one
     assert by[("fifo", 1.0)]["rejected"] == 1
     assert by[("fifo", 0.5)]["finished"] == 32 - 2
-    assert set(philly_data["full_trace"]) == {"fifo", "sjf"}
-    assert philly_data["full_trace_workload"]["jobs"] == 33
+    # One probe of the scale search (the tiny tolerance accepts any utilisation), then the
+    # three policies at the found and the extra scales, and the unaligned FIFO and SJF.
+    assert [p["vc_scale"] for p in philly_data["scale_search"]] == [0.75]
+    assert philly_data["vc_scale"] == 0.75
+    assert {r["policy"] for r in philly_data["runs"]} == {"fifo", "sjf", "qssf"}
+    assert set(philly_data["unaligned"]) == {"fifo", "sjf"}
+    assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
     openb_runs = document["studies"]["openb"]["data"]["runs"]
     assert set(openb_runs) == {"fifo", "drf", "soda-arrays"}
     for name in document["studies"]["genie"]["figures"] + document["studies"]["openb"]["figures"]:
