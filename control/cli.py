@@ -78,6 +78,10 @@ def add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     g.add_argument("--timeout", type=float, default=default(30.0),
                    help="seconds to wait for the master")
     add_arguments(g, default=default(None))
+    if not top:
+        # Listed once, in `trellisctl --help` (and the man page), not under every command.
+        for action in g._group_actions:  # argparse has no public API for this
+            action.help = argparse.SUPPRESS
 
 
 class Formatter(argparse.HelpFormatter):
@@ -99,6 +103,8 @@ def _columns() -> int:
         return 80
 
 
+GLOBAL_NOTE = ("Global options (--master, -o/--output, --timeout, --token-file, --ca-file, "
+               "--cert-file, --key-file) go before or after the command: trellisctl --help.")
 # Global options that take a value (the next word, or after "=" / attached to "-o").
 _VALUED = frozenset({"--master", "-o", "--output", "--timeout", "--token-file", "--ca-file",
                      "--cert-file", "--key-file"})
@@ -130,7 +136,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add_global_options(p, top=True)
 
     def command(group: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = group.add_parser(name, formatter_class=Formatter, **kw)
+        parser: argparse.ArgumentParser = group.add_parser(
+            name, formatter_class=Formatter, epilog=GLOBAL_NOTE, **kw)
         add_global_options(parser, top=False)
         return parser
 
