@@ -132,30 +132,50 @@ class NodeInventory:
 class JobSpec:
     """What a user asks for. Validated on submission; immutable afterwards."""
 
+    # (The comment above a field is its meaning in docs/protocol.md.)
+    # The job's name; the master names it NAME-SEQ unless the submission gives an id.
     name: str = bounded(pattern=NAME_PATTERN)
+    # The program and its arguments, run without a shell.
     command: tuple[str, ...] = bounded(max_len=1024)
+    # The Unix user the job runs as (never root unless the master allows it).
     user: str = bounded(pattern=UNIX_USER_PATTERN)
     kind: JobKind = JobKind.TRAINING
+    # Who the job is accounted to: quotas and fair shares are per tenant.
     tenant: str = bounded("default", pattern=NAME_PATTERN)
+    # GENIE's QoS class: urgent (as soon as possible), prior (its one-GPU latency), normal (twice).
     qos: QosClass = QosClass.NORMAL
+    # GPUs in all (the policy chooses how they spread over nodes unless max_nodes says).
     gpus: int = bounded(0, min=0, max=4096)
+    # Only GPUs of this model; None: any.
     gpu_model: str | None = bounded(None, max_len=128)
+    # CPU cores in all, shared out over its nodes; with adaptive CPUs, the most it may hold.
     cpus: int = bounded(1, min=0, max=4096)
+    # Memory limit in MiB (0: none).
     memory_mib: int = bounded(0, min=0, max=1 << 30)
+    # Extra environment variables of the job's processes.
     env: dict[str, str] = field(default_factory=dict)
+    # Working directory (default: the user's home).
     workdir: str | None = bounded(None, max_len=4096)
+    # For GENIE's predictions: the model type (resnet50, bert, ...) ...
     model_type: str | None = bounded(None, max_len=128)
+    # ... its family (cnn, rnn, ...), for a similar profiled model when the type has none ...
     model_family: str | None = bounded(None, max_len=64)
+    # ... and its size in millions of parameters.
     model_params_m: float | None = bounded(None, min=0)
+    # The global batch size, for GENIE's predictions.
     batch: int | None = bounded(None, min=1, max=1 << 24)
+    # Training iterations, for GENIE's predictions.
     iterations: int | None = bounded(None, min=1, max=1 << 40)
     # Absolute deadline (seconds since the epoch); overrides the class's ECT when set.
     deadline: float | None = bounded(None, min=0)
     # Nodes a multi-node job may span at most; None lets the policy choose.
     max_nodes: int | None = bounded(None, min=1, max=4096)
-    # Traits SODA's CPU allocator uses to pick a job's starting core count (§V-B1).
+    # Traits SODA's CPU allocator uses to pick a job's starting core count (§V-B1): the input
+    # pipeline overlaps compute (one core fewer) ...
     pipelined_input: bool | None = None
+    # ... the model's weights are large (one core fewer) ...
     large_weights: bool | None = None
+    # ... the input needs heavy preprocessing (one core more).
     heavy_preprocessing: bool | None = None
     # A share of one GPU in thousandths (openb's gpu_milli), for a 1-GPU job that may share its
     # GPU with others (Liquid's fine-grained sharing); None: the whole GPU.
