@@ -168,12 +168,38 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"{'Metrics:':<12}" + ", ".join(
             f"{name}={m['last']:.6g} (mean {m['value']:.6g}, {m['count']} reports)"
             for name, m in metrics.items()))
+    lines.extend(show_usage(result.get("usage"), result.get("resources")))
     lines.append("Events:")
     for e in result.get("events", []):
         detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items() if v not in (None, ""))
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {dash(e['node']):<10} "
                      f"{detail}".rstrip())
     return "\n".join(lines)
+
+
+def show_usage(usage: list[dict[str, Any]] | None,
+               resources: dict[str, float] | None) -> list[str]:
+    """What the job's parts really used (noded's job_usage), and Liquid's prediction."""
+    lines = []
+    for u in usage or []:
+        net = u.get("net_tx_bytes"), u.get("net_rx_bytes")
+        lines.append(
+            f"{'Usage:':<12}{u['node']}{'' if u.get('final') else ' (running)'} "
+            f"cpu peak={_num(u.get('cpu_peak'), '.2f')} mean={_num(u.get('cpu_mean'), '.2f')} "
+            f"mem peak={_num(u.get('memory_peak_mib'), '.0f')} MiB "
+            f"gpu util={_num(u.get('gpu_util_mean'), '.1f')}%"
+            f"±{_num(u.get('gpu_util_std'), '.1f')} "
+            f"gpu mem peak={_num(u.get('gpu_memory_peak_mib'), '.0f')} MiB "
+            f"net tx={_num(net[0], 'd')} rx={_num(net[1], 'd')} B "
+            f"over {_num(u.get('seconds'), '.0f')} s")
+    if resources:
+        names = (("liquid.gpu_util", "gpu util", 100.0, "%"), ("liquid.gpu_mem_mib", "gpu mem",
+                 1.0, " MiB"), ("liquid.cpu", "cpu", 1.0, ""), ("liquid.mem_mib", "mem", 1.0,
+                 " MiB"), ("liquid.net_mbps", "net", 1.0, " MB/s"))
+        lines.append(f"{'Predicted:':<12}" + ", ".join(
+            f"{label}={resources[key] * scale:.3g}{unit}" for key, label, scale, unit in names
+            if key in resources))
+    return lines
 
 
 def _num(x: float | None, fmt: str = ".4g") -> str:

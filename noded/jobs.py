@@ -138,7 +138,9 @@ class JobRunner:
         busy_gpus = {g for p in self.parts.values() if p.state != "exited"
                      for g in p.prepare.allocation.gpus}
         clash = busy_gpus & set(cmd.allocation.gpus)
-        if clash:
+        # A shared allocation joins GPUs on purpose: the master shares a GPU only where its
+        # accounting allows (fractional jobs; a GPU lent by a job saving its model).
+        if clash and not cmd.allocation.shared:
             raise JobRefused("gpus_busy", f"GPUs {sorted(clash)} are in use on {self.node}")
         jobdir = self.dir / job_id
         if jobdir.exists():  # left from an earlier attempt the master already settled

@@ -135,6 +135,7 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         numa_nodes=gpu.numa_nodes,
         uuid_seed=config.name,
         busy_util=gpu.busy_util,
+        busy_memory_mib=gpu.busy_memory_mib,
         rate_window_s=gpu.rate_window_s,
         min_rate_interval_s=gpu.min_rate_interval_s,
         # In the state directory, not a private temporary one: a job re-adopted after a
