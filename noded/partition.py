@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from shared.schema import encode
 log = logging.getLogger("trellis.node.partition")
 
 POLL_S = 0.5  # how often started and ended job parts are noticed
+CLONE_NEWNET = 0x40000000
 Send = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
@@ -72,6 +76,22 @@ def find_net_cls_mount(mountinfo: str) -> Path | None:
         if sep and len(parts) >= 3 and parts[0] == "cgroup" and "net_cls" in parts[2].split(","):
             return Path(left.split()[4])
     return None
+
+
+def enter_netns(name: str, netns_dir: Path = Path("/run/netns")) -> None:
+    """Move the calling thread into the named network namespace."""
+    path = netns_dir / name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NetShapeError(f"network namespace {name!r} does not exist ({exc.strerror})") from None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise NetShapeError(f"cannot enter network namespace {name!r}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def make_classifier(config: NetConfig, cgroup_kind: str, shaper: TrafficShaper) -> JobClassifier:
@@ -103,9 +123,14 @@ class PartitionState:
     changes: int = 0  # times it went on or off
     multi_node_jobs: tuple[str, ...] = ()
     classified: dict[str, str] = field(default_factory=dict)  # job -> gpu | cpu
+    class_bytes: dict[str, int] = field(default_factory=dict)  # HTB class -> bytes sent
 
 
 class NetPartition:
+    """The driver. pyroute2 and nft block (and pyroute2 cannot run inside a running event
+    loop's thread), so every netshape call runs on one worker thread of its own; the event
+    loop only takes a snapshot of the running parts and sends the events."""
+
     def __init__(self, config: NetConfig, runner: JobRunner, cgroups: CgroupManager,
                  send: Send | None = None) -> None:
         self.config = config
@@ -113,46 +138,68 @@ class NetPartition:
         self.cgroups = cgroups
         self.send = send
         self.link_mbit = config.link_mbit or link_speed(config.interface)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netshape")
+        self.state = PartitionState()
+        self._failed: set[str] = set()  # parts whose classification failed (warned once)
         try:
+            self._pool.submit(self._setup).result()
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            raise
+
+    def _setup(self) -> None:
+        config = self.config
+        try:
+            if config.netns:
+                # This worker thread moves into the NIC's namespace (a network namespace is
+                # per thread), so pyroute2 opens its netlink socket there directly. Asked to
+                # do it itself, pyroute2 forks a helper, and a fork of noded inherits the event
+                # loop's signal wake-up descriptor: the helper's exit reads as a SIGTERM.
+                enter_netns(config.netns)
             self.shaper = TrafficShaper(config.interface, self.link_mbit, config.gpu_share,
-                                        config.cpu_share, netns=config.netns or None)
-            classifier = make_classifier(config, cgroups.kind, self.shaper)
+                                        config.cpu_share)
+            classifier = make_classifier(config, self.cgroups.kind, self.shaper)
         except NetShapeError as exc:
             raise PartitionSetupError(f"[net]: {exc}") from None
         self.partitioner = BandwidthPartitioner(self.shaper, classifier)
-        self.state = PartitionState()
-        self._failed: set[str] = set()  # parts whose classification failed (warned once)
         log.info("partition ready interface=%s link_mbit=%d gpu_share=%g cpu_share=%g "
                  "classifier=%s netns=%s", config.interface, self.link_mbit, config.gpu_share,
                  config.cpu_share, type(classifier).__name__, config.netns or "-")
 
     async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                event = self.sync()
+                event = await loop.run_in_executor(self._pool, self.sync, self.running())
                 if event is not None:
                     await self._report(event)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_S)
         finally:
-            event = self.close()
+            event = await loop.run_in_executor(self._pool, self.close)
+            self._pool.shutdown(wait=False)
             if event is not None:
                 await self._report(event)
 
-    def sync(self) -> Partition | None:
-        """Announce started and ended parts; the event to send if the partition switched."""
-        running = {p.job_id: p for p in list(self.runner.parts.values())
-                   if p.state == "running"}
+    def running(self) -> dict[str, tuple[str, bool]]:
+        """Running parts as (kind, multi-node), read on the event loop's thread."""
+        out = {}
+        for part in list(self.runner.parts.values()):
+            if part.state == "running":
+                kind = "gpu" if part.prepare.allocation.gpus else "cpu"
+                out[part.job_id] = (kind, kind == "gpu" and part.prepare.nnodes > 1)
+        return out
+
+    def sync(self, running: dict[str, tuple[str, bool]]) -> Partition | None:
+        """Announce started and ended parts; the event to send if the partition switched.
+        Runs on the worker thread."""
         known = self.partitioner.jobs()
         for job_id in [j for j in known if j not in running]:
             self._guard(job_id, lambda j=job_id: self.partitioner.job_ended(j))
         self._failed &= running.keys()
-        for job_id, part in running.items():
+        for job_id, (kind, multi) in running.items():
             if job_id in known or job_id in self._failed:
                 continue
-            alloc = part.prepare.allocation
-            kind = "gpu" if alloc.gpus else "cpu"
-            multi = kind == "gpu" and part.prepare.nnodes > 1
             try:
                 pids = self.cgroups.pids(job_id)
             except (CgroupError, OSError) as exc:
@@ -162,6 +209,7 @@ class NetPartition:
                 continue  # not started yet: next round
             self._guard(job_id, lambda j=job_id, k=kind, p=pids, m=multi:
                         self.partitioner.job_started(j, k, p, multi_node=m))
+        self.state.class_bytes = self._class_bytes()
         return self._switched("multi-node GPU job started" if self.partitioner.active
                               else "last multi-node GPU job ended")
 
@@ -197,11 +245,17 @@ class NetPartition:
         except NetShapeError as exc:
             log.error("partition cannot be removed interface=%s error=%s",
                       self.config.interface, exc)
-        return self._switched("noded stopping")
+        event = self._switched("noded stopping")
+        self.shaper.close()
+        return event
 
     def class_bytes(self) -> dict[str, int]:
-        """Bytes each HTB class has sent while the partition is on ({} when off)."""
-        if not self.state.active:
+        """Bytes each HTB class has sent while the partition is on ({} when off), as read
+        at the last round (safe from the event loop's thread)."""
+        return dict(self.state.class_bytes)
+
+    def _class_bytes(self) -> dict[str, int]:
+        if not self.partitioner.active:
             return {}
         try:
             return self.shaper.class_bytes()

@@ -26,6 +26,7 @@ recorded kind and options; its children, if it had any, are not (noded logs a wa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -172,6 +173,10 @@ class TrafficShaper:
         self.major = major
         self.plan = plan_classes(link_mbit, gpu_share, cpu_share, major)
         self._original: RootQdisc | None = None
+        # pyroute2 drives its netlink socket with an asyncio loop; one of the standard
+        # library's, of this shaper's own: noded installs uvloop, whose loops cannot open
+        # netlink sockets, and a loop already running in the caller's thread cannot be used.
+        self._loop = asyncio.SelectorEventLoop()
         with self._ipr() as ipr:
             self._index(ipr)  # fail now, clearly, if the interface is not there
 
@@ -339,11 +344,15 @@ class TrafficShaper:
 
     def _ipr(self) -> IPRoute:
         if self.netns is None:
-            return IPRoute()
+            return IPRoute(use_event_loop=self._loop)
         if not os.path.exists(os.path.join(_NETNS_DIR, self.netns)):
             raise NetShapeError(f"network namespace {self.netns!r} does not exist")
         # flags=0: never create the namespace as a side effect of looking into it.
-        return IPRoute(netns=self.netns, flags=0)
+        return IPRoute(netns=self.netns, flags=0, use_event_loop=self._loop)
+
+    def close(self) -> None:
+        """Release the shaper's event loop (the partition, if installed, stays)."""
+        self._loop.close()
 
     def _index(self, ipr: IPRoute) -> int:
         found = ipr.link_lookup(ifname=self.ifname)
