@@ -192,7 +192,8 @@ def raised_codes(source: str) -> set[str]:
 
 
 def all_codes() -> dict[str, list[str]]:
-    """Every error code raised in masterd/ and shared/, with the modules raising it."""
+    """Every error code raised in masterd/ and shared/, with the modules raising it (the
+    document lists the codes; the modules help a reader of the code)."""
     where: dict[str, set[str]] = {}
     for package in (masterd, shared):
         base = Path(package.__file__).resolve().parent
@@ -300,6 +301,7 @@ def render() -> str:
         out.append(f"| [`{name}`](#{anchor(name)}) | {summary.replace('|', '/')} |")
     out.append("")
     extra: list[type] = []
+    answered_by: dict[str, list[str]] = {}  # error code -> the methods that list it
     for name, (schema, handler) in sorted(methods.items()):
         doc = inspect.getdoc(handler) or ""
         out += [f"### {name}", ""]
@@ -315,6 +317,8 @@ def render() -> str:
         out += [f"Result: {result}" if result else "Result: **not documented** (add "
                 "`@returns(...)` from shared.rpcdoc to the handler).", ""]
         own = sorted(set(getattr(handler, "rpc_errors", ())) | handler_codes(handler))
+        for code in own:
+            answered_by.setdefault(code, []).append(name)
         if own:
             out += ["Errors: " + ", ".join(f"`{c}`" for c in own) + " (and the general "
                     "ones).", ""]
@@ -336,17 +340,15 @@ def render() -> str:
             "| key | example |", "| --- | --- |"]
     out += [f"| `{k}` | `{v!r}` |" for k, v in view.items()]
     out += ["", "## Error codes", "",
-            "Every error code the master answers with, its HTTP status and where it is "
-            "raised. Any method may answer with the general ones; each method above lists "
-            "its own.", "",
-            "| code | HTTP | meaning / raised in |", "| --- | --- | --- |"]
-    codes = all_codes()
-    for code in sorted(set(codes) | set(GENERAL_ERRORS) | set(STATUS_OF)):
+            "Every error code raised in the master's code (`masterd/`, `shared/`), its HTTP "
+            "status, and the methods that list it. Any method may answer with the general "
+            "ones.", "",
+            "| code | HTTP | meaning | methods |", "| --- | --- | --- | --- |"]
+    for code in sorted(set(all_codes()) | set(GENERAL_ERRORS) | set(STATUS_OF)):
         status = STATUS_OF.get(code, 500 if code == "internal" else 400)
-        meaning = GENERAL_ERRORS.get(code, "")
-        modules = ", ".join(f"`{m}`" for m in codes.get(code, []))
-        out.append(f"| `{code}` | {status} | {meaning}{'; ' if meaning and modules else ''}"
-                   f"{modules} |")
+        methods_listing = ", ".join(f"`{m}`" for m in answered_by.get(code, [])) or "-"
+        out.append(f"| `{code}` | {status} | {GENERAL_ERRORS.get(code, '')} | "
+                   f"{methods_listing} |")
     out += ["", "## Node channel", "",
             "`GET /v1/node` upgraded to a WebSocket; binary msgpack frames `{\"v\": 1, "
             "\"type\": T, \"id\": N, \"body\": {...}}`, each answered by a frame of type "
