@@ -344,7 +344,7 @@ def render() -> str:
             "status, and the methods that list it. Any method may answer with the general "
             "ones.", "",
             "| code | HTTP | meaning | methods |", "| --- | --- | --- | --- |"]
-    for code in sorted(set(all_codes()) | set(GENERAL_ERRORS) | set(STATUS_OF)):
+    for code in sorted(set(all_codes()) | set(GENERAL_ERRORS) | set(STATUS_OF) | set(answered_by)):
         status = STATUS_OF.get(code, 500 if code == "internal" else 400)
         methods_listing = ", ".join(f"`{m}`" for m in answered_by.get(code, [])) or "-"
         out.append(f"| `{code}` | {status} | {GENERAL_ERRORS.get(code, '')} | "
