@@ -49,6 +49,53 @@ class LiquidConfig:
 
 
 @dataclass(frozen=True)
+class EstimatorConfig:
+    """QSSF's duration estimator (Helios §4.2.2), ``[master.estimator]``; it runs when the
+    policy is ``qssf``."""
+
+    # estimate = alpha * rolling + (1 - alpha) * LightGBM (Helios: 0.1).
+    alpha: float = bounded(0.1, min=0, max=1)
+    # Retrain the LightGBM model this often in a worker process (0: only at start).
+    retrain_interval_s: float = bounded(3600.0, min=0, max=30 * 86400)
+    # Train on at most this many of the newest finished jobs; not before this many exist.
+    max_jobs: int = bounded(100_000, min=10, max=10_000_000)
+    min_jobs: int = bounded(50, min=2, max=10_000_000)
+    # Finished jobs read back into the rolling history at start (the newest).
+    history_jobs: int = bounded(100_000, min=0, max=10_000_000)
+    # trellisctl estimator: accuracy over this many of the newest finished jobs.
+    accuracy_window: int = bounded(1000, min=1, max=1_000_000)
+
+
+@dataclass(frozen=True)
+class PowerConfig:
+    """Cluster Energy Saving (Helios §4.3), ``[master.power]``: off unless ``enabled``."""
+
+    enabled: bool = False
+    # Operator executables, called with node names as arguments (as Slurm's SuspendProgram
+    # and ResumeProgram); exit status 0 means done.
+    suspend_program: str = bounded("", max_len=4096)
+    resume_program: str = bounded("", max_len=4096)
+    # A program still running after this long is killed and its nodes left usable.
+    program_timeout_s: float = bounded(60.0, min=0.1, max=3600)
+    # A resumed node that has not rejoined after this long is marked down (with the reason).
+    resume_timeout_s: float = bounded(600.0, min=1, max=86400)
+    # Algorithm 2's periodic check, and its step: the 10-minute maxima of busy nodes.
+    check_interval_s: float = bounded(600.0, min=0.1, max=86400)
+    # sigma: idle nodes kept powered for unexpected jobs.
+    buffer_nodes: int = bounded(2, min=0, max=100_000)
+    history_steps: int = bounded(2, min=1, max=10_000)
+    future_steps: int = bounded(18, min=1, max=10_000)  # Helios clusters: 3 h of 10 min
+    history_threshold: float = bounded(0.1, min=-1e9, max=1e9)
+    future_threshold: float = bounded(0.0, min=-1e9, max=1e9)
+    min_decrease: int = bounded(1, min=0, max=100_000)
+    cooldown_steps: int = bounded(10, min=0, max=100_000)
+    # Forecast busy nodes with LightGBM once this much history exists; retrain this often.
+    forecast: bool = True
+    forecast_min_steps: int = bounded(288, min=10, max=10_000_000)
+    forecast_retrain_s: float = bounded(86400.0, min=1, max=365 * 86400)
+
+
+@dataclass(frozen=True)
 class MasterConfig:
     listen_host: str = bounded("127.0.0.1", max_len=255)
     listen_port: int = bounded(7400, min=0, max=65535)
@@ -79,6 +126,8 @@ class MasterConfig:
     finished_jobs_in_memory: int = bounded(10_000, min=0, max=10_000_000)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     liquid: LiquidConfig = field(default_factory=LiquidConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
 
     # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),
     # mode 0600; with none of these and no TLS client CA the master serves loopback only.

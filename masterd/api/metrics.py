@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from masterd.service.leader import Leadership
     from masterd.service.master import Master
 
-NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable")
+NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable", "powering_down",
+                 "powered_down", "powering_up")
 PENDING_QUEUES = ("active", "requeued")
 ARRAY_FAMILIES = ("cpu", "small", "large")
 ATTEMPT_RESULTS = ("scheduled", "unschedulable")
@@ -115,6 +116,19 @@ class MasterStateCollector(Collector):
         yield cores_used
         yield GaugeMetricFamily("trellis_nodes_connected", "Nodes with a live session.",
                                 value=len(master.sessions))
+        power = master.features.power
+        if power.enabled:  # Helios' Cluster Energy Saving
+            yield GaugeMetricFamily("trellis_nodes_powered_down",
+                                    "Nodes powered down by Cluster Energy Saving.",
+                                    value=power.counts()["powered_down"])
+            yield CounterMetricFamily("trellis_power_wakeups",
+                                      "Times Cluster Energy Saving woke nodes.",
+                                      value=power.wakeups)
+            yield CounterMetricFamily("trellis_power_nodes_woken",
+                                      "Nodes Cluster Energy Saving woke.", value=power.nodes_woken)
+            yield CounterMetricFamily("trellis_power_node_hours_saved",
+                                      "Node-hours spent powered down.",
+                                      value=power.node_seconds_saved / 3600.0)
 
         journal = master.journal
         yield CounterMetricFamily(

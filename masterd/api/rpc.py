@@ -9,6 +9,8 @@ from typing import Any
 
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
+from masterd.api.helios import job_extras as helios_job_extras
+from masterd.api.helios import method_table as helios_methods
 from masterd.api.inference import method_table as inference_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
@@ -127,6 +129,7 @@ class Rpc:
         self.methods.update(genie_methods(master))
         # Liquid's resource model.
         self.methods.update(liquid_methods(master))
+        self.methods.update(helios_methods(master))  # QSSF's estimator, energy saving
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -263,6 +266,7 @@ class Rpc:
             ],
             **job_extras(self.master, job),
             **await liquid_job_extras(self.master, job),
+            **helios_job_extras(self.master, job),
         }
 
     @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "

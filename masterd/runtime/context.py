@@ -150,8 +150,21 @@ class NodeCommands:
     # (node, command type, body) -> the node's answer; raises CommandFailed when the node is
     # not connected, refuses or does not answer in time.
     send: Callable[[str, str, Any], Awaitable[dict[str, Any]]]
-    # ready, drained, disconnected or unreachable.
+    # ready, drained, disconnected or unreachable; or the node's power state, if it has one.
     status: Callable[[str], str]
+    # (node, state, reason): set a node's power state, or clear it (None: the node is on),
+    # for Cluster Energy Saving (masterd.features.helios.power). States: powering_down,
+    # powered_down, powering_up. Nothing is placed on a node with a power state; the state is
+    # journalled with an event, survives a restart and is the node's status (trellisctl
+    # nodes). powering_down is refused (JobError) for a node running any job or drained.
+    set_power: Callable[[str, str | None, str], Awaitable[None]] = (
+        lambda node, state, reason: _no_power())
+    # node -> its power state, or None.
+    power_state: Callable[[str], str | None] = lambda node: None
+
+
+async def _no_power() -> None:
+    raise RuntimeError("this master does not manage node power")
 
 
 class Workers:

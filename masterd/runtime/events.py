@@ -136,6 +136,8 @@ class MasterEvents:
     # A job's report on its metrics channel, accepted by the master (node, job, metric).
     job_metric: Signal[[str, Job, JobMetric]] = field(
         default_factory=lambda: Signal("job_metric"))
+    # A node said hello and the master took it back: its jobs are reconciled (node).
+    node_ready: Signal[[str]] = field(default_factory=lambda: Signal("node_ready"))
     # An event a node pushed that the master does not handle itself (node, decoded body).
     node_event: AsyncSignal[[str, Any]] = field(
         default_factory=lambda: AsyncSignal("node_event"))

@@ -15,6 +15,8 @@ from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
+from masterd.features.helios.estimator import DurationEstimator
+from masterd.features.helios.power import PowerManager
 from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.netpartition import NetPartitions
@@ -31,6 +33,8 @@ class Features:
     arrays: ArrayPools  # SODA's multi-array pools: view and re-sizing
     partitions: NetPartitions  # SODA's network partition, as the nodes report it
     liquid: LiquidResources  # Liquid's usage journal, resource model and post phases
+    estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
+    power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -51,5 +55,7 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                              profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
-                        liquid=LiquidResources(ctx))
+                        liquid=LiquidResources(ctx),
+                        estimator=DurationEstimator(ctx, config.policy),
+                        power=PowerManager(ctx))
     return features, policy

@@ -22,6 +22,7 @@ from masterd.core.cluster import AllocationError
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
+from masterd.journal.helios import load_power, save_power
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
 from masterd.journal.writer import set_log_level
@@ -64,6 +65,7 @@ log = logging.getLogger("trellis.master")
 
 # Node refusals that no retry can cure: the job fails instead of being re-queued forever.
 PERMANENT_REFUSALS = frozenset({"user_refused", "unknown_user"})
+POWER_STATES = ("powering_down", "powered_down", "powering_up")
 
 
 def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +117,8 @@ class Master:
         self.journal = Journal(self.store)
         self.sessions: dict[str, NodeSession] = {}
         self.drained: set[str] = set()
+        # Cluster Energy Saving: node -> (power state, since, reason); journalled.
+        self.power: dict[str, tuple[str, float, str]] = {}
         self.unreachable: set[str] = set()
         self.gpu_util: dict[str, dict[int, GpuUtil]] = {}
         self._seq = self.store.next_seq()
@@ -147,7 +151,8 @@ class Master:
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
                 post_phase=self.post_phase),
-            nodes=NodeCommands(send=self._command, status=self.node_status),
+            nodes=NodeCommands(send=self._command, status=self.node_status,
+                               set_power=self.set_power, power_state=self.power_state),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
@@ -165,6 +170,10 @@ class Master:
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
                 self.drained.add(inventory.name)
+        if self.config.power.enabled:  # Cluster Energy Saving's states (set_power)
+            self.power = {node: (state, since, reason) for node, (state, since, reason)
+                          in load_power(self.store).items()
+                          if self.core.cluster.node(node) is not None}
         # Every job still queued or placed, but only the newest ended ones: the journal holds
         # every job ever run, and loading them all made restarts and memory grow without end.
         jobs = self.store.restore_jobs(self.config.finished_jobs_in_memory)
@@ -679,7 +688,7 @@ class Master:
             handle.cancel()
         self.unreachable.discard(name)
         self.core.node_up(inventory)
-        if name in self.drained:
+        if name in self.drained or name in self.power:
             self.core.cluster.set_schedulable(name, False)
         await self.journal.call(Store.save_node, inventory, name in self.drained,
                                 self.clock())
@@ -691,6 +700,7 @@ class Master:
         log.info("node=%s connected gpus=%d cpus=%d jobs_reported=%d", name,
                  len(inventory.gpus), len(inventory.cpus), len(hello.jobs))
         await self._reconcile(name, hello.jobs)
+        self.events.node_ready.emit(name)
         self.request_pass()
 
     async def _reconcile(self, node: str, reports: tuple[JobReport, ...]) -> None:
@@ -819,7 +829,7 @@ class Master:
         )
         inventory: NodeInventory = replace(view.inventory, gpus=gpus)
         self.core.node_up(inventory)
-        if node in self.drained or node in self.unreachable:
+        if node in self.drained or node in self.unreachable or node in self.power:
             self.core.cluster.set_schedulable(node, False)
         level = logging.INFO if event.healthy else logging.WARNING
         log.log(level, "node=%s gpu=%d healthy=%s reason=%s", node, event.index, event.healthy,
@@ -856,7 +866,7 @@ class Master:
             self.drained.add(name)
         else:
             self.drained.discard(name)
-            if name not in self.sessions:
+            if name not in self.sessions or name in self.power:
                 self.core.node_down(name)
         view = self.core.cluster.node(name)
         assert view is not None
@@ -866,7 +876,46 @@ class Master:
         log.info("node=%s %s", name, "drained" if drained else "undrained")
         self.request_pass()
 
+    def power_state(self, name: str) -> str | None:
+        entry = self.power.get(name)
+        return entry[0] if entry is not None else None
+
+    async def set_power(self, name: str, state: str | None, reason: str) -> None:
+        """Set or clear a node's power state (see NodeCommands.set_power)."""
+        view = self.core.cluster.node(name)
+        if view is None:
+            raise JobError("unknown_node", f"node {name!r} is not registered")
+        if state is not None and state not in POWER_STATES:
+            raise JobError("invalid_params", f"power state {state!r} is not one of "
+                           f"{', '.join(POWER_STATES)}")
+        if state == "powering_down":
+            # Checked and set with no await between: no job can be placed there meanwhile.
+            jobs = self.core.cluster.jobs_on(name)
+            if jobs:
+                raise JobError("node_busy", f"node {name} runs {len(jobs)} job(s); only an "
+                               "idle node is powered down")
+            if name in self.drained:
+                raise JobError("node_drained", f"node {name} is drained; a drained node is "
+                               "never powered down")
+        now = self.clock()
+        if state is None:
+            self.power.pop(name, None)
+            if name in self.sessions and name not in self.drained:
+                self.core.cluster.set_schedulable(name, True)
+        else:
+            self.power[name] = (state, now, reason)
+            self.core.cluster.set_schedulable(name, False)
+        kind = f"power_{state or 'on'}"
+        await self.journal.call(save_power, name, state, now, reason,
+                                (now, None, name, kind, {"reason": reason}))
+        log.info("node=%s power=%s reason=%r", name, state or "on", reason)
+        if state is None:
+            self.request_pass()
+
     def node_status(self, name: str) -> str:
+        power = self.power.get(name)
+        if power is not None:
+            return power[0]
         if name in self.sessions:
             return "drained" if name in self.drained else "ready"
         return "unreachable" if name in self.unreachable else "disconnected"

@@ -197,9 +197,13 @@ class QssfEstimator:
         self.history = RollingHistory()
 
     def estimate(self, job: Job) -> Estimate:
+        """The job's estimate, the ML part read from its annotations (if any)."""
+        return self.estimate_with(job, job.annotations.get(ML_KEY))
+
+    def estimate_with(self, job: Job, ml_s: float | None) -> Estimate:
         spec = job.spec
         rolling = self.history.rolling(spec.user, spec.name, spec.gpus)
-        return blend(rolling, job.annotations.get(ML_KEY), self.ml_source, self.alpha)
+        return blend(rolling, ml_s, self.ml_source, self.alpha)
 
     def finished(self, job: Job, run_time: float) -> None:
         self.history.record(job.spec.user, job.spec.name, job.spec.gpus, run_time)

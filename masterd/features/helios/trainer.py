@@ -1,0 +1,61 @@
+"""What the master's worker process runs for Helios: fitting the duration and busy-node
+models from the journal. Top-level functions with plain arguments and results (pickled to and
+from the worker); nothing here touches the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from masterd.core.helios import duration_model, forecast
+from masterd.journal.helios import finished_jobs, open_readonly
+
+MODEL_FILE = "helios-duration.json"
+FORECAST_FILE = "helios-forecast.txt"
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically: a reader never sees half a model."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def train_duration(db_path: str, state_dir: str, max_jobs: int, min_jobs: int,
+                   queued: list[duration_model.JobRow]) -> dict[str, Any]:
+    """Fit the duration model on the newest ``max_jobs`` finished jobs, write it to the state
+    directory and predict ``queued``. Raises ValueError with fewer than ``min_jobs``."""
+    started = time.monotonic()
+    db = open_readonly(db_path)
+    try:
+        rows = finished_jobs(db, max_jobs)
+    finally:
+        db.close()
+    if len(rows) < min_jobs:
+        raise ValueError(f"{len(rows)} finished jobs in the journal; training needs {min_jobs}")
+    model = duration_model.train(rows, {"trained_at": time.time()})
+    _write(Path(state_dir) / MODEL_FILE, model.to_json())
+    return {"meta": dict(model.meta, seconds=time.monotonic() - started),
+            "predictions": model.predict(queued)}
+
+
+def train_forecaster(steps: list[int], busy: list[float], horizon: int) -> dict[str, Any]:
+    """Fit the busy-node forecaster on a history of (step, busy) (the newest ~fifth stops
+    training early); returns the model text."""
+    started = time.monotonic()
+    first = steps[0]
+    n = steps[-1] - first + 1
+    series = [float("nan")] * n
+    for step, value in zip(steps, busy, strict=True):
+        series[step - first] = value
+    for i in range(1, n):  # steps without a sample carry the previous value
+        if series[i] != series[i]:
+            series[i] = series[i - 1]
+    times = [(first + i) * forecast.STEP_S for i in range(n)]
+    valid_from = max(forecast.LOOKBACK + horizon + 1, n - max(n // 5, horizon + 1))
+    fit = forecast.fit(series, times, valid_from, n, horizon)
+    return {"model": fit.model, "rounds": fit.rounds, "rows": fit.train_rows,
+            "seconds": time.monotonic() - started, "trained_at": time.time()}
