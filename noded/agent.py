@@ -275,7 +275,8 @@ class NodeAgent:
     async def _job_exited(self, part: JobPart) -> None:
         # Kept on disk until the master says forget_job, so an exit is never lost.
         await self._send("job_exited", encode(JobExited(
-            job_id=part.job_id, exit_code=part.exit_code, signal=part.signal)))
+            job_id=part.job_id, exit_code=part.exit_code, signal=part.signal,
+            reason=part.reason)))
 
     async def _monitor_gpus(self, stop: asyncio.Event) -> None:
         """Sample GPUs; push utilisation band changes and health changes as events."""

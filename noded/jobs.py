@@ -58,6 +58,7 @@ class JobPart:
     exit_code: int | None = None
     signal: int | None = None
     error: str | None = None
+    reason: str = ""  # why it exited, when the kernel says (the OOM killer)
     stopping: bool = False
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -344,9 +345,26 @@ class JobRunner:
         part.exit_code = result.get("exit_code")
         part.signal = result.get("signal")
         part.error = result.get("error")
+        part.reason = self._exit_reason(part)
         self._cleanup(part)
         log.info("job=%s exited code=%s signal=%s%s", part.job_id, part.exit_code, part.signal,
                  f" error={part.error!r}" if part.error else "")
+
+    def _exit_reason(self, part: JobPart) -> str:
+        """Why the part ended, when the kernel knows better than its exit status: killed by
+        the OOM killer at its memory limit (read before the group is removed)."""
+        try:
+            kills = self.cgroups.oom_kills(part.job_id)
+        except (OSError, ValueError) as exc:
+            log.debug("job=%s OOM count unreadable: %s", part.job_id, exc)
+            return ""
+        if not kills:
+            return ""
+        limit = part.prepare.allocation.memory_mib
+        log.warning("job=%s killed by the OOM killer kills=%d memory_limit_mib=%d",
+                    part.job_id, kills, limit)
+        return (f"out of memory: the kernel's OOM killer stopped it at its memory limit "
+                f"({limit} MiB)")
 
     def _cleanup(self, part: JobPart) -> None:
         for hook in self.cleanup_hooks:

@@ -42,6 +42,8 @@ class JobExited:
     job_id: str = bounded(pattern=NAME_PATTERN)
     exit_code: int | None = None
     signal: int | None = None
+    # Why, when the node knows more than the status says (e.g. "out of memory: ...").
+    reason: str = bounded("", max_len=512)
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,9 @@ class AffinityManager:
     def limits(self, job_id: str) -> GroupLimits:
         return self._job(job_id).limits
 
+    def oom_kills(self, job_id: str) -> int | None:
+        return None  # no memory controller: the kernel's global OOM killer says nothing per job
+
     def signal_all(self, job_id: str, sig: int) -> int:
         job = self._job(job_id)
         return signal_members(lambda: self._refresh(job_id, job), sig)

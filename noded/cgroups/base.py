@@ -46,6 +46,11 @@ class CgroupManager(Protocol):
         """Move an existing process, with all its threads, into the group."""
         ...
 
+    def oom_kills(self, job_id: str) -> int | None:
+        """How often the kernel's OOM killer killed a member of the job's group at its memory
+        limit (None: the kernel does not say, e.g. without a memory controller)."""
+        ...
+
     def pids(self, job_id: str) -> list[int]:
         """Processes currently in the group, sorted."""
         ...
@@ -122,6 +127,15 @@ def read_int_or_none(text: str, unlimited: tuple[str, ...] = ("max", "-1")) -> i
     if text in unlimited:
         return None
     return int(text)
+
+
+def parse_oom_kill(text: str | None) -> int | None:
+    """``oom_kill N`` from memory.oom_control (v1) or memory.events (v2); None if absent."""
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def quiet_read(writer: KernelWriter, path: Path) -> str | None:

@@ -28,6 +28,7 @@ from noded.cgroups.base import (
     check_pid,
     check_writer_covers,
     limits_summary,
+    parse_oom_kill,
     parse_pid_lines,
     quiet_read,
     rmdir_group,
@@ -217,6 +218,13 @@ class V1CgroupManager:
     def _procs(self, ctl: str, job_id: str) -> list[int] | None:
         text = quiet_read(self.writer, self._dir(ctl, job_id) / "cgroup.procs")
         return None if text is None else parse_pid_lines(text)
+
+    def oom_kills(self, job_id: str) -> int | None:
+        check_job(job_id)
+        if "memory" not in self.mounts:
+            return None
+        return parse_oom_kill(quiet_read(self.writer,
+                                         self._dir("memory", job_id) / "memory.oom_control"))
 
     def pids(self, job_id: str) -> list[int]:
         check_job(job_id)

@@ -34,6 +34,7 @@ from noded.cgroups.base import (
     check_pid,
     check_writer_covers,
     limits_summary,
+    parse_oom_kill,
     parse_pid_lines,
     quiet_read,
     rmdir_group,
@@ -254,6 +255,9 @@ class V2CgroupManager:
             q, period = self.writer.read(group / "cpu.max").split()
             quota = None if q == "max" else int(q) / int(period)
         return GroupLimits(cpus=cpus, mems=mems, memory_bytes=memory, cpu_quota_cores=quota)
+
+    def oom_kills(self, job_id: str) -> int | None:
+        return parse_oom_kill(quiet_read(self.writer, self._require(job_id) / "memory.events"))
 
     def signal_all(self, job_id: str, sig: int) -> int:
         group = self._require(job_id)
