@@ -769,6 +769,10 @@ class Master:
             await self._persist([job], [(self.clock(), job_id, node, "part_started", {})])
 
     async def _on_exited(self, node: str, event: JobExited) -> None:
+        running = self.core.jobs.get(event.job_id)
+        if event.reason and running is not None and not running.stopping \
+                and not running.state.terminal:
+            running.reason = event.reason  # the node knows why (the kernel's OOM killer)
         transition, stop_on = self.core.node_exited(
             event.job_id, node, event.exit_code, event.signal, self.clock()
         )
