@@ -250,3 +250,22 @@ def load(
         },
     )
     return finish(workload, options)
+
+def gpu_shares(trace_dir: Path, options: LoadOptions) -> dict[str, float]:
+    """Pod name -> the share of each GPU it asked for (``gpu_milli / 1000``), for the pods that
+    asked for less than a whole GPU. :func:`load` rounds such requests up to whole GPUs; a
+    replay that models GPU busy time (sim/soda.py) caps a pod's busy share at what it asked."""
+    skipped: list[str] = []
+    out: dict[str, float] = {}
+
+    def parse(row: Mapping[str, str], line: int) -> tuple[str, float]:
+        name = row["name"].strip()
+        milli = parse_int(row, "gpu_milli", min_value=0)
+        assert milli is not None
+        return name, milli / 1000.0
+
+    for name, share in read_csv_rows(trace_dir / PODS_FILE, ("name", "gpu_milli"), parse,
+                                     options, skipped):
+        if 0.0 < share < 1.0:
+            out[name] = share
+    return out

@@ -69,7 +69,8 @@ def write_traces(root: Path) -> Path:
                         f"{created + 1500},{created}")
         else:
             gpus = 4 if i % 7 == 0 else 1
-            pods.append(f"openb-pod-{i:04d},4000,8192,{gpus},1000,,LS,Running,{created},"
+            qos = "BE" if i % 3 else "LS"  # BE GPU pods are training jobs (SODA's tuner)
+            pods.append(f"openb-pod-{i:04d},4000,8192,{gpus},1000,,{qos},Running,{created},"
                         f"{created + 2400 + 60 * i},{created}")
     (root / "openb-pods.csv").write_text("\n".join(pods) + "\n")
     # Five days of busy nodes every 10 minutes (a daily wave) for the CES study's tiny run.
@@ -199,7 +200,12 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert set(philly_data["unaligned"]) == {"fifo", "sjf"}
     assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
     openb_runs = document["studies"]["openb"]["data"]["runs"]
-    assert set(openb_runs) == {"fifo", "drf", "soda-arrays"}
+    assert set(openb_runs) == {"fifo", "drf", "soda_arrays", "soda_full", "no_allocator",
+                               "no_placer", "no_eliminator", "no_arrays"}
+    # SODA's mechanisms ran through the live code: the tuner tuned, cores went back.
+    assert openb_runs["soda_full"]["tuned_parts"] > 0
+    assert openb_runs["soda_full"]["cores_returned"] > 0
+    assert openb_runs["soda_arrays"]["tuned_parts"] == 0
     for name in document["studies"]["genie"]["figures"] + document["studies"]["openb"]["figures"]:
         path = out / "results" / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
