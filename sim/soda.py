@@ -55,7 +55,7 @@ from noded.policy.contention import (
 )
 from noded.policy.tuning import PartTuning, Pin, rank_cores
 from shared.config import ContentionConfig, TunerConfig
-from shared.model import Job, JobKind, JobSpec, JobState, NodeInventory
+from shared.model import Job, JobKind, JobSpec, JobState
 from sim.engine import CALL, STOP, JobRecord, ProgressFn, SimConfig, SimResult, Simulator, _Run
 from sim.soda_truth import CpuJobTruth, SodaTruth, SodaTruthConfig
 from sim.workloads.base import SimJob, Workload
@@ -142,7 +142,6 @@ class SodaStats:
     throttle_actions: int = 0
     replica_launches: int = 0
     replica_retires: int = 0
-    mode_switches: int = 0
     placer_preemptions: int = 0
     replicas_lost: int = 0
     # Why queued GPU jobs waited, counted at every sample (one per job and sample):
@@ -181,7 +180,6 @@ class SodaSimulator(Simulator):
         self.placer = InferencePlacer(self.soda.placer)
         self._services: dict[str, _Service] = {}
         self._replicas: dict[str, _Replica] = {}
-        self._replica_effective = 0.0
         self._ticking = False
 
     # -- jobs starting and ending --------------------------------------------------------
@@ -528,7 +526,6 @@ class SodaSimulator(Simulator):
 
     def _drop_replica(self, rep: _Replica) -> None:
         self._effective -= rep.busy
-        self._replica_effective -= rep.busy
         rep.busy = 0.0
         if rep.kind is ReplicaKind.GPU:
             self._allocated -= 1
@@ -571,7 +568,6 @@ class SodaSimulator(Simulator):
                     continue
                 busy = min(1.0, load / total) if total else 0.0
                 self._effective += busy - rep.busy
-                self._replica_effective += busy - rep.busy
                 rep.busy = busy
 
     def _sample(self, t: float) -> None:
@@ -627,10 +623,6 @@ class _Headroom(Mapping[str, float]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-def node_sockets(inv: NodeInventory) -> int:
-    return len({c.socket for c in inv.cpus}) or 1
 
 
 def simulate_soda(
