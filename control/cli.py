@@ -280,7 +280,17 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "profile": ("profile a model type with B + N + G real runs", _profile),
     "profiles": ("list profiling campaigns, or show one", _profiles),
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
+    "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
+                  lambda p, c: _helios().add_estimator(p, c)),
+    "power": ("Cluster Energy Saving: powered-down nodes, wake-ups",
+              lambda p, c: _helios().add_power(p, c)),
 }
+
+
+def _helios() -> Any:
+    from control import helios
+
+    return helios
 
 
 def fetch_view(client: MasterClient, args: argparse.Namespace) -> tuple[Any, str]:
@@ -438,6 +448,10 @@ def run(args: argparse.Namespace) -> int:
     elif cmd in ("drain", "undrain"):
         result = client.call(cmd, {"node": args.node})
         text = f"node {result['node']} is {result['status']}"
+    elif cmd in ("estimator", "power"):
+        found = _helios().run_helios(client, args)
+        assert found is not None
+        result, text = found
     else:
         from control.genie import run_genie
 

@@ -163,6 +163,10 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={_cpus(a['gpus'])} "
                      f"cpus={_cpus(a['cpus'])}")
     lines.extend(show_prediction(result.get("prediction")))
+    if result.get("estimate"):  # QSSF's duration estimate (Helios)
+        from control.helios import show_estimate
+
+        lines.extend(show_estimate(result["estimate"]))
     metrics = result.get("metrics") or {}
     if metrics:
         lines.append(f"{'Metrics:':<12}" + ", ".join(
