@@ -30,7 +30,7 @@ from masterd.core.placement import FreePool
 from masterd.core.policy import Decision, Start
 from masterd.core.sched2.agent import Agent, GreedyAgent
 from masterd.core.sched2.estimate import Estimator
-from masterd.core.sched2.models import GpuModels, free_gpus
+from masterd.core.sched2.models import GpuModels
 from masterd.core.sched2.network import QNetwork
 from masterd.core.sched2.packing import pack
 from masterd.core.sched2.state import GpuState, Observation, Waiting, job_vector
@@ -114,7 +114,7 @@ class Sched2Policy:
         """The frozen-time loop of §III-C over the window of the first J waiting jobs."""
         J, scale = self.shape.jobs, self.network.time_scale
         gpus_per_server = self.shape.gpus_per_server
-        free = free_gpus(snapshot)
+        free = self.gpu_state.free()
         busy = any(job.spec.gpus for job in snapshot.running.values())
         # (jobs, GPUs, ideal seconds, submit times) of every waiting job not started yet,
         # summed when the first decision needs them (most passes have nothing to decide).

@@ -4,7 +4,6 @@ identical GPUs, §III-A)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from masterd.core.cluster import ClusterSnapshot
@@ -32,11 +31,3 @@ class GpuModels:
         names = self.names
         return names[0] if names else None
 
-
-def free_gpus(snapshot: ClusterSnapshot) -> Counter[str]:
-    """Free GPUs per GPU model on the schedulable servers."""
-    free: Counter[str] = Counter()
-    for view in snapshot.schedulable.values():
-        if view.free_gpus and view.gpu_model is not None:
-            free[view.gpu_model] += len(view.free_gpus)
-    return free

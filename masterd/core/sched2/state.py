@@ -22,6 +22,7 @@ fills its GPUs at once, so the next decision of the same frozen instant sees it 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,9 +56,11 @@ class GpuState:
         self.shape = shape
         n, m = shape.servers, shape.gpus_per_server
         self._ends = np.zeros((n, m), dtype=np.float64)
+        self._busy = np.zeros((n, m), dtype=bool)  # held by a running or just placed job
         self._absent = np.ones((n, m), dtype=bool)
-        self._layout: tuple[object, ...] | None = None
+        self._layout: list[tuple[object, bool]] | None = None
         self._slots: dict[str, dict[int, int]] = {}  # node -> GPU index -> flat slot
+        self._rows: dict[str, np.ndarray] = {}  # GPU model -> its servers' rows
         self._held: dict[str, np.ndarray] = {}  # running job -> its flat slots
         self._tentative: list[np.ndarray] = []  # slots filled during the last pass
         self.mismatch: str | None = None
@@ -65,10 +68,9 @@ class GpuState:
     def _rebuild(self, views: Sequence[NodeView]) -> None:
         n, m = self.shape.servers, self.shape.gpus_per_server
         self._ends[:] = 0.0
+        self._busy[:] = False
         self._absent[:] = True
-        self._slots = {}
-        self._held = {}
-        self._tentative = []
+        self._slots, self._rows, self._held, self._tentative = {}, {}, {}, []
         biggest = max((v.total_gpus for v in views), default=0)
         if len(views) > n or biggest > m:
             self.mismatch = (
@@ -76,37 +78,42 @@ class GpuState:
                 f"model was trained for {n} servers × {m} GPUs")
             return
         self.mismatch = None
+        rows: dict[str, list[int]] = {}
         for row, view in enumerate(views):
             slots: dict[int, int] = {}
             for col, gpu in enumerate(view.inventory.gpus):
                 slots[gpu.index] = row * m + col
                 self._absent[row, col] = not (view.schedulable and gpu.healthy)
             self._slots[view.name] = slots
+            rows.setdefault(view.gpu_model or "", []).append(row)
+        self._rows = {model: np.array(r, dtype=np.int64) for model, r in rows.items()}
 
     def sync(self, snapshot: ClusterSnapshot, end_of: Callable[[Job], float]) -> None:
         """Bring the matrix up to date with ``snapshot``; ``end_of(job)``: predicted end."""
-        views = sorted((v for v in snapshot.nodes.values() if v.total_gpus),
-                       key=lambda v: v.name)
-        layout = tuple((v.name, id(v.inventory), v.schedulable) for v in views)
+        # Inventories are replaced, never changed in place: comparing them (and whether each
+        # node takes work) by identity finds a changed cluster without reading every GPU.
+        layout = [(v.inventory, v.schedulable) for v in snapshot.nodes.values()]
         if layout != self._layout:
             self._layout = layout
-            self._rebuild(views)
+            self._rebuild(sorted((v for v in snapshot.nodes.values() if v.total_gpus),
+                                 key=lambda v: v.name))
         if self.mismatch is not None:
             return
-        flat = self._ends.reshape(-1)
+        ends, busy = self._ends.reshape(-1), self._busy.reshape(-1)
         for slots in self._tentative:
-            flat[slots] = 0.0
+            ends[slots], busy[slots] = 0.0, False
         self._tentative = []
         running: Mapping[str, Job] = snapshot.running
         for job_id in self._held.keys() - running.keys():
-            flat[self._held.pop(job_id)] = 0.0
+            slots = self._held.pop(job_id)
+            ends[slots], busy[slots] = 0.0, False
         for job_id in running.keys() - self._held.keys():
             job = running[job_id]
             if job.placement is None:
                 continue
             slots = self._slots_of(job.placement)
             self._held[job_id] = slots
-            flat[slots] = end_of(job)
+            ends[slots], busy[slots] = end_of(job), True
 
     def _slots_of(self, placement: Placement) -> np.ndarray:
         found = [
@@ -120,7 +127,15 @@ class GpuState:
         """A job placed during this pass: its GPUs are busy until ``end``."""
         slots = self._slots_of(placement)
         self._ends.reshape(-1)[slots] = end
+        self._busy.reshape(-1)[slots] = True
         self._tentative.append(slots)
+
+    def free(self) -> Counter[str]:
+        """Free GPUs per GPU model: usable and held by no job (what the core's free sets
+        hold, counted from the matrix instead of from every node's view)."""
+        usable = ~(self._absent | self._busy)
+        return Counter({model: int(np.count_nonzero(usable[rows]))
+                        for model, rows in self._rows.items()})
 
     def features(self, now: float, scale: float) -> np.ndarray:
         rows = time_feature(self._ends - now, scale)
