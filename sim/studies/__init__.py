@@ -8,6 +8,8 @@
 - ``philly``: the Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4).
 - ``ces``: Cluster Energy Saving on Philly's node activity (Helios §4.3, Table 5).
 - ``openb``: the openb trace (SODA §VI).
+- ``liquid``: Liquid's testbed in batch mode, its resource model on measured data, and GPU
+  sharing on openb with fractional requests honoured (Liquid §7).
 
 Each study module owns its configuration dataclass, the paper's figures it quotes, its run
 function and its plots, and ends with ``STUDY = Study(...)``. The report runs the studies of
@@ -36,8 +38,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.studies import ces, genie, openb, philly
+from sim.studies import ces, genie, liquid, openb, philly
 from sim.studies.common import Study
 
 # The report's studies, in the order of its sections.
-REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, ces.STUDY, openb.STUDY)
+REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, ces.STUDY, openb.STUDY,
+                                     liquid.STUDY)

@@ -56,6 +56,7 @@ class _Pod:
     memory_mib: int
     gpus: int
     fractional: bool
+    gpu_milli: int  # per GPU, as the trace asks (1000 for whole GPUs)
     gpu_model: str | None
     qos: str
     submit: float
@@ -108,6 +109,7 @@ def _parse_pod(row: Mapping[str, str], line: int) -> _Pod:
         memory_mib=memory,
         gpus=gpus,
         fractional=bool(num_gpu) and gpu_milli < 1000,
+        gpu_milli=gpu_milli,
         gpu_model=models[0] if len(models) == 1 else None,
         qos=qos,
         submit=float(created),
@@ -165,11 +167,14 @@ def load(
     arrival_scale: float = 1.0,
     node_stride: int = 1,
     since: float | None = None,
+    honour_fractional: bool = False,
 ) -> Workload:
     """Load pods and nodes. ``arrival_scale`` > 1 compresses time: every creation time is
     divided by it (runtimes are kept), so the same pods arrive ``arrival_scale`` times more
     densely. ``node_stride`` k > 1 keeps every k-th node of the node list (file order), a
-    smaller cluster with the same mix of node types. ``since`` (trace seconds) keeps the pods
+    smaller cluster with the same mix of node types. ``honour_fractional``: a one-GPU pod asking
+    for part of a GPU keeps its ``gpu_milli`` (else it is rounded up to the whole GPU, as every
+    pod still is for policies that do not share). ``since`` (trace seconds) keeps the pods
     created at or after it, before scaling: most pods arrive in the trace's last weeks. All
     exist because openb's pods span 149 days and barely load its nodes: without them nothing
     queues (docs/simulator.md)."""
@@ -195,6 +200,7 @@ def load(
     jobs: list[SimJob] = []
     seen: set[str] = set()
     fractional = 0
+    honoured = 0  # fractional pods given gpu_milli instead of rounded up
     in_trace = len(pods)
     if since is not None:
         pods = [p for p in pods if p.submit >= since]
@@ -205,6 +211,7 @@ def load(
             raise TraceError(trace_dir / PODS_FILE, None, f"pod {pod.name} is listed twice")
         seen.add(pod.name)
         fractional += pod.fractional
+        honoured += honour_fractional and pod.fractional and pod.gpus == 1
         tenant = pod.qos.lower()
         if pod.gpus == 0:
             spec = JobSpec(
@@ -224,6 +231,10 @@ def load(
                 tenant=tenant, qos=QOS_MAP[pod.qos], gpus=pod.gpus, gpu_model=pod.gpu_model,
                 cpus=pod.cpus, memory_mib=pod.memory_mib, model_type=fill.model_type,
                 batch=fill.batch, iterations=iterations,
+                # Honoured, a one-GPU pod's share stays a share (Liquid's sharing may place it
+                # beside others); a policy that does not share still gives it a whole GPU.
+                gpu_milli=pod.gpu_milli if honour_fractional and pod.fractional and pod.gpus == 1
+                else None,
             )
             params = TruthParams(
                 model_type=fill.model_type, batch=fill.batch,
@@ -246,10 +257,13 @@ def load(
             "pods_since": since,
             "gpus": sum(len(n.gpus) for n in nodes),
             "cpu_cores": sum(len(n.cpus) for n in nodes),
-            "fractional_gpu_pods_rounded_up": fractional,
+            "fractional_gpu_pods_rounded_up": fractional - honoured,
         },
     )
+    if honour_fractional:
+        workload.notes["fractional_gpu_pods_honoured"] = honoured
     return finish(workload, options)
+
 
 def gpu_shares(trace_dir: Path, options: LoadOptions) -> dict[str, float]:
     """Pod name -> the share of each GPU it asked for (``gpu_milli / 1000``), for the pods that

@@ -73,6 +73,14 @@ def write_traces(root: Path) -> Path:
             pods.append(f"openb-pod-{i:04d},4000,8192,{gpus},1000,,{qos},Running,{created},"
                         f"{created + 2400 + 60 * i},{created}")
     (root / "openb-pods.csv").write_text("\n".join(pods) + "\n")
+    # Measured pairs sharing a GPU (Lucid's format) for the Liquid study's tiny run.
+    coloc = [",model1,dataset1,gpu_num1,batchsize1,amp1,speed1,model2,dataset2,gpu_num2,"
+             "batchsize2,amp2,speed2,gpu_util,gmem_util,gmem"]
+    for i in range(16):
+        a, b = ("ResNet18", "VGG", "LSTM", "PPO")[i % 4], ("DCGAN", "TD3")[i % 2]
+        coloc.append(f"{i},{a},CIFAR-10,1,{32 << (i % 3)},{i % 2},{0.6 + 0.02 * i:.3f},{b},"
+                     f"LSUN,1,64,0,{0.9 - 0.01 * i:.3f},{40 + 3 * i},{20 + i},{3000 + 200 * i}")
+    (root / "gpu-colocation.csv").write_text("\n".join(coloc) + "\n")
     # Five days of busy nodes every 10 minutes (a daily wave) for the CES study's tiny run.
     rows = ["time,active,total"]
     for step in range(5 * 144):
@@ -162,7 +170,7 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     text = (out / "results.md").read_text()
     for heading in SECTIONS:
         assert heading in text
-    assert text.count("### Why (hand-written)") == 4
+    assert text.count("### Why (hand-written)") == len(results.STUDIES)
     assert "The tables above say what happened. (philly)" in text
     document = json.loads((out / "results" / "results.json").read_text())
     assert set(document["studies"]) == set(results.STUDIES)

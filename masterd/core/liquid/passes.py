@@ -40,6 +40,7 @@ class LiquidPass:
     default_bandwidth: float
     rule: SharingRule
     prescheduling: bool
+    sharing: bool = True  # fractional jobs hold their GPU shared (else whole)
     pool: FreePool = field(init=False)
     caps: dict[str, NodeCap] = field(init=False)
     load: Load = field(init=False, default_factory=Load)
@@ -132,11 +133,11 @@ class LiquidPass:
         if placed is None:
             return None
         placement = realise_plan(demand, placed, self.pool, self.lent if lent else {},
-                                 shared=demand.shareable)
+                                 shared=demand.shareable and self.sharing)
         if placement is None:
             self._undo(demand, placed)
             return None
-        if any(a.shared for a in placement.allocations) and not demand.shareable:
+        if any(a.shared for a in placement.allocations) and lent:
             self.stats.prescheduled_starts += 1
         return self._started(job, demand, placement)
 

@@ -80,7 +80,7 @@ class LiquidPolicy:
 
     def plan(self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float) -> PassResult:
         state = LiquidPass(snapshot, now, self.weights, self.bandwidth, self.rule,
-                           self.prescheduling)
+                           self.prescheduling, self.sharing)
         batched = [j for j in queue if self.batch and task_count(j.spec) >= self.min_tasks]
         windows = batch_windows(batched, self.window)
         decisions: list[Decision] = []

@@ -67,15 +67,16 @@ class Model:
     rows: int
     test_rows: int
     mean: Mapping[str, float] = field(default_factory=dict)  # label means, for reports
+    features: tuple[str, ...] = FEATURES
 
     def predict(self, features: Mapping[str, Any]) -> dict[str, float]:
-        x = np.asarray([vector(features)], dtype=np.float64)
+        x = np.asarray([vector(features, self.features)], dtype=np.float64)
         return {label: float(f.predict(x)[0]) for label, f in self.forests.items()}
 
     def predict_many(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         if not rows:
             return []
-        x = np.asarray([vector(r) for r in rows], dtype=np.float64)
+        x = np.asarray([vector(r, self.features) for r in rows], dtype=np.float64)
         columns = {label: f.predict(x) for label, f in self.forests.items()}
         return [{label: float(v[i]) for label, v in columns.items()} for i in range(len(rows))]
 
@@ -112,14 +113,16 @@ def _r2(truth: np.ndarray, predicted: np.ndarray) -> float:
 
 
 def fit(rows: Sequence[tuple[Mapping[str, Any], Mapping[str, float]]], seed: int = 0,
-        test_jobs: int = TEST_JOBS) -> Model | None:
+        test_jobs: int = TEST_JOBS, features: tuple[str, ...] = FEATURES,
+        labels: tuple[str, ...] = LABELS, serve: bool = True) -> Model | None:
     """Train on (features, labels) rows; None with fewer than :data:`MIN_ROWS`. Runs in a
-    worker process."""
+    worker process. ``features``/``labels``: the columns (a job's, by default); ``serve``:
+    also fit on every row the forests that predict (else only measure held-out R²)."""
     from sklearn.ensemble import RandomForestRegressor
 
     if len(rows) < MIN_ROWS:
         return None
-    x_all = np.asarray([vector(f) for f, _ in rows], dtype=np.float64)
+    x_all = np.asarray([vector(f, features) for f, _ in rows], dtype=np.float64)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     test_n = min(test_jobs, len(rows) // 5) if len(rows) >= 2 * MIN_ROWS else 0
@@ -127,7 +130,7 @@ def fit(rows: Sequence[tuple[Mapping[str, Any], Mapping[str, float]]], seed: int
     forests: dict[str, Forest] = {}
     r2: dict[str, float] = {}
     means: dict[str, float] = {}
-    for label in LABELS:
+    for label in labels:
         have = [i for i in range(len(rows)) if label in rows[i][1]]
         if len(have) < MIN_ROWS:
             continue
@@ -142,12 +145,13 @@ def fit(rows: Sequence[tuple[Mapping[str, Any], Mapping[str, float]]], seed: int
             held = RandomForestRegressor(random_state=seed, **RF_SETTINGS)
             held.fit(x_all[tr], y_all[tr])
             r2[label] = _r2(y_all[te], held.predict(x_all[te]))
-        final = RandomForestRegressor(random_state=seed, **RF_SETTINGS)
-        final.fit(x_all[have], y_all[have])
-        forests[label] = export(final)
-    if not forests:
+        if serve:
+            final = RandomForestRegressor(random_state=seed, **RF_SETTINGS)
+            final.fit(x_all[have], y_all[have])
+            forests[label] = export(final)
+    if not forests and not r2:
         return None
-    return Model(forests, r2, len(rows), test_n, means)
+    return Model(forests, r2, len(rows), test_n, means, features)
 
 
 __all__ = ["FEATURES", "LABELS", "Forest", "Model", "fit"]

@@ -119,9 +119,9 @@ def features_of(spec: JobSpec) -> dict[str, float]:
     return row
 
 
-def vector(features: Mapping[str, Any]) -> list[float]:
-    """The features in :data:`FEATURES` order (a missing one is 0)."""
-    return [float(features.get(name, 0.0) or 0.0) for name in FEATURES]
+def vector(features: Mapping[str, Any], names: tuple[str, ...] = FEATURES) -> list[float]:
+    """The features in ``names`` order (:data:`FEATURES` by default; a missing one is 0)."""
+    return [float(features.get(name, 0.0) or 0.0) for name in names]
 
 
 def labels_of(usage: Mapping[str, Any], workers: int) -> dict[str, float] | None:
