@@ -6,14 +6,17 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from masterd.core.genie.model import Coefficients
 from masterd.core.genie.modeldb import ModelDB, ModelEntry
+from masterd.core.policies import make_policy
 from masterd.core.policies.sched2 import Sched2Policy
 from masterd.core.policy import Start
 from masterd.core.sched2.estimate import spread_levels
 from masterd.core.sched2.network import Shape, random_network
-from masterd.core.sched2.state import ABSENT, Observation
+from masterd.core.sched2.state import ABSENT, GpuState, Observation
 from masterd.core.scheduler import SchedulingCore
 from tests.unit.helpers import inventory, job
 
@@ -138,3 +141,23 @@ def test_spread_levels_go_from_concentrated_to_scattered() -> None:
     assert spread_levels(4, 8, 15, 4) == (1, 2, 3, 4)
     assert spread_levels(16, 8, 15, 4) == (2, 4, 8, 15)
     assert spread_levels(8, 8, 2, 4) == (1, 1, 2, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=25), st.integers(0, 2))
+def test_free_gpus_from_the_matrix_equal_the_cores(demands: list[int], down: int) -> None:
+    """What the state counts as free is what the core's free sets hold, whatever ran."""
+    core = SchedulingCore(make_policy("sif", modeldb=modeldb()))
+    for i in range(4):
+        core.node_up(inventory(f"s{i}", gpus=8))
+    for i in range(down):
+        core.node_down(f"s{i}")
+    for i, gpus in enumerate(demands):
+        core.submit(job(f"j{i}", gpus=gpus, t=float(i), **work()))
+    core.schedule(1.0)
+    state = GpuState(Shape(4, 8, J))
+    state.sync(core.snapshot(), lambda job: 100.0)
+    want = sum(len(v.free_gpus) for v in core.snapshot().schedulable.values())
+    assert sum(state.free().values()) == want
+    busy = {a.node: len(a.gpus) for j in core.running().values() for a in j.placement.allocations}
+    assert busy  # something runs
