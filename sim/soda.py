@@ -145,11 +145,14 @@ class SodaStats:
     placer_preemptions: int = 0
     replicas_lost: int = 0
     # Why queued GPU jobs waited, counted at every sample (one per job and sample):
-    # "gpus" no node of the job's model has its GPUs free; "cores" one has, but not the
-    # cores or memory with them (stranded GPUs); "held" it would fit a node, so the policy
-    # (its order, or the arrays' reservations) held it back.
-    wait_reasons: dict[str, int] = field(default_factory=lambda: {"gpus": 0, "cores": 0,
-                                                                  "held": 0})
+    # "gpus" no node of the job's model has its GPUs free; "cores" one has, with the memory
+    # but not the cores (stranded GPUs); "memory" one has, with the cores but not the
+    # memory; "both" neither; "held" it would fit a node, so the policy (its order, or the
+    # arrays' reservations) held it back.
+    wait_reasons: dict[str, int] = field(default_factory=lambda: {
+        "gpus": 0, "cores": 0, "memory": 0, "both": 0, "held": 0})
+    tuning_s: float = 0.0  # simulated time tuned parts spent in measurement windows
+    replica_core_s: float = 0.0  # core-seconds the placer's CPU replicas held (to tick_until)
 
 
 class SodaSimulator(Simulator):
@@ -313,6 +316,7 @@ class SodaSimulator(Simulator):
         busy = self._adjust(run, 1.0, 1.0)[1]  # the part's GPU busy share now
         util = min(100.0, max(0.0, 100.0 * busy + self._noise.gauss(0.0, self.soda.window_noise)))
         self.stats.tuning_windows += 1
+        self.stats.tuning_s += self.soda.tuner.window_s
         freed = False
         pin = session.observe(util)
         if pin is not None:
@@ -367,6 +371,9 @@ class SodaSimulator(Simulator):
         for job_id in self.soda.services & self._runs.keys():
             self._reprice(self._runs[job_id], now)
         self._update_replica_busy()
+        self.stats.replica_core_s += self.soda.tick_s * sum(
+            len(self.core.placement_of(r.job_id).allocations[0].cpus)  # type: ignore[union-attr]
+            for r in self._replicas.values() if r.kind is ReplicaKind.CPU)
         if self._services and self.mech.placer:
             changed |= self._plan_services(now)
         self._note_usage(now)
@@ -588,11 +595,17 @@ class SodaSimulator(Simulator):
             gpus_free = [v for v in nodes if len(v.free_gpus) >= spec.gpus]
             if not gpus_free:
                 reasons["gpus"] += 1
-            elif any(len(v.free_cpus) >= spec.cpus and v.free_memory_mib >= spec.memory_mib
-                     for v in gpus_free):
+                continue
+            cores = [len(v.free_cpus) >= spec.cpus for v in gpus_free]
+            memory = [v.free_memory_mib >= spec.memory_mib for v in gpus_free]
+            if any(c and m for c, m in zip(cores, memory, strict=True)):
                 reasons["held"] += 1
-            else:
+            elif any(memory):
                 reasons["cores"] += 1
+            elif any(cores):
+                reasons["memory"] += 1
+            else:
+                reasons["both"] += 1
 
     def _result(self) -> SimResult:
         result = super()._result()

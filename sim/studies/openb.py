@@ -219,6 +219,8 @@ def summarise(result: SimResult, stats: SodaStats, s: Setup, variant: Variant,
     preemptions = sum(r.preemptions for r in result.records)
     changes = stats.core_changes
     waits = sum(stats.wait_reasons.values())
+    training_s = sum(r.run_time for r in result.records
+                     if r.kind.value == "training" and r.gpus)
     return {
         "jobs": sum(r.state != "service" for r in result.records),
         "rejected": sum(r.state == "rejected" for r in result.records),
@@ -242,6 +244,9 @@ def summarise(result: SimResult, stats: SodaStats, s: Setup, variant: Variant,
         "replicas_lost": stats.replicas_lost,
         "waits": {k: (100.0 * v / waits if waits else None)
                   for k, v in stats.wait_reasons.items()},
+        # Tuned parts' windows against the run time of the training jobs (all attempts).
+        "tuning_share_pct": 100.0 * stats.tuning_s / training_s if training_s else None,
+        "replica_core_hours": stats.replica_core_s / 3600.0,
         "wall_s": wall,
     }
 
@@ -322,22 +327,30 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
                 row(ablation, name)
     mech = section.table(Table(
         "openb-mechanisms",
-        ["variant", "parts tuned", "tuning windows", "cores handed back",
+        ["variant", "parts tuned", "training time in tuning windows %", "cores handed back",
          "parts ending with fewer cores %", "throttle actions", "replicas launched",
-         "replicas retired", "placer preemptions", "GPU jobs waiting: GPUs busy %",
-         "GPUs free, cores or memory short %", "would fit, held back %"],
-        ["{}", "{:d}", "{:d}", "{:d}", "{:.1f}", "{:d}", "{:d}", "{:d}", "{:d}", "{:.1f}",
-         "{:.1f}", "{:.1f}"],
-        caption="What each mechanism did, and why GPU jobs waited (each queued GPU job at "
-                "each sample: no node of its model had its GPUs free; one had, but without "
-                "the cores or memory; or it would have fit and the policy held it back).",
+         "CPU-replica core-hours", "placer preemptions"],
+        ["{}", "{:d}", "{:.1f}", "{:d}", "{:.1f}", "{:d}", "{:d}", "{:.0f}", "{:d}"],
+        caption="What each mechanism did.",
+    ))
+    why = section.table(Table(
+        "openb-waits",
+        ["variant", "GPUs busy %", "GPUs free, cores short %", "GPUs free, memory short %",
+         "GPUs free, both short %", "would fit, held back %"],
+        ["{}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}"],
+        caption="Why GPU jobs waited: each queued GPU job at each sample, by what the best "
+                "node of its GPU model lacked (no node had its GPUs free; one had, but not "
+                "the cores, the memory or both; or it would have fit and the policy held it "
+                "back: its order or the arrays' reservations).",
     ))
     for name in study.variants:
         st = stats[name]
-        mech.add(VARIANTS[name].title, st["tuned_parts"], st["tuning_windows"],
+        mech.add(VARIANTS[name].title, st["tuned_parts"], st["tuning_share_pct"],
                  st["cores_returned"], st["parts_fewer_cores_pct"], st["throttle_actions"],
-                 st["replica_launches"], st["replica_retires"], st["placer_preemptions"],
-                 st["waits"]["gpus"], st["waits"]["cores"], st["waits"]["held"])
+                 st["replica_launches"], st["replica_core_hours"], st["placer_preemptions"])
+        w = st["waits"]
+        why.add(VARIANTS[name].title, w["gpus"], w["cores"], w["memory"], w["both"],
+                w["held"])
     side = section.table(Table(
         "openb-soda",
         ["metric", "variant", "SODA paper", "ours"],
