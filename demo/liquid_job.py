@@ -9,7 +9,9 @@ Launching (``--pre`` s) and saving (``--post`` s) keep the GPU nearly idle; trai
 in the files beside the progress counter (``noded/gpu/declared.py``), which is what noded's
 usage accounting and post-phase detector then see; ``--cpu N`` burns N cores while training,
 ``--send BYTES`` sends that much to ``$MASTER_ADDR:--port`` (a sink the caller runs) so that
-network counters have something to count.
+network counters have something to count; ``--stamp FILE`` appends ``JOB EVENT TIME``
+lines (``start``, ``train``, ``trained``, ``end``; wall-clock seconds) for benchmarks that time
+what happens on the GPU (bench/event_latency.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ def declare(directory: str | None, name: str, value: float) -> None:
     os.replace(tmp, os.path.join(directory, name))
 
 
+def stamp(path: str | None, event: str) -> None:
+    if not path:
+        return
+    line = f"{os.environ.get('TRELLIS_JOB_ID', '-')} {event} {time.time():.6f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def burn(until: float) -> None:
     while time.monotonic() < until:
         pass
@@ -46,7 +59,9 @@ def main() -> int:
     p.add_argument("--cpu", type=int, default=0)
     p.add_argument("--send", type=int, default=0)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--stamp", help="append JOB EVENT TIME lines to this file")
     args = p.parse_args()
+    stamp(args.stamp, "start")
     if not 0 <= args.util <= 100:
         print("--util must be 0-100", file=sys.stderr)
         return 2
@@ -56,6 +71,7 @@ def main() -> int:
     declare(directory, "memory", args.gpu_mem_mib)
     time.sleep(args.pre)
     declare(directory, "util", args.util)
+    stamp(args.stamp, "train")
     until = time.monotonic() + args.train
     burners = [multiprocessing.Process(target=burn, args=(until,)) for _ in range(args.cpu)]
     for b in burners:
@@ -76,8 +92,10 @@ def main() -> int:
     for b in burners:
         b.join()
     declare(directory, "util", 1)
+    stamp(args.stamp, "trained")
     time.sleep(args.post)
     print(f"done {done} iterations", flush=True)
+    stamp(args.stamp, "end")
     return 0
 
 

@@ -310,3 +310,50 @@ def test_bad_options_are_refused_with_a_clear_error() -> None:
         LiquidPolicy(ga={"bogus": 1})
     with pytest.raises(ValueError, match="gpu_milli"):
         spec("x", 2, milli=500)
+
+
+def test_the_gas_fitness_is_eq8_over_the_jobs_scores() -> None:
+    from masterd.core.liquid.score import job_score
+
+    nodes = [node(f"n{i}", rack="A" if i < 3 else "B", domain="d1" if i < 5 else "d2")
+             for i in range(7)]
+    core = core_with(LiquidPolicy(), nodes)
+    jobs = [Job(id=f"j{i}", spec=spec(f"j{i}", g), submit_time=0.0)
+            for i, g in enumerate((3, 2, 1))]
+    jobs[0].annotations[NET] = 400.0
+    state = LiquidPass(core.snapshot(), 0.0, ScoreWeights(), 100.0, SharingRule(), False)
+    demands = [demand_of(j, 100.0, None) for j in jobs]
+    names = [c.name for c in state.candidates(jobs[0])]
+    plan = [{t.index: names[(3 * k + 2 * t.index) % 7] for t in d.tasks}
+            for k, d in enumerate(demands)]
+    load = Load()
+    for d, where in zip(demands, plan, strict=True):
+        for t in d.tasks:
+            load.add(where[t.index], t)
+    expected = 0.0
+    for d, where in zip(demands, plan, strict=True):
+        workers: dict[str, int] = {}
+        ps = None
+        for t in d.tasks:
+            if t.role == "ps":
+                ps = where[t.index]
+            else:
+                workers[where[t.index]] = workers.get(where[t.index], 0) + 1
+        others = None
+        if ps is not None:
+            others = {ps: sum(1 for dd, ww in zip(demands, plan, strict=True)
+                              for tt in dd.tasks if tt.role == "ps" and ww[tt.index] == ps) - 1}
+        expected += job_score(d, workers, ps, state.caps, load.gpus, ScoreWeights(), others)
+    used = {n for where in plan for n in where.values()}
+    assert plan_fitness(demands, state.caps, Load(), ScoreWeights(), plan) == pytest.approx(
+        -(expected + len(used)))
+
+
+def test_without_sharing_a_fractional_job_holds_a_whole_gpu() -> None:
+    core = core_with(LiquidPolicy(sharing=False), [node("n1", gpus=2)])
+    submit(core, "a", spec("a", 1, cpus=1, milli=300))
+    submit(core, "b", spec("b", 1, cpus=1, milli=300))
+    decisions = core.schedule(0.0)
+    assert len(decisions) == 2
+    assert not any(a.shared for d in decisions for a in d.placement.allocations)
+    assert decisions[0].placement.allocations[0].gpus != decisions[1].placement.allocations[0].gpus

@@ -47,20 +47,33 @@ def best_fit(
     workers_on: dict[str, int] = {}
     ps_on: str | None = None
     placed: dict[int, str] = {}
-
-    def touched(name: str) -> bool:
-        return (name in workers_on or name == ps_on or name in trial.gpus
-                or name in trial.cpus or name in trial.memory)
+    added = ps_added or {}
 
     for task in demand.tasks:
         best: tuple[float, int, str] | None = None
-        # Every touched node on its own; of the untouched ones, the first fitting per group.
-        looked: list[NodeCap] = [caps[n] for n in {*trial.gpus, *trial.cpus, *trial.memory,
-                                                   *workers_on, *((ps_on,) if ps_on else ())}
-                                 if n in order_of]
+        plan = {*workers_on, *((ps_on,) if ps_on else ())}
+        touched = trial.touched()
+        # Which nodes to score: every node of the job's plan; of the others, one per kind
+        # (GPUs in use, parameter servers, rack, domain) as they stand now, the first in the
+        # pass's order that fits.
+        looked: list[NodeCap] = [caps[n] for n in plan if n in order_of]
+        kinds: set[tuple[object, ...]] = set()
+        for name in sorted(touched - plan, key=lambda n: order_of.get(n, -1)):
+            cap = caps.get(name)
+            if cap is None or name not in order_of or not trial.fits(cap, task, lent):
+                continue
+            inv = cap.inventory
+            kind = (cap.total_gpus, cap.free_gpus - trial.gpus.get(name, 0),
+                    cap.ps_tasks + added.get(name, 0), inv.rack, inv.domain)
+            if kind not in kinds:
+                kinds.add(kind)
+                looked.append(cap)
         for group in groups:
             for _, cap in group:
-                if not touched(cap.name) and trial.fits(cap, task, lent):
+                if cap.name in touched or cap.name in plan or cap.similar in kinds:
+                    continue
+                if trial.fits(cap, task, lent):
+                    kinds.add(cap.similar)
                     looked.append(cap)
                     break
         for cap in looked:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from masterd.core.liquid.bestfit import best_fit
 from masterd.core.liquid.demand import PS, Demand, Task
 from masterd.core.liquid.nodes import Load, NodeCap
-from masterd.core.liquid.score import ScoreWeights, job_score
+from masterd.core.liquid.score import BANDWIDTH_UNIT_MBPS, ScoreWeights
 
 INVALID = float("-inf")
 
@@ -85,7 +85,11 @@ class _Problem:
                 self.tasks.append(task)
                 self.owner.append(j)
         self.is_ps = [t.role == PS for t in self.tasks]
-        self.scores: dict[tuple[object, ...], float] = {}
+        self.tasks_per_job = [len(d.tasks) for d in demands]
+        self.bandwidth = [d.bandwidth / BANDWIDTH_UNIT_MBPS for d in demands]
+        # node -> (GPUs for the packing term, GPUs in use, PSs, rack, domain)
+        self.info = {name: (max(c.total_gpus, 1), c.used_gpus, c.ps_tasks, c.inventory.rack,
+                            c.inventory.domain) for name, c in caps.items()}
         self.candidates = [list(candidates[j]) for j in range(len(demands))]
         self.allowed = [{c.name for c in cands} for cands in self.candidates]
 
@@ -161,42 +165,52 @@ def _random_fit(problem: _Problem, plan: _Plan, ks: Sequence[int], rng: random.R
 
 
 def _evaluate(problem: _Problem, plan: _Plan) -> float:
+    """Eq. 8 for a plan: the same sums as :func:`~masterd.core.liquid.score.job_score` per
+    job, over arrays built once per batch (this runs for every plan the GA makes)."""
     assign = plan.assign
     if None in assign:
         return INVALID
     gpus_used = plan.load.gpus
-    owner, is_ps = problem.owner, problem.is_ps
+    owner, is_ps, info = problem.owner, problem.is_ps, problem.info
     jobs = len(problem.demands)
-    nodes_of: list[list[str]] = [[] for _ in range(jobs)]
-    per_job_ps: list[str | None] = [None] * jobs
+    workers: list[dict[str, int]] = [{} for _ in range(jobs)]
+    ps_of: list[str | None] = [None] * jobs
     plan_ps: dict[str, int] = {}
     for k, node in enumerate(assign):
-        assert node is not None
         j = owner[k]
-        nodes_of[j].append(node)
         if is_ps[k]:
-            per_job_ps[j] = node
-            plan_ps[node] = plan_ps.get(node, 0) + 1
+            ps_of[j] = node
+            plan_ps[node] = plan_ps.get(node, 0) + 1  # type: ignore[index]
+        else:
+            w = workers[j]
+            w[node] = w.get(node, 0) + 1  # type: ignore[index]
+    dist = problem.weights.distances
+    same_rack, same_domain, other = dist.same_rack, dist.same_domain, dist.other_domain
     total = 0.0
-    cache = problem.scores
-    for j, demand in enumerate(problem.demands):
-        ps = per_job_ps[j]
-        others = problem.base_ps.get(ps, 0) + plan_ps[ps] - 1 if ps is not None else 0
-        where = nodes_of[j]
-        # A job's score reads only its own nodes: most jobs of a child are as in its parent.
-        key = (j, tuple(where), tuple(gpus_used.get(n, 0) for n in where), others)
-        score = cache.get(key)
-        if score is None:
-            workers: dict[str, int] = {}
-            for k, node in zip(problem.tasks_of[j], where, strict=True):
-                if not is_ps[k]:
-                    workers[node] = workers.get(node, 0) + 1
-            score = job_score(demand, workers, ps, problem.caps, gpus_used, problem.weights,
-                              {ps: others} if ps is not None else None)
-            if len(cache) > 200_000:
-                cache.clear()
-            cache[key] = score
-        total += score
+    for j in range(jobs):
+        w = workers[j]
+        ps = ps_of[j]
+        tasks = problem.tasks_per_job[j]
+        hub = ps if ps is not None else (min(w, key=lambda n: (-w[n], n)) if w else None)
+        cost = 0.0
+        if ps is not None and hub is not None:
+            rack, domain = info[hub][3], info[hub][4]
+            for node, count in w.items():
+                if node != hub:
+                    r, d = info[node][3], info[node][4]
+                    cost += count * (other if d != domain else
+                                     same_domain if r != rack else same_rack)
+            cost *= problem.bandwidth[j]
+        fitness = 0.0
+        for node in w:
+            size, used = info[node][0], info[node][1]
+            fitness -= (used + gpus_used.get(node, 0)) / size
+        nodes = len(w)
+        if ps is not None:
+            size, _, ps_tasks = info[ps][0], info[ps][1], info[ps][2]
+            fitness += (ps_tasks + problem.base_ps.get(ps, 0) + plan_ps[ps]) / size
+            nodes += ps not in w
+        total += problem.weights.network * cost + fitness / tasks + nodes / tasks
     return -(total + len(set(assign)))
 
 

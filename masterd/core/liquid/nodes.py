@@ -69,12 +69,17 @@ class Load:
         return other
 
     def add(self, node: str, task: Task, sign: int = 1) -> None:
-        if task.gpus:
-            self.gpus[node] = self.gpus.get(node, 0) + sign * task.gpus
-        if task.cpus:
-            self.cpus[node] = self.cpus.get(node, 0) + sign * task.cpus
-        if task.memory_mib:
-            self.memory[node] = self.memory.get(node, 0) + sign * task.memory_mib
+        for counts, amount in ((self.gpus, task.gpus), (self.cpus, task.cpus),
+                               (self.memory, task.memory_mib)):
+            if amount:
+                value = counts.get(node, 0) + sign * amount
+                if value:
+                    counts[node] = value
+                else:  # back to what the pass started with: the node is untouched again
+                    del counts[node]
+
+    def touched(self) -> set[str]:
+        return {*self.gpus, *self.cpus, *self.memory}
 
     def fits(self, cap: NodeCap, task: Task, lent: bool = False) -> bool:
         name = cap.name
