@@ -37,6 +37,7 @@ import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from masterd.core.arrays import ArrayPolicy
 from masterd.core.cores import remember, start_point
 from masterd.core.inference import (
     InferencePlacer,
@@ -480,7 +481,12 @@ class SodaSimulator(Simulator):
 
     def _plan_services(self, now: float) -> bool:
         headroom = _Headroom(self, 0.75)
-        actions = self.placer.plan(self.core.snapshot(), now, headroom)
+        snapshot = self.core.snapshot()
+        # As the master's inference feature does: under SODA's arrays a CPU replica is a
+        # CPU job and takes cores of the CPU-job array.
+        cores = (self.policy.array_map(snapshot).cpu_job_cores()
+                 if isinstance(self.policy, ArrayPolicy) else None)
+        actions = self.placer.plan(snapshot, now, headroom, cores)
         changed = False
         for action in actions:
             if isinstance(action, LaunchReplica):

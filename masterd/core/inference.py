@@ -42,7 +42,7 @@ import enum
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,9 +241,18 @@ class _Free:
     def __init__(
         self, snapshot: ClusterSnapshot, headroom: Mapping[str, float],
         replicas: Iterable[Replica],
+        cpu_replica_cores: Mapping[str, Collection[int]] | None = None,
     ) -> None:
         self._source: tuple[ClusterSnapshot, Mapping[str, float], list[Replica]] | None = (
             snapshot, headroom, list(replicas))
+        self.cpu_replica_cores = cpu_replica_cores
+
+    def cpu_room(self, node: str, extra: Iterable[int] = ()) -> set[int]:
+        """Free cores of ``node`` (plus ``extra``) a CPU replica may use."""
+        cores = self.cpus[node] | set(extra)
+        if self.cpu_replica_cores is None:
+            return cores
+        return cores & set(self.cpu_replica_cores.get(node, ()))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for the resource tables, before they exist.
@@ -269,6 +278,7 @@ class _Free:
     def copy(self) -> _Free:
         other = object.__new__(_Free)
         other._source = None
+        other.cpu_replica_cores = self.cpu_replica_cores
         other.views = self.views
         other.gpus = {k: set(v) for k, v in self.gpus.items()}
         other.cpus = {k: set(v) for k, v in self.cpus.items()}
@@ -403,8 +413,13 @@ class InferencePlacer:
         snapshot: ClusterSnapshot,
         now: float,
         bandwidth_headroom_gbps: Mapping[str, float] | None = None,
+        cpu_replica_cores: Mapping[str, Collection[int]] | None = None,
     ) -> list[ReplicaAction]:
         """Launches, retirements and preemptions that bring every service to its target.
+
+        ``cpu_replica_cores`` maps a node to the cores CPU replicas may use there: under
+        SODA's arrays a CPU replica is a CPU job, so its cores come from the CPU-job array
+        (§V-C, §V-D); None lets it use any free core of a GPU node.
 
         ``bandwidth_headroom_gbps`` maps a node to the memory bandwidth (GB/s) it can still
         absorb before contention (§V-E's threshold) *not counting this placer's own CPU
@@ -417,6 +432,7 @@ class InferencePlacer:
         free = _Free(
             snapshot, bandwidth_headroom_gbps if bandwidth_headroom_gbps is not None else {},
             (r for svc in self._services.values() for r in svc.replicas.values()),
+            cpu_replica_cores,
         )
         for svc in self._services.values():
             if svc.preempting is not None and svc.preempting not in snapshot.running:
@@ -592,14 +608,14 @@ class InferencePlacer:
         candidates = [
             name for name, view in free.views.items()
             if view.total_gpus > 0  # the CPU cores of GPU nodes (§V-D)
-            and len(free.cpus[name]) >= profile.cpu_cores
+            and len(free.cpu_room(name)) >= profile.cpu_cores
             and free.memory[name] >= profile.memory_mib
             and free.headroom[name] >= profile.cpu_mbw_gbps
             and free.headroom[name] > 0
         ]
         # Most bandwidth headroom first: spread the pressure on memory bandwidth.
         for name in sorted(candidates, key=lambda n: (-free.headroom[n], -len(free.cpus[n]), n)):
-            cpus = choose_cpus(free.views[name], free.cpus[name], profile.cpu_cores)
+            cpus = choose_cpus(free.views[name], free.cpu_room(name), profile.cpu_cores)
             if cpus is not None:
                 return _Slot(name, None, cpus)
         return None
@@ -752,7 +768,7 @@ class InferencePlacer:
                     return True
             elif (
                 profile.cpu_capable
-                and cpus >= profile.cpu_cores
+                and len(free.cpu_room(alloc.node, alloc.cpus)) >= profile.cpu_cores
                 and free.headroom[alloc.node] >= profile.cpu_mbw_gbps
                 and free.headroom[alloc.node] > 0
             ):

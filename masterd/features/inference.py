@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.inference import (
     InferencePlacer,
@@ -293,7 +294,11 @@ class InferenceService:
         self._forget_lost()
         snapshot = self.ctx.core.snapshot()
         headroom = GpuNodeHeadroom(snapshot, self.headroom, self.config.mbw_headroom_gbps)
-        actions = self.placer.plan(snapshot, self._now(), headroom)
+        policy = self.ctx.core.policy
+        # Under SODA's arrays a CPU replica is a CPU job: it takes cores of the CPU-job array.
+        cores = (policy.array_map(snapshot).cpu_job_cores()
+                 if isinstance(policy, ArrayPolicy) else None)
+        actions = self.placer.plan(snapshot, self._now(), headroom, cores)
         for action in actions:
             if isinstance(action, LaunchReplica):
                 self._launch(action)

@@ -275,6 +275,22 @@ def test_cpu_replicas_only_where_bandwidth_headroom_allows(placer: InferencePlac
     assert driver.kinds("resnet") == [ReplicaKind.GPU]
 
 
+def test_cpu_replicas_only_on_the_cores_they_are_given(placer: InferencePlacer) -> None:
+    # Under SODA's arrays a CPU replica is a CPU job: the master passes the CPU-job array.
+    driver = Driver(placer, [gpu_node("g1"), gpu_node("g2")])
+    snapshot = driver.state.snapshot({})
+    placer.report_load("resnet", 5.0, 0.0)
+    (launch,) = launches(placer.plan(snapshot, 0.0, driver.headroom,
+                                     {"g1": range(4), "g2": range(24, 32)}))
+    assert launch.replica.node == "g2" and set(launch.replica.cpus) <= set(range(24, 32))
+    # With no CPU-job cores big enough anywhere, the service is served from a GPU.
+    other = InferencePlacer(PlacerConfig(sustain_s=30.0))
+    other.register(profile())
+    other.report_load("resnet", 5.0, 0.0)
+    (launch,) = launches(other.plan(snapshot, 0.0, driver.headroom, {"g1": range(4)}))
+    assert launch.replica.kind is ReplicaKind.GPU
+
+
 def test_gpu_to_cpu_switch_waits_for_bandwidth(placer: InferencePlacer) -> None:
     driver = Driver(placer, [gpu_node("g1")], headroom={"g1": 1.0})
     driver.drive("resnet", [(0.0, 40.0)])

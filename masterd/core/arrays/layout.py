@@ -141,6 +141,10 @@ class ArrayMap:
                     groups.append(frozenset({ArrayId(kind, m), ArrayId(GPU_CPU, m)}))
         return [g for g in groups if all(a in self.arrays for a in g)]
 
+    def cpu_job_cores(self) -> dict[str, frozenset[int]]:
+        """Each node's cores of the CPU-job array (where CPU inference replicas go, §V-D)."""
+        return {name: na.cpu_job_cpus for name, na in self.nodes.items()}
+
     def size(self, array: ArrayId) -> int:
         total = 0
         for na in self.nodes.values():
