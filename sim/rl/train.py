@@ -157,10 +157,21 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
                          f"effectiveness {score['effectiveness']:.3f}")
             if best is None or score["effectiveness"] > best[0]:
                 best = (score["effectiveness"], network)
+            if e + 1 < config.episodes:  # an interrupted run still leaves its best so far
+                _finish(config, meta, best, history, evaluations, started, complete=False)
     assert best is not None
+    return _finish(config, meta, best, history, evaluations, started, complete=True)
+
+
+def _finish(config: TrainConfig, meta: dict[str, Any], best: tuple[float, QNetwork],
+            history: list[dict[str, Any]], evaluations: list[dict[str, Any]], started: float,
+            complete: bool) -> TrainResult:
+    opts = config.options
     seconds = time.monotonic() - started
     chosen = next(ev for ev in evaluations if ev["effectiveness"] == best[0])
     record = {
+        "complete": complete,
+        "episodes_done": len(history),
         "command": config.command,
         "seconds": seconds,
         "episodes": config.episodes,

@@ -85,7 +85,10 @@ class Sched2Study:
     baselines: tuple[str, ...] = (*PAPER_BASELINES, *OTHER_BASELINES, MOLDABLE)
     mixes: tuple[float | None, ...] = (0.60, 0.75, None)  # beside 0.68; None: Philly as is
     gap_scales: tuple[float, ...] = (2.0, 4.0)  # Fig. 8: arrival gaps × these
-    other_episodes: int = 10  # held-out episodes per mix and per gap scale
+    # (gap scale, model file): a model trained at that gap, evaluated there beside the main
+    # one (a row of its own); the main model is evaluated at every gap scale.
+    gap_models: tuple[tuple[float, str], ...] = ()
+    other_episodes: int = 5  # held-out episodes per mix and per gap scale
     windows: tuple[int, ...] = (10, 30, 100)  # the window rule's J
     window_episodes: int = 10
 
@@ -102,7 +105,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sched2-episodes", help="held-out episodes on the paper's mix, "
                         "comma-separated (default 30..59)")
     parser.add_argument("--sched2-other-episodes", type=int,
-                        help="held-out episodes per other mix and gap scale (default 10)")
+                        help="held-out episodes per other mix and gap scale (default 5)")
+    parser.add_argument("--sched2-gap-model", action="append", metavar="SCALE:FILE",
+                        help="also evaluate a model trained at this gap scale, there")
 
 
 def apply_options(study: Sched2Study, args: argparse.Namespace) -> Sched2Study:
@@ -113,6 +118,17 @@ def apply_options(study: Sched2Study, args: argparse.Namespace) -> Sched2Study:
         if any(e in workload.TRAIN_EPISODES for e in chosen):
             raise ReportError("--sched2-episodes: episodes 0-29 are the training episodes")
         study = replace(study, episodes=chosen)
+    if args.sched2_gap_model:
+        pairs = []
+        for item in args.sched2_gap_model:
+            scale, sep, path = item.partition(":")
+            try:
+                if not sep or not path:
+                    raise ValueError
+                pairs.append((float(scale), path))
+            except ValueError:
+                raise ReportError(f"--sched2-gap-model {item!r}: expected SCALE:FILE") from None
+        study = replace(study, gap_models=tuple(pairs))
     if args.sched2_other_episodes is not None:
         if args.sched2_other_episodes < 1:
             raise ReportError("--sched2-other-episodes must be at least 1")
@@ -227,6 +243,8 @@ def cells(study: Sched2Study, model: str, trace_dir: Path) -> list[Cell]:
             for share in study.mixes for e in others for p in policies]
     out += [replace(base, setting="gap", gap_scale=g, episode=e, policy=p)
             for g in study.gap_scales for e in others for p in policies]
+    out += [replace(base, setting="gap-model", gap_scale=g, episode=e, model=path)
+            for g, path in study.gap_models for e in others]
     windows = tuple(workload.TEST_EPISODES)[:study.window_episodes]
     out += [replace(base, setting="window", episode=e, policy=WINDOW_RULE, window=j)
             for j in study.windows for e in windows]
@@ -296,6 +314,12 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
            runner: Runner) -> Section:
     names = [b for b in study.baselines if b not in ("swaf-exact",)]
     check_policies(names, "sched2 baselines")
+    missing = [g for g, _ in study.gap_models if g not in study.gap_scales]
+    if missing:
+        raise ReportError(f"sched2 gap models at scales {missing} that are not replayed "
+                          f"(gap scales: {list(study.gap_scales)})")
+    for _, path in study.gap_models:
+        QNetwork.load(path)  # a bad file fails now, not after an hour of replays
     model = study.model or str(DEFAULT_MODEL)
     network = QNetwork.load(model)  # fails here, with the reason, before any replay
     network.check(servers=workload.Sched2Options().servers,
@@ -350,6 +374,14 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         ("mix", _mix_label(0.68), 0.68, 1.0),
         *[("mix", _mix_label(s), s, 1.0) for s in study.mixes],
         *[("gap", f"68%, gaps × {g:g}", 0.68, g) for g in study.gap_scales]]
+    # A model trained at a gap scale, against the same baselines' replays there.
+    for g, path in study.gap_models:
+        for r in res.runs("gap-model", 0.68, g, "sched2"):
+            res.by[("gap-trained", 0.68, g, "sched2", 10)].append(r)
+        for b in comparable:
+            res.by[("gap-trained", 0.68, g, b, 10)] = res.runs("gap", 0.68, g, b)
+        settings.append(("gap-trained", f"68%, gaps × {g:g}, model trained there "
+                         f"({Path(path).name})", 0.68, g))
     summary: dict[str, Any] = {}
     for setting, label, share, gap in settings:
         for group, members in (("paper's", paper), ("all", comparable)):
