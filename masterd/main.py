@@ -27,7 +27,7 @@ from masterd.api.authn import auth_handler, build_authenticator, build_ssl, warn
 from masterd.api.limits import GuardedSite, PeerLimits, guard_handler
 from masterd.api.standby import make_standby_app
 from masterd.gcpause import GcPausePolicy
-from masterd.journal.backends import open_store
+from masterd.journal.backends import check_location, open_store
 from masterd.journal.lease import Lease
 from masterd.journal.store import Store, StoreError
 from masterd.service.leader import ElectionTiming, Elector
@@ -121,6 +121,7 @@ class MasterDaemon:
 
         store: Store | None = None
         if config.store:
+            check_location(config.store)
             store = await self._lead(wrap, limits, ssl_context)
         else:
             self.notifier.status(f"opening the journal in {config.state_dir}")

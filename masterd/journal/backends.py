@@ -17,6 +17,20 @@ def is_postgres(location: str) -> bool:
     return location.startswith(POSTGRES_SCHEMES)
 
 
+def check_location(location: str) -> None:
+    """ValueError naming what is wrong with a PostgreSQL URL (never echoing the URL, which
+    may hold a password); a SQLite path is checked when it is opened."""
+    if not is_postgres(location):
+        return
+    from psycopg import ProgrammingError, conninfo
+
+    try:
+        conninfo.conninfo_to_dict(location)
+    except ProgrammingError as exc:
+        reason = str(exc).split(" in URI", 1)[0].split(': "', 1)[0].strip()
+        raise ValueError(f"store is not a valid PostgreSQL URL: {reason}") from None
+
+
 def open_store(location: str, epoch: int | None = None, *, migrate: bool = True,
                application_name: str = "trellis-master") -> Store:
     """The store at ``location``: ``postgresql://...`` (writing as leadership ``epoch``) or

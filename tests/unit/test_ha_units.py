@@ -66,3 +66,13 @@ async def test_a_node_follows_the_named_leader_among_its_masters() -> None:
     # one that names itself (still opening its journal) is no redirect: the next in turn.
     assert agent._next_master("http://evil:1") is True and agent.url == "http://a:1/v1/node"
     assert agent._next_master("http://a:1") is False and agent.url == "http://b:2/v1/node"
+
+
+def test_a_malformed_store_url_is_named_without_its_password() -> None:
+    from masterd.journal.backends import check_location
+
+    check_location("postgresql://trellis@db1,db2/trellis?target_session_attrs=read-write")
+    check_location("/var/lib/trellis/master/master.db")
+    with pytest.raises(ValueError, match="not a valid PostgreSQL URL") as bad:
+        check_location("postgresql://u:secret@[bad")
+    assert "secret" not in str(bad.value)
