@@ -172,7 +172,10 @@ def replay_cell(cell: Cell) -> CellResult:
     workload = genie.generate(genie.GenieOptions(
         density=cell.density, hours=cell.hours, seed=cell.seed, lengths=cell.lengths))
     truth = TruthConfig(interference=cell.interference)
-    config = SimConfig(seed=cell.seed, truth=truth)
+    # Long tasks keep the cluster busy for months: sample utilisation hourly, not every few
+    # minutes of a replay that long (the samples feed only plots and fragmentation).
+    config = SimConfig(seed=cell.seed, truth=truth,
+                       sample_interval=3600.0 if cell.lengths == "long" else None)
     profile = profile_platform(workload.nodes, TruthModel(truth, cell.seed), largest_batches())
     db = profile.db if cell.modeldb == "profiled" else ModelDB.default()
     result = simulate(workload, build_policy(cell, db), config)
