@@ -132,3 +132,29 @@ def test_a_silent_leader_is_replaced_after_its_lease_and_stops(pg_url: str,
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
+
+
+def test_a_leader_whose_lock_connection_fails_stops_at_once(pg_url: str,
+                                                             tmp_path: Path) -> None:
+    """The lock's session ends (a database restart, an operator's pg_terminate_backend):
+    the leader's next renewal fails and it stops scheduling and exits, without waiting for
+    its renew deadline."""
+    root = tmp_path / f"trellis-test-{uuid.uuid4().hex[:6]}"
+    root.mkdir()
+    port = free_port()
+    proc = _master(root, port, pg_url, "m0")
+    try:
+        _wait("the master to lead", lambda: _leads(port), 30)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM "
+                "pg_stat_activity WHERE application_name = 'trellis-master-lock'").fetchone()[0]
+        assert ended == 1
+        assert proc.wait(20) == 75
+        # It went on the failed renewal, not on the renew deadline.
+        log = (root / "m0.log").read_text()
+        assert "leadership lost" in log and "database connection failed" in log, log[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
