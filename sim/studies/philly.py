@@ -161,7 +161,7 @@ def command(study: PhillyStudy, scale: float, policies: tuple[str, ...] = POLICI
 
 
 @dataclass
-class _Setup:
+class Setup:
     study: PhillyStudy
     trace_dir: Path
     truth: TruthModel
@@ -228,7 +228,7 @@ def stats(result: SimResult, workload: Workload) -> dict[str, Any]:
     }
 
 
-def search_scale(setup: _Setup, log: list[dict[str, Any]]) -> float:
+def search_scale(setup: Setup, log: list[dict[str, Any]]) -> float:
     """The VC scale at which FIFO's node utilisation is closest to the target: bisection
     (utilisation falls as the VCs grow), stopping within the tolerance or when the bracket is
     narrower than the resolution. Every probe is kept in ``log``."""
@@ -236,8 +236,14 @@ def search_scale(setup: _Setup, log: list[dict[str, Any]]) -> float:
     target = study.target_util_pct
     low, high = study.scale_low, study.scale_high
     best: tuple[float, float] | None = None  # (|util - target|, scale)
+    seen: set[int] = set()  # node counts replayed: rounding per VC makes scales share them
     while True:
         scale = round((low + high) / 2, 4)
+        nodes = setup.workload(scale).notes["nodes"]
+        if nodes in seen:  # nothing new between the bracket's ends
+            assert best is not None
+            return best[1]
+        seen.add(nodes)
         result, wall = setup.run("fifo", scale)
         util = stats(result, setup.workload(scale))["node_util_pct"] or 0.0
         log.append({"vc_scale": scale, "node_util_pct": util, "wall_s": wall,
@@ -263,7 +269,7 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
     started = time.monotonic()
     # Helios' simulator runs each job for exactly its recorded duration.
     truth_config = TruthConfig(noise_sigma=0.0, interference=False)
-    setup = _Setup(study, trace_dir, TruthModel(truth_config, study.seed),
+    setup = Setup(study, trace_dir, TruthModel(truth_config, study.seed),
                    SimConfig(seed=study.seed, truth=truth_config), since, until, show, {})
     probes: list[dict[str, Any]] = []
     scale = study.fixed_scale if study.fixed_scale is not None else search_scale(setup, probes)

@@ -4,6 +4,7 @@ rolling estimate and its blend, CES decisions (Algorithm 2) and the causal forec
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,7 +176,7 @@ def test_qssf_estimator_as_replay_annotator() -> None:
     assert second.annotations[ESTIMATE_KEY] == pytest.approx(0.1 * 300 + 0.9 * 600)
 
 
-def test_duration_model_learns_names_and_round_trips() -> None:
+def test_duration_model_learns_names_and_round_trips(tmp_path: Path) -> None:
     rows = []
     for i in range(400):
         short = i % 2 == 0
@@ -183,7 +184,8 @@ def test_duration_model_learns_names_and_round_trips() -> None:
                            + str(i % 7), gpus=1 if short else 4, cpus=2,
                            submit_time=1.5e9 + 600 * i, duration_s=60.0 if short else 6000.0))
     model = train(rows)
-    again = type(model).from_json(model.to_json())
+    model.save(tmp_path / "trees.txt", tmp_path / "encoders.json")
+    again = type(model).load(tmp_path / "trees.txt", tmp_path / "encoders.json")
     probe = [JobRow("u1", "t", "eval-3", 1, 2, 1.5e9), JobRow("u1", "t", "train-3", 4, 2, 1.5e9)]
     short, long = again.predict(probe)
     assert short < 200 < 3000 < long

@@ -13,7 +13,7 @@ inverse of the prediction.
 
 Pure and deterministic: the master's estimator feature trains it in a worker process from the
 journal's finished jobs and keeps the result (:meth:`DurationModel.to_json`) in its state
-directory; prediction is one small row per job.
+directory (:meth:`DurationModel.save`); prediction is one small row per job.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,12 +94,9 @@ def _calendar(t: float) -> tuple[int, int, int, int]:
 
 
 class DurationModel:
-    def __init__(self, booster_text: str, users: dict[str, int], tenants: dict[str, int],
+    def __init__(self, booster: Any, users: dict[str, int], tenants: dict[str, int],
                  buckets: NameBuckets, meta: dict[str, Any]) -> None:
-        import lightgbm as lgb
-
-        self.booster = lgb.Booster(model_str=booster_text)
-        self.booster_text = booster_text
+        self.booster = booster  # a lightgbm.Booster
         self.users = users
         self.tenants = tenants
         self.buckets = buckets
@@ -115,17 +113,33 @@ class DurationModel:
         out = self.booster.predict(x, num_threads=1)
         return [float(math.expm1(max(v, 0.0))) for v in out]
 
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "model": self.booster_text, "users": self.users,
-                           "tenants": self.tenants,
+    def encoders_json(self) -> str:
+        """Everything but the trees (LightGBM keeps those in its own text format)."""
+        return json.dumps({"format": FORMAT, "users": self.users, "tenants": self.tenants,
                            "buckets": self.buckets.representatives, "meta": self.meta})
 
+    def save(self, trees: Path, encoders: Path) -> None:
+        """Write both files (the caller makes the replacement atomic)."""
+        self.booster.save_model(str(trees))
+        encoders.write_text(self.encoders_json())
+
     @classmethod
-    def from_json(cls, text: str) -> DurationModel:
-        data = json.loads(text)
+    def load(cls, trees: Path, encoders: Path) -> DurationModel:
+        """Read a saved model. LightGBM parses its file in C with the GIL released, so a
+        thread can load a large model beside the event loop."""
+        import lightgbm as lgb
+
+        try:
+            data = json.loads(encoders.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{encoders}: not readable as a duration model: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError("not a duration model of this version")
-        return cls(data["model"], dict(data["users"]), dict(data["tenants"]),
+            raise ValueError(f"{encoders}: not a duration model of this version")
+        try:
+            booster = lgb.Booster(model_file=str(trees))
+        except lgb.basic.LightGBMError as exc:
+            raise ValueError(f"{trees}: not a LightGBM model: {exc}") from None
+        return cls(booster, dict(data["users"]), dict(data["tenants"]),
                    NameBuckets(data["buckets"]), dict(data["meta"]))
 
 
@@ -168,4 +182,4 @@ def train(jobs: Sequence[JobRow], meta: dict[str, Any] | None = None,
     info.update(jobs=len(usable), rounds=rounds,
                 train_mae_s=float(np.mean(np.abs(fitted - actual))),
                 users=len(users), tenants=len(tenants), buckets=len(buckets.representatives))
-    return DurationModel(booster.model_to_string(), users, tenants, buckets, info)
+    return DurationModel(booster, users, tenants, buckets, info)

@@ -27,7 +27,7 @@ from typing import Any
 from masterd.core.helios.duration_model import DurationModel, JobRow
 from masterd.core.helios.estimate import ESTIMATE_KEY, ML_KEY, Estimate, QssfEstimator
 from masterd.core.scheduler import JobError
-from masterd.features.helios.trainer import MODEL_FILE, train_duration
+from masterd.features.helios.trainer import MODEL_FILE, load_model, train_duration
 from masterd.journal.helios import finished_from_store
 from masterd.runtime.context import FeatureContext
 from masterd.runtime.workers import WorkerBusy, WorkerError
@@ -89,8 +89,7 @@ class DurationEstimator:
     async def _start_model(self, finished: int) -> None:
         if self.model_path.exists():
             try:
-                text = self.model_path.read_text()
-                self.model = await asyncio.to_thread(DurationModel.from_json, text)
+                self.model = await asyncio.to_thread(load_model, self.model_path.parent)
                 self.core.ml_source = self._source()
                 log.info("estimator model loaded path=%s jobs=%s", self.model_path,
                          self.model.meta.get("jobs"))
@@ -160,8 +159,7 @@ class DurationEstimator:
                 train_duration, str(Path(config_state(self.ctx)) / "master.db"),
                 config_state(self.ctx), config.max_jobs, config.min_jobs,
                 [job_row(j) for j in queue], name="helios-duration-train")
-            model = await asyncio.to_thread(DurationModel.from_json,
-                                            self.model_path.read_text())
+            model = await asyncio.to_thread(load_model, self.model_path.parent)
         except WorkerBusy:
             self.last_training = {"time": started, "skipped": "the worker is busy"}
             return self.last_training

@@ -13,15 +13,24 @@ from typing import Any
 from masterd.core.helios import duration_model, forecast
 from masterd.journal.helios import finished_jobs, open_readonly
 
-MODEL_FILE = "helios-duration.json"
+MODEL_FILE = "helios-duration.json"  # encoders and meta; the trees beside it:
+TREES_FILE = "helios-duration.lgb.txt"
 FORECAST_FILE = "helios-forecast.txt"
 
 
-def _write(path: Path, text: str) -> None:
-    """Atomically: a reader never sees half a model."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def save_model(model: duration_model.DurationModel, state_dir: Path) -> None:
+    """Both files, each replaced atomically; the encoders last, so a reader that finds new
+    encoders finds the trees they go with."""
+    tmp_trees = state_dir / f".{TREES_FILE}.{os.getpid()}.tmp"
+    tmp_encoders = state_dir / f".{MODEL_FILE}.{os.getpid()}.tmp"
+    model.save(tmp_trees, tmp_encoders)
+    os.replace(tmp_trees, state_dir / TREES_FILE)
+    os.replace(tmp_encoders, state_dir / MODEL_FILE)
+
+
+def load_model(state_dir: str | Path) -> duration_model.DurationModel:
+    return duration_model.DurationModel.load(Path(state_dir) / TREES_FILE,
+                                             Path(state_dir) / MODEL_FILE)
 
 
 def train_duration(db_path: str, state_dir: str, max_jobs: int, min_jobs: int,
@@ -37,7 +46,7 @@ def train_duration(db_path: str, state_dir: str, max_jobs: int, min_jobs: int,
     if len(rows) < min_jobs:
         raise ValueError(f"{len(rows)} finished jobs in the journal; training needs {min_jobs}")
     model = duration_model.train(rows, {"trained_at": time.time()})
-    _write(Path(state_dir) / MODEL_FILE, model.to_json())
+    save_model(model, Path(state_dir))
     return {"meta": dict(model.meta, seconds=time.monotonic() - started),
             "predictions": model.predict(queued)}
 
