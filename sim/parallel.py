@@ -92,9 +92,9 @@ class DaskRunner:
                 "Dask is not installed: pip install 'trellis[sim]' (dask[distributed]), "
                 "or run serially with --serial"
             ) from None
-        quiet = logging.getLogger("distributed")
-        if quiet.level == logging.NOTSET:
-            quiet.setLevel(logging.WARNING)  # Dask's INFO chatter is not the report's
+        if not log.isEnabledFor(logging.DEBUG):
+            # Dask's INFO chatter is not the report's (trellis-sim -v shows it).
+            logging.getLogger("distributed").setLevel(logging.WARNING)
         try:
             if self.scheduler is None:
                 self._cluster = LocalCluster(
