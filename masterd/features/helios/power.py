@@ -79,6 +79,7 @@ class PowerManager:
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._busy_programs: set[str] = set()  # nodes a program is running for
         self._saved_steps: set[int] = set()  # buckets already journalled
+        self._waking = False  # an arrival check's wake-up is on its way
         if not self.enabled:
             return
         ctx.journal.now(create_tables)
@@ -194,13 +195,14 @@ class PowerManager:
 
     def arrival_check(self) -> None:
         """Before a pass (JOBARRIVALCHECK): wake nodes when the demand needs them."""
-        if not self._nodes_in("powered_down"):
-            return
+        if self._waking or not self._nodes_in("powered_down"):
+            return  # a wake-up in flight has not marked its nodes powering_up yet
         demand, reason = self.demand()
         counts = self.counts()
         powered = counts["total"] - counts["powering_down"] - counts["powered_down"]
         wake = ces.wake_for(self.params, powered, demand, counts["total"])
         if wake:
+            self._waking = True
             self.ctx.tasks.spawn(self.wake(wake, reason), "power-wake")
 
     def demand(self) -> tuple[int, str]:
@@ -217,9 +219,9 @@ class PowerManager:
         busy = len(self.busy_nodes())
         extra = math.ceil(max(0, wanted - free) / per_node)
         reason = f"{len(waiting)} waiting job(s) need {wanted} GPUs, {free} free"
-        only_down = ClusterSnapshot(nodes=powered, running={})
+        powered_only = ClusterSnapshot(nodes=powered, running={})
         for job in waiting[:256]:  # the head of the queue is what waits for nodes
-            if fits_cluster(job.spec, only_down) is not None and \
+            if fits_cluster(job.spec, powered_only) is not None and \
                     fits_cluster(job.spec, snapshot) is None:
                 needed = len(powered) + max(1, math.ceil(job.spec.gpus / per_node))
                 return max(busy + extra, needed - self.params.buffer), \
@@ -257,14 +259,17 @@ class PowerManager:
 
     async def wake(self, count: int, reason: str) -> list[str]:
         """Power up to ``count`` powered-down nodes."""
-        down = [n for n in self._nodes_in("powered_down") if n not in self._busy_programs]
-        chosen = down[:count]
-        if not chosen:
-            return []
-        self.wakeups += 1
-        self.nodes_woken += len(chosen)
-        for node in chosen:
-            await self.ctx.nodes.set_power(node, "powering_up", f"CES: {reason}")
+        try:
+            down = [n for n in self._nodes_in("powered_down") if n not in self._busy_programs]
+            chosen = down[:count]
+            if not chosen:
+                return []
+            self.wakeups += 1
+            self.nodes_woken += len(chosen)
+            for node in chosen:
+                await self.ctx.nodes.set_power(node, "powering_up", f"CES: {reason}")
+        finally:
+            self._waking = False
         config = self.ctx.config().power
         error = await self._run(config.resume_program, "resume_program", chosen)
         for node in chosen:
