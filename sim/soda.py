@@ -150,8 +150,12 @@ class SodaStats:
     # but not the cores (stranded GPUs); "memory" one has, with the cores but not the
     # memory; "both" neither; "held" it would fit a node, so the policy (its order, or the
     # arrays' reservations) held it back.
+    # Under SODA's arrays "held" is split by where the fitting node is: "held_model" only on
+    # nodes of another GPU model than the job's array, "held_array" only in the other GPU
+    # array (large / small) of its model; "held" then means inside its own array.
     wait_reasons: dict[str, int] = field(default_factory=lambda: {
-        "gpus": 0, "cores": 0, "memory": 0, "both": 0, "held": 0})
+        "gpus": 0, "cores": 0, "memory": 0, "both": 0, "held": 0, "held_model": 0,
+        "held_array": 0})
     tuning_s: float = 0.0  # simulated time tuned parts spent in measurement windows
     replica_core_s: float = 0.0  # core-seconds the placer's CPU replicas held (to tick_until)
 
@@ -587,7 +591,10 @@ class SodaSimulator(Simulator):
         super()._sample(t)
         if not self._queued:
             return
-        views = [v for v in self.core.snapshot().nodes.values() if v.schedulable]
+        snapshot = self.core.snapshot()
+        views = [v for v in snapshot.nodes.values() if v.schedulable]
+        amap = (self.policy.array_map(snapshot) if isinstance(self.policy, ArrayPolicy)
+                else None)
         reasons = self.stats.wait_reasons
         for job_id in self._queued:
             job = self.core.jobs.get(job_id)
@@ -604,8 +611,17 @@ class SodaSimulator(Simulator):
                 continue
             cores = [len(v.free_cpus) >= spec.cpus for v in gpus_free]
             memory = [v.free_memory_mib >= spec.memory_mib for v in gpus_free]
-            if any(c and m for c, m in zip(cores, memory, strict=True)):
-                reasons["held"] += 1
+            fits = [v for v, c, m in zip(gpus_free, cores, memory, strict=True) if c and m]
+            if fits:
+                home = amap.home(spec) if amap is not None else None
+                if home is None:
+                    reasons["held"] += 1
+                elif not any(v.gpu_model == home.job_array.gpu_model for v in fits):
+                    reasons["held_model"] += 1
+                elif not any(amap.nodes[v.name].gpu_array == home.job_array for v in fits):
+                    reasons["held_array"] += 1
+                else:
+                    reasons["held"] += 1
             elif any(memory):
                 reasons["cores"] += 1
             elif any(cores):

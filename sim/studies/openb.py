@@ -336,12 +336,16 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
     why = section.table(Table(
         "openb-waits",
         ["variant", "GPUs busy %", "GPUs free, cores short %", "GPUs free, memory short %",
-         "GPUs free, both short %", "would fit, held back %"],
-        ["{}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}"],
+         "GPUs free, both short %", "fits another model's array %",
+         "fits the other array of its model %", "fits, held back %"],
+        ["{}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}", "{:.1f}"],
         caption="Why GPU jobs waited: each queued GPU job at each sample, by what the best "
                 "node of its GPU model lacked (no node had its GPUs free; one had, but not "
-                "the cores, the memory or both; or it would have fit and the policy held it "
-                "back: its order or the arrays' reservations).",
+                "the cores, the memory or both), or, where a node would have fit it, where "
+                "that node was under SODA's arrays (only nodes of another GPU model than the "
+                "job's array; only the other GPU array of its model, large or small) or that "
+                "the policy held it back (its order; for the arrays, inside the job's own "
+                "array).",
     ))
     for name in study.variants:
         st = stats[name]
@@ -350,7 +354,7 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
                  st["replica_launches"], st["replica_core_hours"], st["placer_preemptions"])
         w = st["waits"]
         why.add(VARIANTS[name].title, w["gpus"], w["cores"], w["memory"], w["both"],
-                w["held"])
+                w["held_model"], w["held_array"], w["held"])
     side = section.table(Table(
         "openb-soda",
         ["metric", "variant", "SODA paper", "ours"],
