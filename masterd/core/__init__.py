@@ -2,4 +2,5 @@
 
 Nothing under this package awaits, sleeps, reads the wall clock or touches the network: time
 comes in as ``now`` and the cluster comes in as a :class:`~masterd.core.cluster.ClusterState`.
+May import ``shared`` only (and numpy); the rest of masterd and the simulator import it.
 """
