@@ -46,6 +46,8 @@ MSGPACK = "application/msgpack"
 STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
              "unknown_service": 404,
              "frame_too_large": 413, "store_unavailable": 503,
+             # A master that lost leadership mid-request: the client retries the leader.
+             "not_leader": 503,
              "unauthenticated": 401, "forbidden": 403}
 SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
                  "is back")

@@ -4,7 +4,8 @@ Same port, same guard and authentication as the leader's endpoints (masterd.api.
 client or node configured with every master's URL reaches whichever leads: an RPC is
 answered with error code ``not_leader`` and ``detail.leader`` (the leader's advertised URL,
 or nil while nobody leads), a node's WebSocket with one ``error`` frame of that body before
-it is closed, ``/healthz`` with 503 and ``/metrics`` with the leadership gauges. Nothing is
+it is closed, ``/readyz`` with 503 (it takes no work), ``/healthz`` with 200 (it is alive and
+must not be restarted for being a standby) and ``/metrics`` with the leadership gauges. Nothing is
 ever done on a standby, so a client may always send the same request to the leader.
 """
 
@@ -65,7 +66,7 @@ def make_standby_app(leadership: Leadership,
         return ws
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "standby", **detail()}, status=503)
+        return web.json_response({"status": "standby", **detail()})
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry),

@@ -76,3 +76,24 @@ def test_a_malformed_store_url_is_named_without_its_password() -> None:
     with pytest.raises(ValueError, match="not a valid PostgreSQL URL") as bad:
         check_location("postgresql://u:secret@[bad")
     assert "secret" not in str(bad.value)
+
+
+async def test_a_standby_is_alive_but_not_ready_and_names_the_leader() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from masterd.api.standby import make_standby_app
+    from shared.protocol import encode_rpc_request, unpack
+
+    state = Leadership(leader=False, epoch=3, leader_url="http://master-a:7400")
+    async with TestClient(TestServer(make_standby_app(state))) as client:
+        health = await client.get("/healthz")  # a liveness probe must not restart it
+        assert health.status == 200
+        assert await health.json() == {"status": "standby", "leader": "http://master-a:7400"}
+        ready = await client.get("/readyz")  # a readiness probe keeps work away from it
+        assert ready.status == 503
+        answer = await client.post("/v1/rpc", data=encode_rpc_request(9, "jobs", {}),
+                                   headers={"Content-Type": "application/msgpack"})
+        assert answer.status == 503
+        error = unpack(await answer.read())["error"]
+        assert error["code"] == "not_leader" and error["detail"] == {
+            "leader": "http://master-a:7400"}
