@@ -111,6 +111,17 @@ done
 "$VENV/bin/python" -m control.cli completion bash \
     > "$STAGE/usr/share/bash-completion/completions/trellisctl"
 gzip -9n -c "$REPO/README.md" > "$STAGE/usr/share/doc/trellis/README.md.gz"
+# The README is a front page that links into docs/: the reference ships beside it, and the
+# dashboards and alert rules an operator imports into Grafana and Prometheus.
+(cd "$REPO" && find docs -name '*.md' -o -name '*.png') | while read -r doc; do
+    install -d "$STAGE/usr/share/doc/trellis/$(dirname "$doc")"
+    case "$doc" in
+        *.md) gzip -9n -c "$REPO/$doc" > "$STAGE/usr/share/doc/trellis/$doc.gz" ;;
+        *) install -m 0644 "$REPO/$doc" "$STAGE/usr/share/doc/trellis/$doc" ;;
+    esac
+done
+install -d "$STAGE/usr/share/trellis"
+cp -r "$REPO/packaging/grafana" "$REPO/packaging/prometheus" "$STAGE/usr/share/trellis/"
 cat > "$STAGE/usr/share/doc/trellis/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: trellis

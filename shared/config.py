@@ -1,4 +1,4 @@
-"""TOML configuration of both daemons. Every option is documented in README.md."""
+"""TOML configuration of both daemons. Every option is documented in docs/configuration.md."""
 
 from __future__ import annotations
 

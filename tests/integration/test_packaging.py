@@ -174,6 +174,10 @@ def test_package_metadata_and_contents(deb: Path, tmp_path: Path) -> None:
                  "./usr/share/man/man1/trellisctl.1.gz",
                  "./usr/share/man/man8/trellis-masterd.8.gz",
                  "./usr/share/man/man8/trellis-noded.8.gz",
+                 "./usr/share/doc/trellis/README.md.gz",
+                 "./usr/share/doc/trellis/docs/configuration.md.gz",
+                 "./usr/share/doc/trellis/docs/policies/genie.md.gz",
+                 "./usr/share/trellis/grafana/trellis-overview.json",
                  "./opt/trellis/bin/trellisctl"):
         assert path in listing, path
     for prog in ("trellis-masterd", "trellis-noded", "trellisctl"):
