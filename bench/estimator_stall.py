@@ -4,7 +4,8 @@
 
 Builds a journal of ``--jobs`` finished jobs (names, users and durations of a few job
 families) and ``--queued`` waiting ones, starts a real Master on it (policy qssf: the
-estimator reads the history back, and trains once at start), then measures with a 1-ms ticker
+estimator reads the history back, and trains once at start) with the daemon's garbage
+collector policy (masterd.gcpause), then measures with a 1-ms ticker
 (bench/worker_stall.py's) the loop alone for ``--seconds`` and the loop during one more
 retrain: the worker reads the journal, fits LightGBM, writes the model file and predicts the
 waiting jobs; the master loads the model in a thread and refreshes the estimates.
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worker_stall import TARGET_MS, Ticker, tick_for
 
+from masterd.gcpause import GcPausePolicy
 from masterd.journal.store import Store
 from masterd.service.master import Master
 from shared.config import EstimatorConfig, MasterConfig
@@ -72,10 +74,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                                                         max_jobs=args.jobs,
                                                         history_jobs=args.jobs))
         master = Master(config)
+        gc_policy: GcPausePolicy | None = None
         try:
             t = time.monotonic()
             master.restore()  # before serving: history read back (not on a serving loop)
             restore_s = time.monotonic() - t
+            # As trellis-masterd does after its restore: long-lived objects frozen out of
+            # full collections, so a collection does not walk the whole history.
+            gc_policy = GcPausePolicy(config.gc_young_threshold, config.gc_refreeze_s)
+            gc_policy.install()
             estimator = master.features.estimator
             deadline = time.monotonic() + 600
             while estimator.last_training is None and time.monotonic() < deadline:
@@ -94,6 +101,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             waiting = list(master.core.queue())
             with_ml = sum(1 for j in waiting if "duration_ml_s" in j.annotations)
         finally:
+            if gc_policy is not None:
+                gc_policy.uninstall()
             await master.close()
     longest, p99, n = ticker.summary()
     base_longest, base_p99, _ = baseline.summary()

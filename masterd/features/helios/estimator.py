@@ -35,6 +35,8 @@ from shared.model import Job, JobState
 
 log = logging.getLogger("trellis.master.estimator")
 
+REFRESH_SLICE = 256  # waiting jobs re-estimated per turn of the event loop after a retrain
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -171,9 +173,14 @@ class DurationEstimator:
             self._training = False
         self.model = model
         self.core.ml_source = self._source()
-        still = [j for j in queue if j.state is JobState.QUEUED and j.id in self.ctx.core.jobs]
         predictions = dict(zip([j.id for j in queue], result["predictions"], strict=True))
-        self._attach(still, [predictions[j.id] for j in still])
+        # In slices, yielding between them: a long queue's refresh must not stall the loop.
+        for start in range(0, len(queue), REFRESH_SLICE):
+            part = [j for j in queue[start:start + REFRESH_SLICE]
+                    if j.state is JobState.QUEUED and j.id in self.ctx.core.jobs]
+            self._attach(part, [predictions[j.id] for j in part])
+            await asyncio.sleep(0)
+        still = [j for j in queue if j.state is JobState.QUEUED]
         self.last_training = {"time": started, **result["meta"]}
         log.info("estimator trained jobs=%s seconds=%.1f refreshed=%d", result["meta"]["jobs"],
                  result["meta"]["seconds"], len(still))
