@@ -1,106 +1,180 @@
-"""``python -m demo.run``: a four-node demo cluster running a small mixed workload.
+"""``python -m demo.run``: what Trellis is for, on one machine, in about a minute.
 
-Starts trellis-masterd and four trellis-noded processes (four emulated GPUs each) on this
-machine, submits training jobs of 1, 2, 4 and 8 GPUs and CPU jobs whose processes really run,
-prints every state change as it happens and ends with a summary.
+Starts trellis-masterd and four trellis-noded processes (four emulated GPUs each, an
+emulated resctrl) on this machine under SODA's multi-array policy with GENIE's SWAF inside the
+GPU arrays, then plays five scenes at once, every job a real process:
+
+* GENIE profiles a new model type with real runs and fits its performance model;
+* SWAF orders urgent, prior, normal and deadline jobs with that model: the deadline job
+  overtakes normal jobs submitted before it;
+* CPU jobs start at once in SODA's CPU-job array while every GPU is taken;
+* an inference service's load ramps up and down: CPU replicas, a switch to GPUs, a replica
+  more (preempting a training job) and fewer, and back to CPU;
+* the node's contention eliminator throttles a memory-hungry CPU job (MBA) and restores it.
+
+A timeline tells what the master reports as it happens; a table sums the scenes up at the end.
+``--serve`` then leaves the cluster running and prints the ``trellisctl`` commands to try it;
+Ctrl-C stops it and cleans up (jobs, cgroups, the state directory). Exit status: 0 when every
+scene was shown.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
+import shutil
 import sys
 import time
+from pathlib import Path
 
-from control.client import MasterClient
-from demo.cluster import TRAINER, LocalCluster, default_job_user
-from demo.harness import exit_on_signals, scratch_dir
+from control.aclient import AsyncMasterClient
+from demo import harness
+from demo.cluster import TRAINER, TREE, LocalCluster, default_job_user, free_port
+from demo.harness import Interrupted, exit_on_signals, scratch_dir
+from demo.narrator import Narrator, Timeline
+from demo.play import play, record, summary_table
+from demo.stage import EMULATE, Stage
+from shared.auth import Secret
+
+PEAK_MIBPS = 400.0  # the emulated nodes' memory bandwidth peak (contention.peak_bandwidth_mbps)
 
 
-def workload(user: str) -> list[dict]:
-    def train(name: str, gpus: int, iters: int, qos: str = "normal") -> dict:
-        return {"name": name, "kind": "training", "gpus": gpus, "cpus": 1, "user": user,
-                "qos": qos, "tenant": "vision" if gpus < 4 else "nlp",
-                "command": ["python3", TRAINER, "--iterations", str(iters), "--load-ms", "5",
-                            "--gpu-ms", "20"]}
-
-    def cpu(name: str, seconds: float) -> dict:
-        return {"name": name, "kind": "cpu", "gpus": 0, "cpus": 1, "user": user,
-                "tenant": "etl", "command": ["sh", "-c", f"sleep {seconds}; echo etl done"]}
-
-    return [
-        train("resnet-1gpu", 1, 60, "prior"), train("bert-2gpu", 2, 80),
-        train("gpt-8gpu", 8, 100), train("vit-4gpu", 4, 80, "urgent"),
-        cpu("etl-a", 2), train("lstm-1gpu", 1, 40), train("t5-8gpu", 8, 60),
-        cpu("etl-b", 3), train("yolo-2gpu", 2, 50), train("wide-16gpu", 16, 40),
-        train("seq2seq-4gpu", 4, 60), cpu("etl-c", 1),
-    ]
+def demo_cluster(root: Path, args: argparse.Namespace) -> LocalCluster:
+    """The demo's cluster: soda-arrays (one node's GPUs in the large-job array, one core per
+    node in the CPU-job array) with SWAF ordering both GPU arrays, tokens for every role."""
+    options = {
+        "borrowing": False,  # each job in its own array, so what runs where is plain to see
+        "inner": {"small": "swaf", "large": {"name": "swaf", "shape_mode": "exact"},
+                  "cpu": "fifo"},
+        "models": {"*": {"large": 1 / args.nodes, "cpu_job_cores": 1}},
+    }
+    return LocalCluster(
+        root, nodes=args.nodes, gpus_per_node=args.gpus, prefix=args.prefix,
+        policy="soda-arrays", auth=True,
+        extra_master={"policy_options": options, "array_resize_interval_s": 0,
+                      "inference": {"sustain_s": 1.0}},
+        node_settings={"job_metrics_interval_s": 0.2},
+        node_sections={"rdt": {"mode": "emulated"},
+                       "contention": {"interval_s": 0.5, "peak_bandwidth_mbps": PEAK_MIBPS,
+                                      "restore_intervals": 3}},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="demo", description=__doc__)
+    p = argparse.ArgumentParser(prog="demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--gpus", type=int, default=4, help="emulated GPUs per node")
     p.add_argument("--keep", action="store_true", help="keep the state directory")
-    p.add_argument("--timeout", type=float, default=110.0)
+    p.add_argument("--timeout", type=float, default=110.0,
+                   help="seconds the scenes may take in all")
     p.add_argument("--prefix", default="trellis-demo",
                    help="names the nodes, their cgroups and the state directory")
+    p.add_argument("--serve", action="store_true",
+                   help="leave the cluster running afterwards, until Ctrl-C")
+    p.add_argument("--record", type=Path, metavar="FILE",
+                   help="write what the master reported (events, results) to FILE as JSON")
     args = p.parse_args(argv)
-    # SIGTERM or Ctrl-C: the cluster's jobs, cgroups and state directory go all the same.
-    with exit_on_signals(), scratch_dir(f"{args.prefix}-", keep=args.keep) as root:
-        try:
-            with LocalCluster(root, nodes=args.nodes, gpus_per_node=args.gpus,
-                              prefix=args.prefix) as cluster:
-                return run_workload(cluster, args.timeout)
-        finally:
-            if args.keep:
-                print(f"state and logs kept in {root}")
+    if args.nodes < 2 or args.gpus < 4:
+        p.error("the scenes need at least 2 nodes of at least 4 GPUs")
+    serving: list[bool] = []
+    try:
+        # SIGTERM or Ctrl-C: the cluster's jobs, cgroups and state directory go all the same.
+        with exit_on_signals(), scratch_dir(f"{args.prefix}-", keep=args.keep) as root:
+            try:
+                with demo_cluster(root, args) as cluster:
+                    return run_demo(cluster, args, serving)
+            finally:
+                if args.keep:
+                    print(f"state and logs kept in {root}")
+    except Interrupted:
+        if serving:
+            print("demo cluster stopped; its jobs, cgroups and state directory are gone")
+            return 0
+        raise
 
 
-def run_workload(cluster: LocalCluster, timeout: float) -> int:
-    """Start the cluster, run the workload to the end or ``timeout`` and print the summary;
-    0 when every job finished."""
+def run_demo(cluster: LocalCluster, args: argparse.Namespace, serving: list[bool]) -> int:
     user = default_job_user()
     mode = "real cgroups" if os.geteuid() == 0 else "CPU affinity (not root)"
     print(f"Starting a demo cluster in {cluster.root}: 1 master, {cluster.nodes} nodes x "
-          f"{cluster.gpus_per_node} emulated GPUs, pinning with {mode}, jobs run as {user}")
+          f"{cluster.gpus_per_node} emulated GPUs, policy soda-arrays with SWAF in the GPU "
+          f"arrays; pinning with {mode}; jobs run as {user}", flush=True)
     started = time.monotonic()
     cluster.start()
-    client = cluster.client()
-    ids = [client.call("submit", {"job": spec})["job"]["id"] for spec in workload(user)]
-    print(f"Submitted {len(ids)} jobs")
-    follow(client, ids, started, timeout)
-    jobs = {j["id"]: j for j in client.call("jobs")["jobs"]}
-    done = [jobs[i] for i in ids if jobs[i]["state"] == "finished"]
-    waits = [j["queued_s"] for j in done if j["queued_s"] is not None]
-    jcts = [j["end_time"] - j["submit_time"] for j in done]
-    print("\nSummary")
-    print(f"  jobs finished:            {len(done)}/{len(ids)}")
-    if done:
-        print(f"  mean queueing delay:      {statistics.mean(waits):.1f} s")
-        print(f"  mean job completion time: {statistics.mean(jcts):.1f} s")
-    print(f"  wall time:                {time.monotonic() - started:.1f} s")
-    return 0 if len(done) == len(ids) else 1
+    up = time.monotonic() - started
+    print(f"cluster up in {up:.1f} s at {cluster.url}\n", flush=True)
+    return harness.run(session(cluster, args, user, up, started, serving))
 
 
-def follow(client: MasterClient, ids: list[str], started: float, timeout: float) -> None:
-    """Print every state change of the jobs ``ids`` until all have ended or time is up."""
-    seen: dict[str, str] = {}
-    while time.monotonic() - started < timeout:
-        jobs = {j["id"]: j for j in client.call("jobs")["jobs"]}
-        for job_id in ids:
-            j = jobs[job_id]
-            if seen.get(job_id) != j["state"]:
-                seen[job_id] = j["state"]
-                where = f" on {','.join(j['nodes'])}" if j["nodes"] else ""
-                extra = f" exit={j['exit_code']}" if j["state"] in ("finished", "failed") \
-                    else ""
-                print(f"{time.monotonic() - started:6.1f}s  {job_id:<18} "
-                      f"{j['state']:<9} gpus={j['gpus']}{where}{extra}", flush=True)
-        if all(jobs[i]["state"] in ("finished", "failed", "cancelled") for i in ids):
-            return
-        time.sleep(0.2)
+async def session(cluster: LocalCluster, args: argparse.Namespace, user: str, up: float,
+                  started: float, serving: list[bool]) -> int:
+    import asyncio
+
+    client = AsyncMasterClient(cluster.url, token=Secret(cluster.tokens["admin"]))
+    try:
+        pools = await client.call("pools")
+        sizes = {a["kind"]: a["size"] for a in pools["arrays"]}
+        timeline = Timeline()
+        narrator = Narrator(client, timeline)
+        stage = Stage(client, timeline, narrator, user, TRAINER, cluster.root,
+                      [cluster.node_name(i) for i in range(1, cluster.nodes + 1)], sizes,
+                      PEAK_MIBPS)
+        stop = asyncio.Event()
+        telling = asyncio.create_task(narrator.run(stop))
+        try:
+            results = await play(stage, free_port(), args.timeout)
+        finally:
+            stop.set()
+            await telling
+        wall = time.monotonic() - started
+        print(f"\nSummary: {sum(r.ok for r in results)}/{len(results)} scenes shown; "
+              f"{wall:.1f} s from start to here (cluster up in {up:.1f} s, scenes "
+              f"{timeline.now():.1f} s)\n")
+        print(summary_table(results))
+        if args.record:
+            args.record.write_text(json.dumps(record(results, stage, {
+                "wall_s": wall, "cluster_up_s": up, "url": cluster.url,
+                "root": str(cluster.root), "sizes": sizes, "peak_mibps": PEAK_MIBPS,
+            }), indent=1, default=str))
+        if args.serve:
+            serving.append(True)
+            print(try_it(cluster, stage), flush=True)
+            await asyncio.Event().wait()  # until Ctrl-C or SIGTERM cancels this
+        return 0 if all(r.ok for r in results) else 1
+    finally:
+        await client.close()
+
+
+def try_it(cluster: LocalCluster, stage: Stage) -> str:
+    """The commands to try against the running cluster, with its URL and credentials."""
+    token = cluster.token_file("admin")
+    t5 = next((j["id"] for j in stage.narrator.jobs.values() if j["name"] == "t5"), "t5-1")
+    ctl = shutil.which("trellisctl") or str(Path(sys.executable).parent / "trellisctl")
+    if not os.access(ctl, os.X_OK):
+        ctl = f"{sys.executable} -m control.cli"
+    lines = [
+        "",
+        "The demo cluster keeps running. In another shell:",
+        f"  export TRELLIS_MASTER={cluster.url} TRELLIS_TOKEN_FILE={token}",
+        f"  cd {TREE}",
+        f"  {ctl} nodes                  # nodes, GPUs and cores in use",
+        f"  {ctl} pools                  # SODA's arrays: sizes, use, queues",
+        f"  {ctl} jobs                   # every job of the demo",
+        f"  {ctl} show {t5:<18}# the deadline job: prediction, allowance, events",
+        f"  {ctl} events --follow        # the journal as it grows",
+        f"  {ctl} profiles; {ctl} models  # GENIE's campaign and fitted model",
+        f"  {ctl} submit --gpus 2 --qos prior --model-type demo-resnet --batch 64 "
+        f"--iterations 100 --user {stage.user} -- python3 {TRAINER} --emulate {EMULATE} "
+        f"--batch 64 --iterations 100",
+        f"  {sys.executable} -c 'from control.client import MasterClient; from shared.auth import "
+        f"read_token; print(MasterClient(\"{cluster.url}\", token=read_token(\"{token}\"))"
+        f".call(\"place\", {{\"service\": \"resnet-serve\"}}))'",
+        "",
+        "Stop it with Ctrl-C: the jobs, cgroups and the state directory are removed.",
+    ]
+    return "\n".join(lines)
+
 
 if __name__ == "__main__":
     sys.exit(main())
