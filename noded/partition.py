@@ -141,6 +141,7 @@ class NetPartition:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netshape")
         self.state = PartitionState()
         self._failed: set[str] = set()  # parts whose classification failed (warned once)
+        self._announced: dict[str, frozenset[int]] = {}  # job -> pids it was announced with
         try:
             self._pool.submit(self._setup).result()
         except BaseException:
@@ -195,32 +196,40 @@ class NetPartition:
         Runs on the worker thread."""
         known = self.partitioner.jobs()
         for job_id in [j for j in known if j not in running]:
+            self._announced.pop(job_id, None)
             self._guard(job_id, lambda j=job_id: self.partitioner.job_ended(j))
         self._failed &= running.keys()
         for job_id, (kind, multi) in running.items():
-            if job_id in known or job_id in self._failed:
-                continue
             try:
-                pids = self.cgroups.pids(job_id)
+                pids = frozenset(self.cgroups.pids(job_id))
             except (CgroupError, OSError) as exc:
                 log.debug("partition cannot list job=%s error=%s", job_id, exc)
                 continue
-            if not pids:
-                continue  # not started yet: next round
-            self._guard(job_id, lambda j=job_id, k=kind, p=pids, m=multi:
-                        self.partitioner.job_started(j, k, p, multi_node=m))
+            if not pids or self._announced.get(job_id) == pids:
+                continue  # not started yet, or nothing new since it was announced
+            # Announced again whenever its processes change: the net_cls classifier moves
+            # processes, and one forked while its parent was being moved stays behind (and
+            # the partition, when it goes on, classifies every job with the pids it knows).
+            listed = sorted(pids)
+            if self._guard(job_id, lambda j=job_id, k=kind, p=listed, m=multi:
+                           self.partitioner.job_started(j, k, p, multi_node=m)):
+                self._announced[job_id] = pids
         self.state.class_bytes = self._class_bytes()
         return self._switched("multi-node GPU job started" if self.partitioner.active
                               else "last multi-node GPU job ended")
 
-    def _guard(self, job_id: str, action: Callable[[], None]) -> None:
+    def _guard(self, job_id: str, action: Callable[[], None]) -> bool:
         try:
             action()
         except NetShapeError as exc:
             # A part that cannot be classified (gone, no own cgroup) falls into the "other"
-            # class; the partition itself stays in force for everyone else.
+            # class; the partition itself stays in force for everyone else. Tried again when
+            # its processes change; warned once.
+            level = logging.DEBUG if job_id in self._failed else logging.WARNING
             self._failed.add(job_id)
-            log.warning("partition job=%s error=%s", job_id, exc)
+            log.log(level, "partition job=%s error=%s", job_id, exc)
+            return False
+        return True
 
     def _switched(self, reason: str) -> Partition | None:
         jobs = self.partitioner.jobs()
