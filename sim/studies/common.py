@@ -38,6 +38,7 @@ POLICY_TITLES = {
     "tetris-perf": "Tetris+Perf",
     "tetris-cer": "Tetris+CER",
     "sjf": "SJF",
+    "qssf": "QSSF",
     "drf": "DRF",
     "soda-arrays": "SODA arrays",
 }
