@@ -29,7 +29,9 @@ from rdt.emulated import advance_mbm
 from rdt.errors import SchemataParseError
 from rdt.schemata import MAX_MB_PERCENT, parse_schemata
 
-TICK_S = 0.05
+# Short against the node's contention interval: a tick's worth of bytes counted a tick late
+# is the error the node sees in its rate.
+TICK_S = 0.02
 MIB = 1 << 20
 
 

@@ -34,7 +34,7 @@ from demo.cluster import TRAINER, TREE, LocalCluster, default_job_user, free_por
 from demo.harness import Interrupted, exit_on_signals, scratch_dir
 from demo.narrator import Narrator, Timeline
 from demo.play import play, record, summary_table
-from demo.stage import EMULATE, Stage
+from demo.stage import EMULATE, MODEL_TYPE, Stage
 from shared.auth import Secret
 
 PEAK_MIBPS = 400.0  # the emulated nodes' memory bandwidth peak (contention.peak_bandwidth_mbps)
@@ -56,8 +56,10 @@ def demo_cluster(root: Path, args: argparse.Namespace) -> LocalCluster:
                       "inference": {"sustain_s": 1.0}},
         node_settings={"job_metrics_interval_s": 0.2},
         node_sections={"rdt": {"mode": "emulated"},
-                       "contention": {"interval_s": 0.5, "peak_bandwidth_mbps": PEAK_MIBPS,
-                                      "restore_intervals": 3}},
+                       # Steps of 10 points, so the throttle settles inside the hysteresis
+                       # band (70 % of peak) instead of on its lower edge (60 %).
+                       "contention": {"peak_bandwidth_mbps": PEAK_MIBPS, "mba_step": 10,
+                                      "restore_intervals": 2}},
     )
 
 
@@ -150,28 +152,28 @@ def try_it(cluster: LocalCluster, stage: Stage) -> str:
     """The commands to try against the running cluster, with its URL and credentials."""
     token = cluster.token_file("admin")
     t5 = next((j["id"] for j in stage.narrator.jobs.values() if j["name"] == "t5"), "t5-1")
-    ctl = shutil.which("trellisctl") or str(Path(sys.executable).parent / "trellisctl")
-    if not os.access(ctl, os.X_OK):
-        ctl = f"{sys.executable} -m control.cli"
+    bindir = Path(sys.executable).parent
+    path = "" if shutil.which("trellisctl") else f"PATH={bindir}:$PATH "
     lines = [
         "",
         "The demo cluster keeps running. In another shell:",
-        f"  export TRELLIS_MASTER={cluster.url} TRELLIS_TOKEN_FILE={token}",
-        f"  cd {TREE}",
-        f"  {ctl} nodes                  # nodes, GPUs and cores in use",
-        f"  {ctl} pools                  # SODA's arrays: sizes, use, queues",
-        f"  {ctl} jobs                   # every job of the demo",
-        f"  {ctl} show {t5:<18}# the deadline job: prediction, allowance, events",
-        f"  {ctl} events --follow        # the journal as it grows",
-        f"  {ctl} profiles; {ctl} models  # GENIE's campaign and fitted model",
-        f"  {ctl} submit --gpus 2 --qos prior --model-type demo-resnet --batch 64 "
+        f"  export {path}TRELLIS_MASTER={cluster.url} TRELLIS_TOKEN_FILE={token}",
+        "  trellisctl nodes                # nodes, GPUs and cores in use",
+        "  trellisctl pools                # SODA's arrays: sizes, use, queues",
+        "  trellisctl jobs                 # every job of the demo",
+        f"  trellisctl show {t5:<15} # the deadline job: prediction, SWAF allowance, events",
+        "  trellisctl events --follow      # the journal as it grows (Ctrl-C ends it)",
+        "  trellisctl profiles             # GENIE's profiling campaign",
+        "  trellisctl models               # the model it fitted",
+        f"  trellisctl submit --gpus 2 --qos prior --model-type {MODEL_TYPE} --batch 64 "
         f"--iterations 100 --user {stage.user} -- python3 {TRAINER} --emulate {EMULATE} "
         f"--batch 64 --iterations 100",
-        f"  {sys.executable} -c 'from control.client import MasterClient; from shared.auth import "
-        f"read_token; print(MasterClient(\"{cluster.url}\", token=read_token(\"{token}\"))"
-        f".call(\"place\", {{\"service\": \"resnet-serve\"}}))'",
+        "The inference service's endpoints, as a service would ask for them:",
+        f"  cd {TREE} && {sys.executable} -c 'from control.client import MasterClient; "
+        f"from shared.auth import read_token; print(MasterClient(\"{cluster.url}\", "
+        f"token=read_token(\"{token}\")).call(\"place\", {{\"service\": \"resnet-serve\"}}))'",
         "",
-        "Stop it with Ctrl-C: the jobs, cgroups and the state directory are removed.",
+        "Stop it with Ctrl-C here: the jobs, cgroups and the state directory are removed.",
     ]
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from demo.memctl import MemoryController, Reading, rate_mibps
 from demo.stage import MEMBW_JOB, SceneResult, SceneTimeout, Stage
 
 SCENE = "contention"
-BUSY_S, IDLE_S = 8.0, 5.0
+BUSY_S, IDLE_S = 8.0, 7.0
 SHARE = 0.95  # of the node's peak the job draws unthrottled
 
 
@@ -79,25 +79,26 @@ def _pressure(reason: str) -> str:
 def _result(title: str, stage: Stage, events: list[dict[str, Any]],
             readings: list[Reading], started: float) -> SceneResult:
     throttles = [e for e in events if e["detail"]["action"] in ("mba", "cores")]
-    restores = [e for e in events if e["detail"]["action"].startswith("restore")]
+    last = events[-1]["detail"]
+    restored = last["action"].startswith("restore") and last["value"] == 100
     if not throttles:
         drawn = rate_mibps(readings)
         return SceneResult(title, "no throttle", f"{len(readings)} counter readings, the job "
                            f"drew {drawn or 0:.0f} MiB/s on average", ok=False)
-    levels = [throttles[0]["detail"]["previous"], *(e["detail"]["value"] for e in throttles)]
-    restored = [e["detail"]["value"] for e in restores]
+    levels = [events[0]["detail"]["previous"], *(e["detail"]["value"] for e in events)]
     peak = stage.peak_mibps
-    # While the job copied at the last level, once the cap had taken hold (a second on).
+    # What the job drew over its last two busy seconds, and the level it was held at then.
     busy = [r for prev, r in itertools.pairwise(readings) if r.moved > prev.moved]
-    last = [r for r in busy if r.mba == levels[-1]]
-    after = rate_mibps([r for r in last if r.t >= last[0].t + 1.0]) if last else None
+    held = busy[-1].mba if busy else None
+    tail = [r for r in busy if r.t >= busy[-1].t - 2.0 and r.mba == held] if busy else []
+    drawn = rate_mibps(tail)
     first = throttles[0]["time"] - started
-    figures = (f"MBA {' -> '.join(map(str, levels))}%"
-               + (f", restored -> {' -> '.join(map(str, restored))}%" if restored else "")
-               + f"; first throttle {first:.1f} s after the job started, the node at "
+    figures = (f"MBA levels {' -> '.join(map(str, levels))}%; first throttle {first:.1f} s "
+               f"after the job started, the node at "
                f"{_pressure(throttles[0]['detail']['reason'])} of its peak bandwidth")
-    if after is not None:
-        figures += f"; at MBA {levels[-1]}% the job drew {after / peak:.0%} of the peak"
-    return SceneResult(title, "the node's contention loop throttled the memory-hungry CPU job "
-                       "with MBA" + (" and restored it once it went quiet" if restored else ""),
-                       figures)
+    if drawn is not None:
+        figures += f"; held at MBA {held}%, the job drew {drawn / peak:.0%} of the peak"
+    showed = "the node's contention loop throttled the memory-hungry CPU job with MBA"
+    if restored:
+        showed += " and restored it fully once it went quiet"
+    return SceneResult(title, showed, figures)

@@ -17,7 +17,7 @@ from demo.stage import GAMMA, LAMBDA, MODEL_TYPE, TRUTH, SceneResult, SceneTimeo
 PROFILE = "genie"
 SWAF = "swaf"
 BATCHES = (8, 16, 24, 32)
-DEADLINE_S = 14.0  # the deadline job's, from its submission
+DEADLINE_S = 16.0  # the deadline job's, from its submission
 
 
 async def profile(stage: Stage) -> SceneResult:
@@ -86,7 +86,7 @@ async def swaf(stage: Stage) -> SceneResult:
     stage.say(SWAF, f"pretrain takes the whole large-job array ({gpus} GPUs); five jobs queue "
                     f"behind it: bert-a, bert-b (normal), vit (prior), t5 (normal, deadline in "
                     f"{DEADLINE_S:g} s), gpt (urgent), in that order")
-    blocker = await stage.submit(SWAF, spec("pretrain", "normal", 20))
+    blocker = await stage.submit(SWAF, spec("pretrain", "normal", 40))
     try:
         running = await stage.until("pretrain to run",
                                     lambda: stage.states([blocker], ("running",)), 60)

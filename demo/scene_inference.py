@@ -91,7 +91,6 @@ class InferenceScene:
             "port": self.port,
         })
         stage.say(SCENE, f"registered {SERVICE}: starts in {reply['mode'].upper()} mode")
-        preempted = len([e for e in stage.narrator.events if e["kind"] == "preempted"])
         try:
             await self.step(3, "one CPU replica is enough", cpu=1, gpu=0)
             await self.step(5.5, "above 80% of one CPU replica: a second one", cpu=2, gpu=0)
@@ -100,11 +99,13 @@ class InferenceScene:
                             gpu=2)
             stage.cue("gpu_mode").set()
             await stage.wait_cue(SCENE, "gpus_full", 45)
+            seen = len(stage.narrator.events)
             await self.step(34, "more than two GPUs carry, and no GPU is free", cpu=0, gpu=3)
             await stage.narrator.poll()
             self.victims = [stage.narrator.jobs.get(e["job"], {}).get("name", e["job"])
-                            for e in stage.narrator.events[preempted:]
-                            if e["kind"] == "preempted"]
+                            for e in stage.narrator.events[seen:]
+                            if e["kind"] == "preempted"
+                            and SERVICE in e["detail"].get("reason", "")]
             await self.step(14, "two GPUs carry it again: one replica retires", cpu=0, gpu=2)
             await self.step(4, "below 75% of bs_gpu: back to a CPU replica", cpu=1, gpu=0)
         except SceneTimeout as exc:

@@ -1,6 +1,7 @@
-"""``./run demo`` end to end: the demo runs every scene, and the master's journal shows each one
-happened — read straight from the SQLite journal the demo's master wrote, not from what the
-demo printed.
+"""``./run demo --serve`` end to end: the demo runs every scene, and the master's journal shows
+each one happened — read straight from the SQLite journal the demo's master wrote, not from
+what the demo printed; then the ``trellisctl`` commands it prints work against the cluster it
+leaves running, and Ctrl-C stops that cluster and leaves no process or cgroup behind.
 
 * SWAF: the deadline job, submitted after two normal jobs, was placed before them; the urgent
   job, submitted last, was placed first of the queue.
@@ -21,6 +22,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ import psutil
 import pytest
 
 from demo.cluster import TREE
+from tests.e2e.test_bench_interrupt import cgroups, heed_stop_signals
 
 
 @dataclass
@@ -68,11 +72,13 @@ def read_journal(db_path: Path) -> Journal:
 
 @dataclass
 class DemoRun:
-    returncode: int
-    out: str
-    journal: Journal
-    record: dict[str, Any]
+    proc: subprocess.Popen[bytes]
+    output: Path
+    record: Path
     prefix: str
+
+    def out(self) -> str:
+        return self.output.read_text(errors="replace")
 
 
 def leftovers(prefix: str) -> list[str]:
@@ -90,36 +96,44 @@ def leftovers(prefix: str) -> list[str]:
 
 
 @pytest.fixture
-def demo_run(tmp_path: Path) -> Iterator[DemoRun]:
+def serving_demo(tmp_path: Path) -> Iterator[DemoRun]:
+    """``python -m demo.run --serve`` once its scenes are over and it prints how to use it."""
     prefix = f"trellis-test-demo-{uuid.uuid4().hex[:6]}"
-    record = tmp_path / "record.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "demo.run", "--keep", "--record", str(record), "--prefix",
-         prefix], cwd=TREE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    root: Path | None = None
+    output = tmp_path / "output"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "demo.run", "--serve", "--keep", "--record",
+             str(tmp_path / "record.json"), "--prefix", prefix], cwd=TREE, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=heed_stop_signals)
+    run = DemoRun(proc, output, tmp_path / "record.json", prefix)
     try:
-        try:
-            out, _ = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # the demo's own clean-up
-            out, _ = proc.communicate(timeout=60)
-            pytest.fail("the demo took more than 150 s:\n" + out[-6000:])
-        line = next((x for x in out.splitlines() if x.startswith("state and logs kept in ")),
-                    None)
-        assert line, out[-6000:]
-        root = Path(line.removeprefix("state and logs kept in "))
-        assert record.exists(), out[-6000:]
-        yield DemoRun(proc.returncode, out, read_journal(root / "master" / "master.db"),
-                      json.loads(record.read_text()), prefix)
+        deadline = time.monotonic() + 150
+        while "Stop it with Ctrl-C" not in run.out():
+            if run.proc.poll() is not None:
+                pytest.fail(f"the demo exited with {run.proc.returncode}:\n{run.out()[-8000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("the demo took more than 150 s:\n" + run.out()[-8000:])
+            time.sleep(0.5)
+        yield run
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for stale in Path("/tmp").glob(f"{prefix}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)  # the demo's own clean-up
+            try:
+                run.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.proc.wait()
+        for left in Path(tempfile.gettempdir()).glob(f"{prefix}-*"):
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def ctl(env: dict[str, str], *args: str) -> Any:
+    """trellisctl -o json ARGS with the environment the demo told us to export."""
+    proc = subprocess.run([sys.executable, "-m", "control.cli", "-o", "json", *args],
+                          capture_output=True, text=True, timeout=60, cwd=TREE,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def gpus_held(journal: Journal, upto: int) -> tuple[int, set[str]]:
@@ -145,15 +159,23 @@ def gpus_held(journal: Journal, upto: int) -> tuple[int, set[str]]:
     return sum(held.values()), waiting
 
 
-def test_the_demo_shows_every_scene(demo_run: DemoRun) -> None:
-    journal, record, out = demo_run.journal, demo_run.record, demo_run.out
-    assert demo_run.returncode == 0, out[-8000:]
-    assert "5/5 scenes shown" in out, out[-8000:]
+def test_the_demo_shows_every_scene_then_serves_until_ctrl_c(serving_demo: DemoRun) -> None:
+    out = serving_demo.out()
+    record = json.loads(serving_demo.record.read_text())
     # A narrated timeline and a summary table.
+    assert "5/5 scenes shown" in out, out[-8000:]
     assert "SCENE" in out and "SODA contention eliminator" in out
     assert record["wall_s"] < 120, record["wall_s"]
-    # It cleaned up after itself (--keep kept only the directory, for this test to read).
-    assert not leftovers(demo_run.prefix)
+    root = Path(record["root"])
+    journal = read_journal(root / "master" / "master.db")
+
+    # --serve: the commands it prints work against the cluster, with its URL and token.
+    exports = next(x for x in out.splitlines() if x.strip().startswith("export "))
+    env = dict(word.split("=", 1) for word in exports.split()[1:] if word.startswith("TRELLIS_"))
+    assert env["TRELLIS_MASTER"] == record["url"] and Path(env["TRELLIS_TOKEN_FILE"]).exists()
+    listed = {j["name"] for j in ctl(env, "jobs")["jobs"]}
+    assert {"t5", "gpt", "etl-stream", "etl-a"} <= listed, listed
+    assert ctl(env, "profiles")["profiles"][0]["state"] == "fitted"
 
     # -- GENIE: fitted from real runs, stored ----------------------------------------------
     assert [p["state"] for p in journal.profiles] == ["fitted"], journal.profiles
@@ -220,3 +242,10 @@ def test_the_demo_shows_every_scene(demo_run: DemoRun) -> None:
                if e["kind"] == "contention" and e["job"] == hungry]
     assert "mba" in actions, actions
     assert "restore_mba" in actions[actions.index("mba"):], actions
+
+    # Ctrl-C: the cluster goes, jobs, cgroups and all (--keep keeps only the directory).
+    serving_demo.proc.send_signal(signal.SIGINT)
+    assert serving_demo.proc.wait(60) == 0, serving_demo.out()[-3000:]
+    assert "demo cluster stopped" in serving_demo.out()
+    assert not leftovers(serving_demo.prefix)
+    assert not cgroups(serving_demo.prefix)
