@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     util = pick(("gpu_util_pct",))
     not_queued = pick(("gpu_jobs", "not_queued_pct"))
     cpu_1min = pick(("cpu_jobs", "within_1min_pct"))
-    gain = (util["soda_full"] - util["fifo"]
+    gain = (round(util["soda_full"] - util["fifo"], 2)
             if util["soda_full"] is not None and util["fifo"] is not None else None)
     seconds = time.monotonic() - started
     targets = {
