@@ -21,6 +21,7 @@ scene was shown.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from demo.narrator import Narrator, Timeline
 from demo.play import play, record, summary_table
 from demo.stage import EMULATE, MODEL_TYPE, Stage
 from shared.auth import Secret
+from shared.model import is_valid_name
 
 PEAK_MIBPS = 400.0  # the emulated nodes' memory bandwidth peak (contention.peak_bandwidth_mbps)
 
@@ -79,7 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 2 or args.gpus < 4:
         p.error("the scenes need at least 2 nodes of at least 4 GPUs")
-    serving: list[bool] = []
+    if not is_valid_name(f"{args.prefix}-n{args.nodes}"):
+        p.error(f"--prefix {args.prefix!r}: letters, digits, '-' and '_' only, starting with a "
+                f"letter or digit, short enough for node names ({args.prefix}-n1...)")
+    if not args.timeout > 0:
+        p.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.record and not os.access(args.record.parent, os.W_OK):
+        p.error(f"--record {args.record}: cannot write in {args.record.parent}")
+    serving: list[bool] = []  # set once --serve's cluster is up: Ctrl-C then ends it normally
     try:
         # SIGTERM or Ctrl-C: the cluster's jobs, cgroups and state directory go all the same.
         with exit_on_signals(), scratch_dir(f"{args.prefix}-", keep=args.keep) as root:
@@ -111,16 +120,13 @@ def run_demo(cluster: LocalCluster, args: argparse.Namespace, serving: list[bool
 
 async def session(cluster: LocalCluster, args: argparse.Namespace, user: str, up: float,
                   started: float, serving: list[bool]) -> int:
-    import asyncio
-
     client = AsyncMasterClient(cluster.url, token=Secret(cluster.tokens["admin"]))
     try:
         pools = await client.call("pools")
         sizes = {a["kind"]: a["size"] for a in pools["arrays"]}
         timeline = Timeline()
         narrator = Narrator(client, timeline)
-        stage = Stage(client, timeline, narrator, user, TRAINER, cluster.root,
-                      [cluster.node_name(i) for i in range(1, cluster.nodes + 1)], sizes,
+        stage = Stage(client, timeline, narrator, user, TRAINER, cluster.root, sizes,
                       PEAK_MIBPS)
         stop = asyncio.Event()
         telling = asyncio.create_task(narrator.run(stop))

@@ -54,7 +54,6 @@ class Stage:
     user: str
     trainer: str  # demo/trainer.py
     root: Path  # the cluster's directory (node state directories are under it)
-    node_names: list[str]
     sizes: dict[str, int]  # array kind -> size (gpus or cores), from the master's pools
     peak_mibps: float  # the nodes' configured peak memory bandwidth
     cues: dict[str, asyncio.Event] = field(default_factory=dict)
