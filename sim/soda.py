@@ -89,6 +89,9 @@ class SodaConfig:
     tick_s: float = 60.0  # eliminator and placer passes; load reports
     window_noise: float = 1.0  # standard deviation (points) of a measured window's mean
     mba_floor_pct: int = 10  # lowest MBA level of the (assumed) hardware
+    # Whether nodes monitor memory bandwidth (MBM); without it the eliminator detects
+    # contention from training jobs' GPU utilisation drops (§V-E), as noded does.
+    mbm: bool = True
     services: frozenset[str] = frozenset()  # workload job ids that are inference services
     # Job id -> the share of each GPU it asked for (openb's gpu_milli / 1000) where below 1:
     # the core gives whole GPUs, but such a job keeps its GPU busy at most that share.
@@ -142,6 +145,7 @@ class SodaStats:
     core_changes: list[int] = field(default_factory=list)  # converged - requested, per part
     throttle_actions: int = 0
     replica_launches: int = 0
+    launches_by_kind: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "gpu": 0})
     replica_retires: int = 0
     placer_preemptions: int = 0
     replicas_lost: int = 0
@@ -394,7 +398,10 @@ class SodaSimulator(Simulator):
         for node, used in self._bw.items():
             cpu_jobs = [j for j in used if j in self._cpu]
             ctl = self._controllers.get(node)
-            if not cpu_jobs and (ctl is None or not ctl.throttled()):
+            # Without MBM the detector needs each training job's stable level from before
+            # any CPU job arrives, so such nodes are watched all along, as noded does.
+            watch = not self.soda.mbm and any(j in self._parts for j in used)
+            if not cpu_jobs and not watch and (ctl is None or not ctl.throttled()):
                 continue
             if ctl is None:
                 ctl = self._controllers[node] = ContentionController(
@@ -408,11 +415,16 @@ class SodaSimulator(Simulator):
                 alloc = next((a for a in placement.allocations if a.node == node), None)
                 if alloc is None:
                     continue
+                util = None
+                if alloc.gpus and job_id in self._runs:
+                    util = 100.0 * self._adjust(self._runs[job_id], 1.0, 1.0)[1]
                 samples.append(JobSample(
                     job_id=job_id, kind=job.spec.kind.value, cpus=tuple(alloc.cpus),
-                    gpus=len(alloc.gpus), bandwidth_bps=gbps * GB, mba=True))
-            obs = Observation(now=now, jobs=tuple(samples), mbm=True,
-                              node_bandwidth_bps=sum(used.values()) * GB)
+                    gpus=len(alloc.gpus), bandwidth_bps=gbps * GB if self.soda.mbm else None,
+                    gpu_util=util, mba=True))
+            obs = Observation(now=now, jobs=tuple(samples), mbm=self.soda.mbm,
+                              node_bandwidth_bps=(sum(used.values()) * GB if self.soda.mbm
+                                                  else None))
             decisions = ctl.observe(obs)
             for d in decisions:
                 t = self._throttle.setdefault(d.job_id, _Throttle())
@@ -529,6 +541,7 @@ class SodaSimulator(Simulator):
             self._bw[r.node][r.id] = r.mbw_gbps
             self._reprice_nodes([r.node], now, skip=r.id)
         self.stats.replica_launches += 1
+        self.stats.launches_by_kind[r.kind.value] += 1
 
     def _retire(self, job_id: str) -> None:
         rep = self._replicas.pop(job_id, None)
