@@ -119,16 +119,19 @@ class Narrator:
             await self._poll()
 
     async def _poll(self) -> None:
-        self.jobs = {j["id"]: j for j in (await self.client.call("jobs"))["jobs"]}
-        self.profiles = {p["id"]: p for p in (await self.client.call("profiles"))["profiles"]}
+        new: list[dict[str, Any]] = []
         while True:
             reply = await self.client.call("events", {"after": self._cursor, "limit": 500})
-            for event in reply["events"]:
-                self.events.append(event)
-                self.tell(event)
+            new.extend(reply["events"])
             self._cursor = reply["last"]
             if len(reply["events"]) < 500:
                 break
+        # After the events, so every job they name is listed.
+        self.jobs = {j["id"]: j for j in (await self.client.call("jobs"))["jobs"]}
+        self.profiles = {p["id"]: p for p in (await self.client.call("profiles"))["profiles"]}
+        for event in new:
+            self.events.append(event)
+            self.tell(event)
         for svc in (await self.client.call("services"))["services"]:
             place = await self.client.call("place", {"service": svc["service"]})
             self.services[svc["service"]] = place
