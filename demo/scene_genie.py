@@ -55,8 +55,8 @@ async def profile(stage: Stage) -> SceneResult:
     return SceneResult(
         "GENIE profiling",
         f"{len(runs)} real runs fitted {MODEL_TYPE}; SWAF predicts with it from the next pass",
-        f"{took:.1f} s; fit error {100 * fit['single_gpu_error']:.1f}% (1 GPU), "
-        f"{100 * (fit['placement_error'] or 0):.1f}% (placements); sPR within "
+        f"campaign {took:.1f} s; fit error {100 * fit['single_gpu_error']:.2f}% (1 GPU), "
+        f"{100 * (fit['placement_error'] or 0):.2f}% (placements); sPR within "
         f"{100 * max(errors):.1f}% of the emulated truth at b=8..32; gamma "
         f"{fit['gamma']:.2f} (truth {GAMMA:g}), lambda {fit['lam']:.2f} (truth {LAMBDA:g})")
 
