@@ -32,6 +32,7 @@ SECTIONS = (
     "## 2. Philly trace",
     "## 3. Cluster Energy Saving",
     "## 4. openb trace",
+    "## 5. SCHED²",
 )
 
 
