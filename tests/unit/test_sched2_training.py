@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,10 @@ import pytest
 from masterd.core.policies.sched2 import Sched2Policy
 from masterd.core.sched2.network import QNetwork
 from masterd.core.sched2.state import Observation
+from shared.model import JobKind, NodeAllocation, Placement
 from sim.engine import SimConfig, simulate
 from sim.sched2_metrics import episode_metrics
+from sim.truth import NodeTopology, TruthModel, shape_of
 from sim.workloads import sched2 as workload
 
 torch = pytest.importorskip("torch", reason="training needs torch, the optional extra 'rl'")
@@ -62,8 +65,6 @@ def test_a_short_training_run_beats_random_selection(tmp_path: Path) -> None:
 
 def test_episodes_are_seeded_and_follow_the_mix() -> None:
     options = workload.Sched2Options(jobs=400)
-    from sim.truth import TruthModel
-
     truth = TruthModel(TRUTH)
     a = workload.episode(TRACES, options, 3, truth)
     b = workload.episode(TRACES, options, 3, truth)
@@ -86,18 +87,10 @@ def test_episodes_are_seeded_and_follow_the_mix() -> None:
 
 def test_locality_penalty_in_the_truth_over_two_servers() -> None:
     """A 4-GPU VGG16 job over two servers takes 5.9x its time on one (SCHED² §II-A)."""
-    from sim.truth import TruthModel, shape_of
-    from shared.model import NodeAllocation, Placement
-
     truth = TruthModel(TRUTH)
     w = workload.episode(TRACES, workload.Sched2Options(jobs=50), 0, truth)
     inventories = {n.name: n for n in w.nodes}
     params = next(j.truth for j in w.jobs if j.spec.gpus == 1)
-    from dataclasses import replace
-
-    from shared.model import JobKind
-    from sim.truth import NodeTopology
-
     topo = NodeTopology.of(w.nodes)
     for model, slowdown in (("vgg16", 5.9), ("transformer", 2.7), ("deepspeech", 1.6),
                             ("inception3", 1.4)):
