@@ -2,7 +2,8 @@
 
 * Finished jobs as QSSF's estimator learns from them (:func:`finished_jobs`): read from the
   ``jobs`` table, in the master before it serves (``JournalPort.now``) or in a worker process
-  through a read-only connection of its own (:func:`open_readonly`).
+  through a reading connection of its own (``masterd.journal.backends.open_reader``: SQLite
+  or PostgreSQL, whichever the journal is).
 * ``power_nodes``: each node's power state (``powering_down``, ``powered_down``,
   ``powering_up``) since when and why; a node without a row is on. Survives restarts.
 * ``power_history``: the busy and total node counts per CES step (the step's maximum), the
@@ -11,8 +12,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 from masterd.core.helios.duration_model import JobRow
@@ -38,15 +37,7 @@ def create_tables(store: Store) -> None:
     store.db.executescript(SCHEMA)
 
 
-def open_readonly(path: str | Path) -> sqlite3.Connection:
-    """A read-only connection to the journal (a worker's; WAL lets it read beside the
-    writer)."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    db.execute("PRAGMA busy_timeout=5000")
-    return db
-
-
-def finished_jobs(db: sqlite3.Connection, limit: int) -> list[JobRow]:
+def finished_jobs(db: Any, limit: int) -> list[JobRow]:
     """The newest ``limit`` finished jobs (by submission), oldest first, with their run time."""
     rows = db.execute("SELECT spec, submit_time, data FROM jobs WHERE state='finished' "
                       "ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
@@ -100,7 +91,11 @@ def save_history(store: Store, step: int, busy: int, total: int) -> None:
     def run() -> None:
         store.db.execute(
             "INSERT INTO power_history (step, busy, total) VALUES (?,?,?) ON CONFLICT(step) "
-            "DO UPDATE SET busy=max(busy, excluded.busy), total=max(total, excluded.total)",
+            # CASE, not SQLite's two-argument max(): the same SQL runs on PostgreSQL.
+            "DO UPDATE SET busy=CASE WHEN excluded.busy > power_history.busy "
+            "THEN excluded.busy ELSE power_history.busy END, "
+            "total=CASE WHEN excluded.total > power_history.total "
+            "THEN excluded.total ELSE power_history.total END",
             (step, busy, total))
 
     store.transaction(run)

@@ -106,6 +106,13 @@ class JournalPort:
     def now(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._store, *args)
 
+    @property
+    def location(self) -> str:
+        """Where the journal is (a SQLite path or a PostgreSQL URL), for a worker process that
+        reads the history itself (``masterd.journal.backends.open_reader``) rather than have
+        it pickled through the event loop."""
+        return self._store.location
+
 
 @dataclass(frozen=True)
 class JobActions:

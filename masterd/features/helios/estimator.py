@@ -158,7 +158,7 @@ class DurationEstimator:
         queue = list(self.ctx.core.queue())
         try:
             result = await self.ctx.workers.run(
-                train_duration, str(Path(config_state(self.ctx)) / "master.db"),
+                train_duration, self.ctx.journal.location,
                 config_state(self.ctx), config.max_jobs, config.min_jobs,
                 [job_row(j) for j in queue], name="helios-duration-train")
             model = await asyncio.to_thread(load_model, self.model_path.parent)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from masterd.core.helios import duration_model, forecast
-from masterd.journal.helios import finished_jobs, open_readonly
+from masterd.journal.backends import open_reader
+from masterd.journal.helios import finished_jobs
 
 MODEL_FILE = "helios-duration.json"  # encoders and meta; the trees beside it:
 TREES_FILE = "helios-duration.lgb.txt"
@@ -33,12 +34,12 @@ def load_model(state_dir: str | Path) -> duration_model.DurationModel:
                                              Path(state_dir) / MODEL_FILE)
 
 
-def train_duration(db_path: str, state_dir: str, max_jobs: int, min_jobs: int,
+def train_duration(journal: str, state_dir: str, max_jobs: int, min_jobs: int,
                    queued: list[duration_model.JobRow]) -> dict[str, Any]:
     """Fit the duration model on the newest ``max_jobs`` finished jobs, write it to the state
     directory and predict ``queued``. Raises ValueError with fewer than ``min_jobs``."""
     started = time.monotonic()
-    db = open_readonly(db_path)
+    db = open_reader(journal)
     try:
         rows = finished_jobs(db, max_jobs)
     finally:
