@@ -18,8 +18,10 @@ up); CPU-only jobs go on one node.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from itertools import islice
 
+from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import (
     FreePool,
     choose_cpus,
@@ -28,7 +30,8 @@ from masterd.core.placement import (
     pack,
     realise,
 )
-from shared.model import JobSpec, NodeAllocation, Placement
+from masterd.core.policy import Decision, Start
+from shared.model import Job, JobSpec, NodeAllocation, Placement
 
 PLACEMENTS = ("pack", "consolidate")
 
@@ -107,3 +110,21 @@ def place(spec: JobSpec, pool: FreePool, placement: str) -> Placement | None:
     if placement == "consolidate":
         return consolidate(spec, pool)
     return pack(spec, pool)
+
+
+def start_in_order(snapshot: ClusterSnapshot, ordered: Iterable[Job], placement: str,
+                   backfill: bool) -> list[Decision]:
+    """Start jobs in the given order, each placed by ``placement``; the first that does not
+    fit stops the rest, unless ``backfill`` lets later ones use what it cannot (what FIFO,
+    SJF and QSSF share once they have ordered their queue)."""
+    pool = FreePool(snapshot)
+    decisions: list[Decision] = []
+    for job in ordered:
+        chosen = place(job.spec, pool, placement)
+        if chosen is None:
+            if backfill:
+                continue
+            break
+        pool.take(chosen)
+        decisions.append(Start(job.id, chosen))
+    return decisions

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.consolidate import check_placement, place
-from masterd.core.placement import FreePool
-from masterd.core.policy import Decision, Start
+from masterd.core.consolidate import check_placement, start_in_order
+from masterd.core.policy import Decision
 from shared.model import Job
 
 
@@ -28,14 +27,4 @@ class FifoPolicy:
     def decide(
         self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
     ) -> list[Decision]:
-        pool = FreePool(snapshot)
-        decisions: list[Decision] = []
-        for job in queue:
-            placement = place(job.spec, pool, self.placement)
-            if placement is None:
-                if self.backfill:
-                    continue
-                break
-            pool.take(placement)
-            decisions.append(Start(job.id, placement))
-        return decisions
+        return start_in_order(snapshot, queue, self.placement, self.backfill)

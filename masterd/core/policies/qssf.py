@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.consolidate import check_placement, place
+from masterd.core.consolidate import check_placement, start_in_order
 from masterd.core.helios.estimate import ESTIMATE_KEY
-from masterd.core.placement import FreePool
-from masterd.core.policy import Decision, Start
+from masterd.core.policy import Decision
 from shared.model import Job
 
 
@@ -42,14 +41,5 @@ class QssfPolicy:
         self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
     ) -> list[Decision]:
         order = sorted(enumerate(queue), key=lambda entry: (self.priority(entry[1]), entry[0]))
-        pool = FreePool(snapshot)
-        decisions: list[Decision] = []
-        for _, job in order:
-            placement = place(job.spec, pool, self.placement)
-            if placement is None:
-                if self.backfill:
-                    continue
-                break
-            pool.take(placement)
-            decisions.append(Start(job.id, placement))
-        return decisions
+        return start_in_order(snapshot, (job for _, job in order), self.placement,
+                              self.backfill)

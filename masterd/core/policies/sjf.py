@@ -18,14 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.consolidate import check_placement, place
+from masterd.core.consolidate import check_placement, start_in_order
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.plan import JobPlan
 from masterd.core.helios.estimate import RECORDED_KEY
-from masterd.core.placement import FreePool
 from masterd.core.policies.launching import start_packed
 from masterd.core.policies.predicting import PredictingPolicy
-from masterd.core.policy import Decision, Start
+from masterd.core.policy import Decision
 from shared.model import Job
 
 RANKS = ("predicted", "recorded")
@@ -69,14 +68,4 @@ class SjfPolicy(PredictingPolicy):
         ordered = sorted(queue, key=lambda j: (predicted[j.id], position[j.id]))
         if self.backfill and self.placement == "pack":
             return start_packed(snapshot, ordered)
-        pool = FreePool(snapshot)
-        decisions: list[Decision] = []
-        for job in ordered:
-            placement = place(job.spec, pool, self.placement)
-            if placement is None:
-                if self.backfill:
-                    continue
-                break
-            pool.take(placement)
-            decisions.append(Start(job.id, placement))
-        return decisions
+        return start_in_order(snapshot, ordered, self.placement, self.backfill)
