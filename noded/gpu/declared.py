@@ -17,9 +17,9 @@ user): read like the counter, without following links, a few bytes at most.
 from __future__ import annotations
 
 import math
-import os
-import stat
 from pathlib import Path
+
+from noded.gpu.progress import read_job_file
 
 UTIL_FILE_NAME = "util"
 MEMORY_FILE_NAME = "memory"
@@ -28,19 +28,8 @@ MAX_BYTES = 32
 
 def read_declared(path: Path, limit: float) -> float | None:
     """The number in ``path`` within [0, limit], or None when absent or not such a number."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
+    data = read_job_file(path, MAX_BYTES)
+    if data is None:
         return None
     try:
         value = float(data.strip())

@@ -31,8 +31,9 @@ PROGRESS_FILE_NAME = "progress"
 MAX_PROGRESS_BYTES = 64  # an integer counter; anything longer is not one
 
 
-def read_counter(path: Path) -> int | None:
-    """The counter in ``path``, or None when absent, unreadable or not a counter.
+def read_job_file(path: Path, max_bytes: int) -> bytes | None:
+    """At most ``max_bytes`` of a file a job writes, or None when absent, unreadable, not a
+    regular file or longer.
 
     The file belongs to the job, i.e. to an untrusted user: no symlinks followed, nothing but a
     regular file read (a FIFO would block the daemon), and at most a few bytes.
@@ -44,12 +45,18 @@ def read_counter(path: Path) -> int | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        data = os.read(fd, MAX_PROGRESS_BYTES + 1)
+        data = os.read(fd, max_bytes + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if len(data) > MAX_PROGRESS_BYTES:
+    return data if len(data) <= max_bytes else None
+
+
+def read_counter(path: Path) -> int | None:
+    """The counter in ``path``, or None when absent, unreadable or not a counter."""
+    data = read_job_file(path, MAX_PROGRESS_BYTES)
+    if data is None:
         return None
     text = data.strip()
     if not text.isdigit():
