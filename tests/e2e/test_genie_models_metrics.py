@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from control.client import RpcError
-from demo.cluster import LocalCluster, default_job_user
+from demo.cluster import default_job_user
 from shared.model import NodeInventory
 from shared.protocol import encode_frame
 from shared.schema import encode
@@ -38,17 +38,6 @@ lam = 0.2
 nu = 1.5
 source = "vendor sheet 2024"
 """
-
-
-def wait_for(what: str, check, cluster: LocalCluster, timeout: float = 60):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n" + cluster.log("master"))
-        time.sleep(0.3)
 
 
 def test_models_load_from_file_persist_and_predict(make_cluster, shared_dir: Path) -> None:
@@ -150,7 +139,7 @@ def test_metrics_channel_survives_hostile_jobs(make_cluster, shared_dir: Path) -
             seen.setdefault(name, []).append(m["last"])
         return shown["job"]["state"] in ("finished", "failed")
 
-    wait_for("the hostile job", sample, cluster, timeout=60)
+    cluster.wait_for("the hostile job", sample, timeout=60)
     shown = ctl(cluster, "show", job_id)[1]
     assert shown["job"]["state"] == "finished", shown["job"]
     node = cluster.node_daemons[cluster.node_name(1)]
