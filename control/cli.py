@@ -192,6 +192,9 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--id", help="job id to use (makes retries idempotent)")
     p.add_argument("--kind", choices=("training", "inference", "cpu"))
     p.add_argument("--gpus", type=int)
+    p.add_argument("--gpu-milli", type=int, metavar="N",
+                   help="a share of one GPU in thousandths (1-999, with --gpus 1): the job may "
+                        "share its GPU with others (Liquid)")
     p.add_argument("--cpus", type=int)
     p.add_argument("--memory-mib", type=int)
     p.add_argument("--gpu-model")

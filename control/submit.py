@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # Options that set a JobSpec field of the same name.
 SPEC_OPTIONS = ("name", "kind", "gpus", "cpus", "memory_mib", "gpu_model", "user", "tenant",
                 "qos", "model_type", "model_family", "model_params_m", "batch", "iterations",
-                "workdir", "max_nodes")
+                "workdir", "max_nodes", "gpu_milli")
 MAX_ARRAY = 10_000  # jobs in one submission (Slurm's default MaxArraySize is 1001)
 MAX_INDEX = 4_000_000
 ARRAY_INDEX_ENV = "TRELLIS_ARRAY_INDEX"

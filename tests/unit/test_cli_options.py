@@ -184,6 +184,17 @@ def test_array_jobs_carry_their_index() -> None:
     assert names == ["n" * 59 + "_100", "n" * 59 + "_101"]
 
 
+def test_a_fractional_gpu_request_reaches_the_spec() -> None:
+    from shared.model import JobSpec
+    from shared.schema import decode
+
+    args = parse("submit", "--gpus", "1", "--gpu-milli", "250", "--cpus", "1", "--user", "alice",
+                 "--", "infer.py")
+    [job], _ = jobs_from_args(args)
+    assert job["gpu_milli"] == 250
+    assert decode(JobSpec, job).gpu_milli == 250
+
+
 def test_file_of_jobs(tmp_path: Path) -> None:
     toml = tmp_path / "jobs.toml"
     toml.write_text('tenant = "vision"\nuser = "alice"\ncpus = 2\n\n'
