@@ -6,7 +6,7 @@
 1. **Evaluation**: every held-out episode (30–59) of the paper's mix (68% one-GPU jobs, mean
    gap 172 s, 15 servers × 8 GPUs, 1,000 jobs; ``sim.workloads.sched2``) under the trained
    agent (the shipped model unless ``--model``) and the baselines: the paper's SIF, DSIF, SAF,
-   LRF, SPF and FIFO, and the registry's SJF and SWAF (GPUs as asked). Replays are the
+   LRF, SPF and FIFO, and the registry's SJF, QSSF and SWAF (GPUs as asked). Replays are the
    ``sched2`` study's (``sim.studies.sched2.replay_cell``), spread over ``--workers``
    processes. Ratios as the paper gives them, against the best baseline of each metric, on
    means over episodes: ``jct_speedup_vs_best`` = best mean JCT ÷ SCHED²'s,

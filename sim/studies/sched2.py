@@ -8,8 +8,9 @@ interference); every policy's predictions exact (the oracle model database, as t
 profiles and SAF's oracle are).
 
 Replayed: the trained agent (the model shipped in the package unless ``--sched2-model``), the
-paper's baselines (SIF, DSIF, SAF, LRF, SPF, FIFO) and the registry's SJF and SWAF (GENIE,
-with exactly the GPUs asked — the paper's jobs keep their GPU count — and, reported apart,
+paper's baselines (SIF, DSIF, SAF, LRF, SPF, FIFO) and the registry's SJF, QSSF (Helios, its
+estimate under Helios' error model, as the workload draws it) and SWAF (GENIE, with exactly
+the GPUs asked — the paper's jobs keep their GPU count — and, reported apart,
 SWAF free to give fewer GPUs). Settings: the paper's mix on every held-out episode; the
 60% and 75% mixes and Philly as it is; the paper's Fig. 8 (arrival gaps scaled); and, to
 measure what the window of J jobs costs, the shortest job in a window of J = 10, 30, 100
@@ -71,12 +72,13 @@ TRUTH = TruthConfig(noise_sigma=0.0, interference=False)
 # Fig. 8 rows: its record is beside it.
 GAP2_MODEL = DEFAULT_MODEL.with_name("sched2-15x8-j10-gap2.npz")
 PAPER_BASELINES = ("sif", "dsif", "saf", "lrf", "spf", "fifo")
-OTHER_BASELINES = ("sjf", "swaf-exact")
+OTHER_BASELINES = ("sjf", "qssf", "swaf-exact")
 MOLDABLE = "swaf"  # may give a job fewer GPUs than it asked for: reported, not "best"
 WINDOW_RULE = "window-shortest"
 SENSITIVE = frozenset(m for m, s in SCHED2_SLOWDOWNS.items() if s >= 2.0)
 POLICY_TITLES = {"sched2": "SCHED² (learned)", "sif": "SIF", "dsif": "DSIF", "saf": "SAF",
-                 "lrf": "LRF", "spf": "SPF", "swaf-exact": "SWAF, GPUs as asked",
+                 "lrf": "LRF", "spf": "SPF", "qssf": "QSSF (Helios' error model)",
+                 "swaf-exact": "SWAF, GPUs as asked",
                  "swaf": "SWAF, fewer GPUs allowed"}
 
 
@@ -199,7 +201,7 @@ def build_policy(cell: Cell, network: QNetwork | None, opts: workload.Sched2Opti
                             agent=ShortestInWindow(shape))
     if cell.policy == "swaf-exact":
         return make_policy("swaf", modeldb=db, shape_mode="exact")
-    if cell.policy in ("fifo", "lrf"):
+    if cell.policy in ("fifo", "lrf", "qssf"):  # no model: FIFO order, free GPUs, estimates
         return make_policy(cell.policy)
     return make_policy(cell.policy, modeldb=db)
 
@@ -366,7 +368,7 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         "SCHED² against the best baseline of each metric (the paper's form: JCT and makespan "
         "as the baseline's ÷ ours, effectiveness as ours ÷ the baseline's; above 1 means "
         "SCHED² is better). \"Paper's\" counts SIF, DSIF, SAF, LRF, SPF and FIFO; \"all\" adds "
-        "SJF and SWAF with the GPUs asked. SWAF allowed fewer GPUs is left out of both: it "
+        "SJF, QSSF and SWAF with the GPUs asked. SWAF allowed fewer GPUs is left out of both: it "
         "changes the jobs, which neither SCHED² nor the paper's baselines may.")
     vs = section.table(Table(
         "sched2-vs-best",

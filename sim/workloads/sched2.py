@@ -18,6 +18,9 @@ the window Helios evaluates), seeded per episode:
   Inception3 (the two CV models whose locality penalty §II-A gives; AlexNet and ResNet-50 of
   Table II are left out for want of one), NLP is Transformer, Speech is DeepSpeech; their
   slowdowns over two servers are in ``sim.truth.SCHED2_SLOWDOWNS``. Batch 128.
+- **QSSF's estimate**: the paper has no users or job names to learn from, so each job
+  carries Helios' error model around its drawn duration (``sim.workloads.philly
+  .helios_estimate``, seeded by the job's key), as the Philly replay of Helios does.
 - **Cluster**: 15 servers × 8 GPUs, one PCIe switch and one socket per server (SCHED² models
   locality at the server boundary only), no CPU cores or memory asked or modelled.
 
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from masterd.core.helios.estimate import ESTIMATE_KEY
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
 from sim.truth import NodeTopology, TruthModel, TruthParams
@@ -51,6 +55,7 @@ from sim.workloads.base import (
     parse_int,
     read_csv_rows,
 )
+from sim.workloads.philly import helios_estimate
 
 JOBS_FILE = "philly-jobs.csv"
 TRAIN_EPISODES = range(0, 30)
@@ -209,7 +214,8 @@ def episode(trace_dir: Path, options: Sched2Options, index: int,
                        batch=BATCH, iterations=iterations)
         params = TruthParams(model_type=model, batch=BATCH, known_duration=picked.duration,
                              known_gpus=picked.gpus)
-        jobs.append(SimJob(id=key, spec=spec, submit=submit, truth=params))
+        jobs.append(SimJob(id=key, spec=spec, submit=submit, truth=params, annotations={
+            ESTIMATE_KEY: helios_estimate(picked.duration, options.seed, key)}))
     work = math.fsum(j.truth.known_duration * j.spec.gpus for j in jobs  # type: ignore[operator]
                      )
     gpus = options.servers * options.gpus_per_server
