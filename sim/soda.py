@@ -46,6 +46,7 @@ from masterd.core.inference import (
     PlacerConfig,
     ReplicaKind,
     RetireReplica,
+    replica_room,
 )
 from masterd.core.policy import Policy, Preempt
 from noded.policy.contention import (
@@ -498,11 +499,8 @@ class SodaSimulator(Simulator):
     def _plan_services(self, now: float) -> bool:
         headroom = _Headroom(self, 0.75)
         snapshot = self.core.snapshot()
-        # As the master's inference feature does: under SODA's arrays a CPU replica is a
-        # CPU job and takes cores of the CPU-job array.
-        cores = (self.policy.array_map(snapshot).cpu_job_cores()
-                 if isinstance(self.policy, ArrayPolicy) else None)
-        actions = self.placer.plan(snapshot, now, headroom, cores)
+        actions = self.placer.plan(snapshot, now, headroom,
+                                   replica_room(self.policy, snapshot))
         changed = False
         for action in actions:
             if isinstance(action, LaunchReplica):

@@ -46,9 +46,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.placement import choose_cpus, choose_gpus
-from masterd.core.policy import Preempt
+from masterd.core.policy import Policy, Preempt
 from shared.model import Job, JobKind, NodeAllocation, Placement, check_name
 
 log = logging.getLogger("trellis.inference")
@@ -202,6 +203,26 @@ class ServiceEndpoints:
     endpoints: tuple[Endpoint, ...]
 
 
+@dataclass(frozen=True)
+class ReplicaRoom:
+    """The cores replicas may use, node by node, per replica kind (a GPU replica takes any
+    GPU of a node it may use). None: any free core of a GPU node."""
+
+    cpu: Mapping[str, Collection[int]] | None = None
+    gpu: Mapping[str, Collection[int]] | None = None
+
+
+def replica_room(policy: Policy, snapshot: ClusterSnapshot) -> ReplicaRoom:
+    """Where the placer's replicas may go under ``policy``. Under SODA's arrays a replica is a
+    job like the others (§V-C, §V-D): a CPU replica takes cores of the CPU-job array, a GPU
+    replica a GPU of the small-job array (one GPU) with GPU-job cores, never a loan that
+    the arrays would take back from it."""
+    if not isinstance(policy, ArrayPolicy):
+        return ReplicaRoom()
+    amap = policy.array_map(snapshot)
+    return ReplicaRoom(cpu=amap.cpu_job_cores(), gpu=amap.small_job_cores())
+
+
 @dataclass
 class _Service:
     profile: InferenceProfile
@@ -241,18 +262,30 @@ class _Free:
     def __init__(
         self, snapshot: ClusterSnapshot, headroom: Mapping[str, float],
         replicas: Iterable[Replica],
-        cpu_replica_cores: Mapping[str, Collection[int]] | None = None,
+        room: ReplicaRoom | None = None,
     ) -> None:
         self._source: tuple[ClusterSnapshot, Mapping[str, float], list[Replica]] | None = (
             snapshot, headroom, list(replicas))
-        self.cpu_replica_cores = cpu_replica_cores
+        self.room = room or ReplicaRoom()
 
     def cpu_room(self, node: str, extra: Iterable[int] = ()) -> set[int]:
         """Free cores of ``node`` (plus ``extra``) a CPU replica may use."""
+        return self._room(self.room.cpu, node, extra)
+
+    def gpu_room(self, node: str, extra: Iterable[int] = ()) -> set[int]:
+        """Free cores of ``node`` (plus ``extra``) a GPU replica may use."""
+        return self._room(self.room.gpu, node, extra)
+
+    def gpu_node(self, node: str) -> bool:
+        """Whether a GPU replica may go on ``node`` at all."""
+        return self.room.gpu is None or node in self.room.gpu
+
+    def _room(self, allowed: Mapping[str, Collection[int]] | None, node: str,
+              extra: Iterable[int]) -> set[int]:
         cores = self.cpus[node] | set(extra)
-        if self.cpu_replica_cores is None:
+        if allowed is None:
             return cores
-        return cores & set(self.cpu_replica_cores.get(node, ()))
+        return cores & set(allowed.get(node, ()))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for the resource tables, before they exist.
@@ -278,7 +311,7 @@ class _Free:
     def copy(self) -> _Free:
         other = object.__new__(_Free)
         other._source = None
-        other.cpu_replica_cores = self.cpu_replica_cores
+        other.room = self.room
         other.views = self.views
         other.gpus = {k: set(v) for k, v in self.gpus.items()}
         other.cpus = {k: set(v) for k, v in self.cpus.items()}
@@ -413,13 +446,13 @@ class InferencePlacer:
         snapshot: ClusterSnapshot,
         now: float,
         bandwidth_headroom_gbps: Mapping[str, float] | None = None,
-        cpu_replica_cores: Mapping[str, Collection[int]] | None = None,
+        room: ReplicaRoom | None = None,
     ) -> list[ReplicaAction]:
         """Launches, retirements and preemptions that bring every service to its target.
 
-        ``cpu_replica_cores`` maps a node to the cores CPU replicas may use there: under
-        SODA's arrays a CPU replica is a CPU job, so its cores come from the CPU-job array
-        (§V-C, §V-D); None lets it use any free core of a GPU node.
+        ``room`` says which cores (and so which nodes) each kind of replica may use
+        (:func:`replica_room`: under SODA's arrays, the arrays a CPU job and a one-GPU job
+        would use); None lets replicas use any free unit of a GPU node.
 
         ``bandwidth_headroom_gbps`` maps a node to the memory bandwidth (GB/s) it can still
         absorb before contention (§V-E's threshold) *not counting this placer's own CPU
@@ -432,7 +465,7 @@ class InferencePlacer:
         free = _Free(
             snapshot, bandwidth_headroom_gbps if bandwidth_headroom_gbps is not None else {},
             (r for svc in self._services.values() for r in svc.replicas.values()),
-            cpu_replica_cores,
+            room,
         )
         for svc in self._services.values():
             if svc.preempting is not None and svc.preempting not in snapshot.running:
@@ -625,8 +658,9 @@ class InferencePlacer:
             view = free.views[name]
             return (
                 (profile.gpu_model is None or view.gpu_model == profile.gpu_model)
+                and free.gpu_node(name)
                 and bool(free.gpus[name])
-                and len(free.cpus[name]) >= profile.gpu_replica_cpus
+                and len(free.gpu_room(name)) >= profile.gpu_replica_cpus
                 and free.memory[name] >= profile.memory_mib
             )
 
@@ -653,7 +687,7 @@ class InferencePlacer:
             if gpus is None:
                 continue
             numa = {view.inventory.numa_of_gpu(gpus[0])} - {-1}
-            cpus = choose_cpus(view, free.cpus[name], profile.gpu_replica_cpus, numa)
+            cpus = choose_cpus(view, free.gpu_room(name), profile.gpu_replica_cpus, numa)
             if cpus is not None:
                 return _Slot(name, gpus[0], cpus)
         return None
@@ -757,13 +791,14 @@ class InferencePlacer:
             view = free.views.get(alloc.node)
             if view is None or view.total_gpus == 0:
                 continue
-            cpus = len(free.cpus[alloc.node]) + len(alloc.cpus)
             memory = free.memory[alloc.node] + alloc.memory_mib
             if memory < profile.memory_mib:
                 continue
             if kind is ReplicaKind.GPU:
-                model_ok = profile.gpu_model is None or view.gpu_model == profile.gpu_model
+                model_ok = (profile.gpu_model is None or view.gpu_model == profile.gpu_model
+                            ) and free.gpu_node(alloc.node)
                 gpus = len(free.gpus[alloc.node]) + len(alloc.gpus)
+                cpus = len(free.gpu_room(alloc.node, alloc.cpus))
                 if model_ok and gpus >= 1 and cpus >= profile.gpu_replica_cpus:
                     return True
             elif (

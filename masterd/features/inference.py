@@ -35,7 +35,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.inference import (
     InferencePlacer,
@@ -49,6 +48,7 @@ from masterd.core.inference import (
     RetireReplica,
     UnknownServiceError,
     load_from_qps,
+    replica_room,
 )
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import JobError
@@ -294,11 +294,8 @@ class InferenceService:
         self._forget_lost()
         snapshot = self.ctx.core.snapshot()
         headroom = GpuNodeHeadroom(snapshot, self.headroom, self.config.mbw_headroom_gbps)
-        policy = self.ctx.core.policy
-        # Under SODA's arrays a CPU replica is a CPU job: it takes cores of the CPU-job array.
-        cores = (policy.array_map(snapshot).cpu_job_cores()
-                 if isinstance(policy, ArrayPolicy) else None)
-        actions = self.placer.plan(snapshot, self._now(), headroom, cores)
+        room = replica_room(self.ctx.core.policy, snapshot)
+        actions = self.placer.plan(snapshot, self._now(), headroom, room)
         for action in actions:
             if isinstance(action, LaunchReplica):
                 self._launch(action)

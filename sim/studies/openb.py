@@ -64,6 +64,10 @@ class Variant:
     policy: str  # fifo | drf | arrays
     mechanisms: Mechanisms
     migration: bool  # a preempted job keeps its progress (SODA migrates, §V-C)
+    # When an array lends (ArrayConfig.lending): SODA's rule is "free" (§V-C: a small job
+    # takes resources of the large-job array when its own is used up; migrated when large
+    # jobs need them back).
+    lending: str = "free"
 
 
 VARIANTS: dict[str, Variant] = {
@@ -78,9 +82,11 @@ VARIANTS: dict[str, Variant] = {
     "no_eliminator": Variant("SODA without the contention eliminator", "arrays",
                              replace(ALL_MECHANISMS, eliminator=False), True),
     "no_arrays": Variant("SODA without the arrays (DRF)", "drf", ALL_MECHANISMS, True),
+    "idle_lending": Variant("SODA full, arrays lend only while none of their jobs waits",
+                            "arrays", ALL_MECHANISMS, True, lending="idle"),
 }
 MAIN = ("fifo", "drf", "soda_arrays", "soda_full")
-ABLATION = ("no_allocator", "no_placer", "no_eliminator", "no_arrays")
+ABLATION = ("no_allocator", "no_placer", "no_eliminator", "no_arrays", "idle_lending")
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,7 @@ def setup(study: OpenbStudy, trace_dir: Path) -> Setup:
 
 def make(variant: Variant, s: Setup) -> Policy:
     if variant.policy == "arrays":
-        return soda_arrays(s.arrays)
+        return soda_arrays(replace(s.arrays, lending=variant.lending))
     return make_policy(variant.policy)
 
 
@@ -291,12 +297,13 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
         f"the {s.history_records} pods that ended in the {study.history_days:g} days before "
         f"the window (large-job array {fmt(100 * arrays.large.value, '{:.1f}')}% of each "
         f"model's GPUs, CPU-job array {fmt(100 * arrays.cpu_job_cores.value, '{:.1f}')}% of "
-        "each node's cores), idle CPU-array cores lent to GPU jobs, preempted borrowers "
-        "migrated (progress kept). SODA full adds the adaptive CPU allocator (the master's "
-        "N_start and noded's tuning session), the inference placer (the master's) and the "
-        "contention eliminator (noded's controller on simulated MBM), each the code the "
-        "daemons run. The network partition is out: openb's pods run on one node each, so "
-        "no multi-node GPU job ever shares a NIC."
+        "each node's cores), an array's free units lent until one of its own jobs could "
+        "start on them (`lending = \"free\"`), idle CPU-array cores lent to GPU jobs, "
+        "preempted borrowers migrated (progress kept). SODA full adds the adaptive CPU "
+        "allocator (the master's N_start and noded's tuning session), the inference placer "
+        "(the master's) and the contention eliminator (noded's controller on simulated "
+        "MBM), each the code the daemons run. The network partition is out: openb's pods "
+        "run on one node each, so no multi-node GPU job ever shares a NIC."
     )
     cols = ["variant", "GPU active %", "GPU utilisation %", "GPU jobs: avg queueing s",
             "p99 s", "queued > 1 min %", "not queued %", "CPU jobs: avg queueing s", "p99 s",
@@ -320,7 +327,9 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
     if ablated:
         ablation = section.table(Table(
             "openb-ablation", cols, forms,
-            caption="SODA with each mechanism off in turn (cf. SODA Figs. 12–15 and §VI-G).",
+            caption="SODA with each mechanism off in turn (cf. SODA Figs. 12–15 and §VI-G), "
+                    "and with the arrays lending only while none of their own jobs waits (the "
+                    "rule this study ran before SODA's §V-C rule).",
         ))
         for name in ("soda_full", *ablated):
             if name in stats:

@@ -203,6 +203,32 @@ def test_an_array_with_a_waiting_owner_does_not_lend() -> None:
     assert set(applied) == {"s8"} and borrowed(pol, core, "s8") == {LARGE}
 
 
+def test_free_lending_lends_past_a_waiting_owner_and_reclaims_when_it_could_start() -> None:
+    pol = policy(lending="free")
+    core = two_nodes(pol)
+    core.submit(job(gpus=4, cpus=1, job_id="l1"))
+    for i in range(8):
+        core.submit(job(gpus=1, cpus=1, job_id=f"s{i}"))
+    run_pass(core, 1.0)
+    core.submit(job(gpus=8, cpus=1, submit=2.0, job_id="l2"))  # waits: n1 has only 4 free
+    core.submit(job(gpus=1, cpus=1, submit=3.0, job_id="s8"))
+    # l2 could not start even with every loan back (l1 holds n1's other 4): n1's 4 free
+    # GPUs are lent (SODA §V-C) instead of kept idle for it.
+    applied = starts(run_pass(core, 3.0))
+    assert set(applied) == {"s8"} and borrowed(pol, core, "s8") == {LARGE}
+    # Once l1 ends, l2 fits n1 with the loan back: the borrower is preempted for it.
+    finish(core, "l1", 4.0)
+    assert preempts(run_pass(core, 4.0)).keys() == {"s8"}
+    complete_preemption(core, "s8", 5.0)
+    assert set(starts(run_pass(core, 6.0))) == {"l2"}
+    assert core.jobs["s8"].state is JobState.QUEUED
+
+
+def test_lending_must_be_idle_or_free() -> None:
+    with pytest.raises(ValueError, match="lending: must be one of idle, free, got 'always'"):
+        policy(lending="always")
+
+
 def test_no_borrowing_when_disabled() -> None:
     pol = policy(borrowing=False)
     core = two_nodes(pol)

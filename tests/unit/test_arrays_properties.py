@@ -51,6 +51,7 @@ def configs(draw: st.DrawFn) -> dict[str, object]:
         }},
         "inner": {"small": draw(INNER), "large": draw(INNER), "cpu": draw(INNER)},
         "tenants": {"t1": {"quota": quota, "borrow_over_quota": draw(st.booleans())}},
+        "lending": draw(st.sampled_from(["idle", "free"])),
     }
 
 

@@ -17,9 +17,11 @@ from masterd.core.inference import (
     PlacerError,
     ReplicaAction,
     ReplicaKind,
+    ReplicaRoom,
     RetireReplica,
     UnknownServiceError,
     load_from_qps,
+    replica_room,
 )
 from masterd.core.policy import Preempt
 from shared.model import (
@@ -281,14 +283,66 @@ def test_cpu_replicas_only_on_the_cores_they_are_given(placer: InferencePlacer) 
     snapshot = driver.state.snapshot({})
     placer.report_load("resnet", 5.0, 0.0)
     (launch,) = launches(placer.plan(snapshot, 0.0, driver.headroom,
-                                     {"g1": range(4), "g2": range(24, 32)}))
+                                     ReplicaRoom(cpu={"g1": range(4), "g2": range(24, 32)})))
     assert launch.replica.node == "g2" and set(launch.replica.cpus) <= set(range(24, 32))
     # With no CPU-job cores big enough anywhere, the service is served from a GPU.
     other = InferencePlacer(PlacerConfig(sustain_s=30.0))
     other.register(profile())
     other.report_load("resnet", 5.0, 0.0)
-    (launch,) = launches(other.plan(snapshot, 0.0, driver.headroom, {"g1": range(4)}))
+    (launch,) = launches(other.plan(snapshot, 0.0, driver.headroom,
+                                    ReplicaRoom(cpu={"g1": range(4)})))
     assert launch.replica.kind is ReplicaKind.GPU
+
+
+def test_gpu_replicas_only_on_the_nodes_and_cores_they_are_given() -> None:
+    # Under SODA's arrays a GPU replica is a one-GPU job: the small-job array's nodes and
+    # their GPU-job cores, never a loan of the large array or cores of the CPU-job array.
+    room = ReplicaRoom(cpu={}, gpu={"g2": range(0, 4)})
+    for gpu_replica_cpus in (2, 0):
+        placer = InferencePlacer()
+        placer.register(profile(service="bert", cpu_batch=0, cpu_cores=0,
+                                gpu_replica_cpus=gpu_replica_cpus))
+        driver = Driver(placer, [gpu_node("g1"), gpu_node("g2")])
+        driver.add_job("busy", JobKind.TRAINING, 1.0, "g2", gpus=(0, 1), cpus=(0,))
+        placer.report_load("bert", 10.0, 0.0)
+        (launch,) = launches(placer.plan(driver.state.snapshot(dict(driver.running)), 0.0,
+                                         driver.headroom, room))
+        # g1 is idle, g2 half busy: g2 all the same, on its allowed cores.
+        assert launch.replica.node == "g2" and launch.replica.gpu in (2, 3)
+        assert set(launch.replica.cpus) <= {1, 2, 3}
+        assert len(launch.replica.cpus) == gpu_replica_cpus
+    # Nowhere to go: no replica, and no preemption of a job off the allowed nodes.
+    placer = InferencePlacer()
+    placer.register(profile(service="bert", cpu_batch=0, cpu_cores=0))
+    driver = Driver(placer, [gpu_node("g1"), gpu_node("g2")])
+    # fill-g1 is the more recent: it would be the victim were g1 allowed.
+    for node, submitted in (("g1", 2.0), ("g2", 1.0)):
+        driver.add_job(f"fill-{node}", JobKind.TRAINING, submitted, node, gpus=(0, 1, 2, 3))
+    placer.report_load("bert", 10.0, 0.0)
+    actions = placer.plan(driver.state.snapshot(dict(driver.running)), 0.0, driver.headroom,
+                          ReplicaRoom(cpu={}, gpu={"g2": range(2)}))
+    assert [a.job_id for a in actions if isinstance(a, Preempt)] == ["fill-g2"]
+
+
+def test_replica_room_follows_soda_arrays() -> None:
+    from masterd.core.policies import make_policy, soda_arrays
+
+    nodes = [gpu_node("g1", cores=16), gpu_node("g2", cores=16)]
+    state = ClusterState()
+    for node in nodes:
+        state.upsert_node(node)
+    snapshot = state.snapshot({})
+    assert replica_room(make_policy("fifo"), snapshot) == ReplicaRoom()
+    policy = soda_arrays(models={"*": {"large": 4, "cpu_job_cores": 4}})
+    room = replica_room(policy, snapshot)
+    amap = policy.array_map(snapshot)
+    small = [n for n, na in amap.nodes.items() if na.gpu_array.kind == "small"]
+    assert room.gpu is not None and room.cpu is not None
+    assert sorted(room.gpu) == small and len(small) == 1
+    for node in small:
+        assert set(room.gpu[node]) == amap.nodes[node].gpu_job_cpus
+        assert not set(room.gpu[node]) & set(room.cpu[node])
+    assert all(len(cores) == 4 for cores in room.cpu.values())
 
 
 def test_gpu_to_cpu_switch_waits_for_bandwidth(placer: InferencePlacer) -> None:

@@ -9,6 +9,7 @@ Example table (the ``options`` of the ``soda-arrays`` policy)::
 
     borrowing = true              # jobs may borrow idle resources of other arrays
     gpu_jobs_borrow_cpu_cores = false  # GPU jobs may also borrow idle cores of the CPU-job array
+    lending = "idle"              # or "free": when an array lends (see LENDING)
     history_days = 7              # window resize() looks back over
     default_gpu_model = "A100"    # array for GPU jobs that name no model
     [inner]                       # ordering policy inside each array, by array kind
@@ -166,6 +167,15 @@ class InnerSpec:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
+# When an array lends its free units to jobs of other arrays:
+# - "idle": only while none of its owners waits for it (an owner that could fit the array when
+#   empty), so a loan is never preempted in the pass right after it was made;
+# - "free" (SODA §V-C): whenever none of its waiting owners could start on its free units with
+#   its loans taken back; the loan is reclaimed (preempted, migrated where jobs checkpoint) as
+#   soon as one could. More use of idle GPUs, more preemptions.
+LENDING = ("idle", "free")
+
+
 @dataclass(frozen=True)
 class ArrayConfig:
     default: ModelArrays = field(default_factory=ModelArrays)
@@ -175,6 +185,7 @@ class ArrayConfig:
     # GPU jobs may borrow idle cores of the CPU-job array on their nodes (SODA §V-C lends
     # both ways); off by default: such a loan is preempted whenever a CPU job needs the core.
     gpu_jobs_borrow_cpu_cores: bool = False
+    lending: str = "idle"  # one of LENDING
     history_days: float = 7.0
     default_gpu_model: str | None = None
     inner: Mapping[str, InnerSpec] = field(default_factory=lambda: MappingProxyType({}))
@@ -198,13 +209,18 @@ class ArrayConfig:
         """Build from a configuration table, rejecting unknown keys and bad values by name."""
         _check_keys(
             table,
-            {"borrowing", "gpu_jobs_borrow_cpu_cores", "history_days", "default_gpu_model",
-             "inner", "models", "tenants"},
+            {"borrowing", "gpu_jobs_borrow_cpu_cores", "lending", "history_days",
+             "default_gpu_model", "inner", "models", "tenants"},
             where,
         )
         borrowing = _bool(table.get("borrowing", True), f"{where}.borrowing")
         cpu_loans = _bool(table.get("gpu_jobs_borrow_cpu_cores", False),
                           f"{where}.gpu_jobs_borrow_cpu_cores")
+        lending = table.get("lending", "idle")
+        if lending not in LENDING:
+            raise ArrayConfigError(
+                f"{where}.lending: must be one of {', '.join(LENDING)}, got {lending!r}"
+            )
         days = table.get("history_days", 7.0)
         if isinstance(days, bool) or not isinstance(days, int | float) or not 0 < days <= 3650:
             raise ArrayConfigError(
@@ -251,6 +267,7 @@ class ArrayConfig:
             tenants=MappingProxyType(tenants),
             borrowing=borrowing,
             gpu_jobs_borrow_cpu_cores=cpu_loans,
+            lending=lending,
             history_days=float(days),
             default_gpu_model=default_model,
             inner=MappingProxyType(inner),

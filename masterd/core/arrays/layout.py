@@ -145,6 +145,12 @@ class ArrayMap:
         """Each node's cores of the CPU-job array (where CPU inference replicas go, §V-D)."""
         return {name: na.cpu_job_cpus for name, na in self.nodes.items()}
 
+    def small_job_cores(self) -> dict[str, frozenset[int]]:
+        """The GPU-job cores of the small-job arrays' nodes: where a one-GPU job (a GPU
+        inference replica) goes without borrowing."""
+        return {name: na.gpu_job_cpus for name, na in self.nodes.items()
+                if na.gpu_array is not None and na.gpu_array.kind == SMALL}
+
     def size(self, array: ArrayId) -> int:
         total = 0
         for na in self.nodes.values():

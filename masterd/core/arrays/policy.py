@@ -15,9 +15,11 @@ submit time) and ``now``:
    array's own loans would host it (step 3 then reclaims them: an owner waits for its own
    array rather than becoming a borrower elsewhere, and a large job keeps whole nodes). It is
    packed onto its own free units plus the idle units of its lender arrays (small <-> large of
-   the same model, any model for jobs naming none, the GPU-job cores for CPU jobs). An array
-   lends only while none of its owners waits for it (a waiting owner that could fit the array
-   at all), so a loan is never preempted in the pass right after it was made. Arrays whose
+   the same model, any model for jobs naming none, the GPU-job cores for CPU jobs). With
+   ``lending = "idle"`` an array lends only while none of its owners waits for it (a waiting
+   owner that could fit the array at all), so a loan is never preempted in the pass right
+   after it was made; with ``"free"`` (SODA §V-C) it lends unless a waiting owner could start
+   on its free units with its loans taken back, which step 3 then does. Arrays whose
    jobs borrowed get their home pass again (a FIFO head that borrowed no longer blocks the
    jobs behind it).
 3. **Preemption.** For each array, its waiting owner jobs (in queue order, within quota) that
@@ -320,11 +322,19 @@ class _Pass:
         """Whether an owner of ``array`` waits for it, which stops the array lending."""
         cached = self._blocking.get(array)
         if cached is None:
-            cached = any(
-                self.quota_state(job) == "ok" and self.fits_when_empty(job)
-                for owner in self.amap.owners_of(array)
-                for job in self.waiting.get(owner, ())
-            )
+            if self.config.lending == "free":
+                cached = any(
+                    self.quota_state(job) == "ok"
+                    and pack(job.spec, self.reclaim_pool(owner)) is not None
+                    for owner in self.amap.owners_of(array)
+                    for job in self.waiting.get(owner, ())
+                )
+            else:
+                cached = any(
+                    self.quota_state(job) == "ok" and self.fits_when_empty(job)
+                    for owner in self.amap.owners_of(array)
+                    for job in self.waiting.get(owner, ())
+                )
             self._blocking[array] = cached
         return cached
 
