@@ -183,15 +183,20 @@ def test_gpu_jobs_borrow_idle_cpu_job_cores_only_when_enabled_and_give_them_back
     assert core.queue()[0].id == "b"
 
 
-def test_an_array_with_a_waiting_owner_does_not_lend() -> None:
-    pol = policy()
-    core = two_nodes(pol)
+def _large_owner_waits_beside_a_full_small_array(core) -> None:  # type: ignore[no-untyped-def]
+    """l1 holds 4 of n1's GPUs, s0-s7 fill n2; l2 (8 GPUs) waits for n1, s8 for a GPU."""
     core.submit(job(gpus=4, cpus=1, job_id="l1"))
     for i in range(8):
         core.submit(job(gpus=1, cpus=1, job_id=f"s{i}"))
     run_pass(core, 1.0)
     core.submit(job(gpus=8, cpus=1, submit=2.0, job_id="l2"))  # waits: n1 has only 4 free
     core.submit(job(gpus=1, cpus=1, submit=3.0, job_id="s8"))
+
+
+def test_an_array_with_a_waiting_owner_does_not_lend() -> None:
+    pol = policy()
+    core = two_nodes(pol)
+    _large_owner_waits_beside_a_full_small_array(core)
     result = pol.plan(core.snapshot(), core.queue(), 3.0)
     assert result.decisions == []
     assert result.notes["s8"] == "waiting: small:A100 is full"
@@ -206,12 +211,7 @@ def test_an_array_with_a_waiting_owner_does_not_lend() -> None:
 def test_free_lending_lends_past_a_waiting_owner_and_reclaims_when_it_could_start() -> None:
     pol = policy(lending="free")
     core = two_nodes(pol)
-    core.submit(job(gpus=4, cpus=1, job_id="l1"))
-    for i in range(8):
-        core.submit(job(gpus=1, cpus=1, job_id=f"s{i}"))
-    run_pass(core, 1.0)
-    core.submit(job(gpus=8, cpus=1, submit=2.0, job_id="l2"))  # waits: n1 has only 4 free
-    core.submit(job(gpus=1, cpus=1, submit=3.0, job_id="s8"))
+    _large_owner_waits_beside_a_full_small_array(core)
     # l2 could not start even with every loan back (l1 holds n1's other 4): n1's 4 free
     # GPUs are lent (SODA §V-C) instead of kept idle for it.
     applied = starts(run_pass(core, 3.0))
