@@ -210,7 +210,7 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
     openb_runs = document["studies"]["openb"]["data"]["runs"]
     assert set(openb_runs) == {"fifo", "drf", "soda_arrays", "soda_full", "no_allocator",
-                               "no_placer", "no_eliminator", "no_arrays"}
+                               "no_placer", "no_eliminator", "no_arrays", "idle_lending"}
     # SODA's mechanisms ran through the live code: the tuner tuned, cores went back.
     assert openb_runs["soda_full"]["tuned_parts"] > 0
     assert openb_runs["soda_full"]["cores_returned"] > 0
