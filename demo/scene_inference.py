@@ -19,6 +19,11 @@ from demo.stage import REPLICA, SceneResult, SceneTimeout, Stage
 
 SCENE = "inference"
 SERVICE = "resnet-serve"
+# A CPU replica's memory bandwidth, to scale with the emulated nodes (a 400 MiB/s peak, about
+# a hundredth of a real server's): the master places CPU replicas only where the node's
+# measured bandwidth leaves this much under the contention threshold, so not beside the
+# memory-hungry ETL job.
+REPLICA_MBW_GBPS = 0.02
 BS_GPU, CPU_BATCH = 16, 6
 
 
@@ -87,7 +92,8 @@ class InferenceScene:
         stage = self.stage
         reply = await stage.client.call("register_service", {
             "service": SERVICE, "user": stage.user, "command": ["python3", REPLICA],
-            "bs_gpu": BS_GPU, "cpu_batch": CPU_BATCH, "cpu_cores": 1, "cpu_mbw_gbps": 1.0,
+            "bs_gpu": BS_GPU, "cpu_batch": CPU_BATCH, "cpu_cores": 1,
+            "cpu_mbw_gbps": REPLICA_MBW_GBPS,
             "port": self.port,
         })
         stage.say(SCENE, f"registered {SERVICE}: starts in {reply['mode'].upper()} mode")

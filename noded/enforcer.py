@@ -58,7 +58,7 @@ from rdt import (
 )
 from rdt.schemata import MAX_MBPS
 from shared.config import ContentionConfig
-from shared.messages import Contention
+from shared.messages import MEM_BANDWIDTH_REPORT_EVERY_S, Contention, MemBandwidth
 from shared.schema import encode
 
 if TYPE_CHECKING:
@@ -69,6 +69,11 @@ log = logging.getLogger("trellis.node.contention")
 NODE_KEY = ":node"  # BandwidthMeter key of the node total (no group name has a ':')
 RETRY_GROUP_S = 30.0  # after a failed group creation (CLOSIDs exhausted), try again this late
 MIB = 1 << 20
+GB = 1e9
+# A node's memory bandwidth goes to the master (for the inference placer) when it moved by
+# this share of the limit since the last report, and at least every
+# MEM_BANDWIDTH_REPORT_EVERY_S while measured.
+BANDWIDTH_REPORT_CHANGE = 0.05
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,9 @@ class ContentionEnforcer:
         self._foreign = True  # whether control groups other than ours exist (until looked)
         self.passes = 0
         self.actions: Counter[str] = Counter()  # applied decisions by action, for /metrics
+        # The last node bandwidth sent to the master (time, used GB/s) and the next to send.
+        self._bandwidth_sent: tuple[float, float] | None = None
+        self._bandwidth_due: MemBandwidth | None = None
         log.info("contention enforcer interval_s=%.2f mbm=%s mba=%s levels=%s peak_mibps=%s",
                  config.interval_s, self.mbm, self.mb is not None, list(levels),
                  f"{peak / MIB:.0f}" if peak else "measure" if self.mbm else "unused")
@@ -164,6 +172,7 @@ class ContentionEnforcer:
                 decisions = []
             for d in decisions:
                 await self._report(d)
+            await self._report_bandwidth()
             # A fixed schedule, not sleep(interval) after the pass: passes do not drift.
             started, next_at = next_at, next_at + interval
             if next_at < self.clock():
@@ -235,6 +244,31 @@ class ContentionEnforcer:
         except Exception as exc:  # the master learns the state from the next events anyway
             log.warning("contention event not sent job=%s error=%s", d.job_id, exc)
 
+    def _note_bandwidth(self, now: float, node_bps: float) -> None:
+        """Queue a ``mem_bandwidth`` report if the measurement moved or the last is old."""
+        peak = self.controller.peak_bps
+        if not peak:
+            return
+        used = node_bps / GB
+        limit = self.config.threshold * peak / GB
+        last = self._bandwidth_sent
+        if (last is not None and now - last[0] < MEM_BANDWIDTH_REPORT_EVERY_S
+                and abs(used - last[1]) < BANDWIDTH_REPORT_CHANGE * limit):
+            return
+        self._bandwidth_sent = (now, used)
+        self._bandwidth_due = MemBandwidth(used_gbps=round(used, 4),
+                                           limit_gbps=round(limit, 4),
+                                           window_s=self.config.interval_s)
+
+    async def _report_bandwidth(self) -> None:
+        report, self._bandwidth_due = self._bandwidth_due, None
+        if report is None or self.send is None:
+            return
+        try:
+            await self.send("mem_bandwidth", encode(report))
+        except Exception as exc:  # the next report carries a fresh figure
+            log.warning("memory bandwidth report not sent error=%s", exc)
+
     # ------------------------------------------------------------------------------ one pass
     def step(self, now: float, jobs: list[RunningJob],
              samples: Sequence[GpuSample]) -> list[Decision]:
@@ -257,6 +291,8 @@ class ContentionEnforcer:
                 self.controller.peak_bps = node_bw
             self._pressure = None if node_bw is None else node_bw / (self.controller.peak_bps
                                                                        or 1.0)
+            if node_bw is not None:
+                self._note_bandwidth(now, node_bw)
         by_index = {s.index: s for s in samples}
         obs = Observation(
             now=now,

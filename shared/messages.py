@@ -94,6 +94,22 @@ class Contention:
     previous: int | None = bounded(None, min=0, max=1 << 20)
 
 
+MEM_BANDWIDTH_REPORT_EVERY_S = 30.0  # a measuring node reports at least this often
+
+
+@dataclass(frozen=True)
+class MemBandwidth:
+    """The node's memory bandwidth as its contention monitor measured it over the last
+    ``window_s`` (SODA §V-D, §V-E), in GB/s: ``used`` by everything on the node, and
+    ``limit``, the eliminator's threshold share of the node's peak. The inference placer puts
+    CPU replicas where the limit leaves room. Sent when it changes by a twentieth of the
+    limit, and at least every few tens of seconds while the node measures."""
+
+    used_gbps: float = bounded(min=0, max=1e6)
+    limit_gbps: float = bounded(min=0, max=1e6)
+    window_s: float = bounded(min=0, max=86_400)
+
+
 @dataclass(frozen=True)
 class CorePlan:
     """SODA's adaptive CPU allocator for one job part (§V-B): the node tunes the part's core
@@ -228,6 +244,7 @@ NODE_EVENTS = {
     "gpu_util": GpuUtil,
     "gpu_health": GpuHealth,
     "contention": Contention,
+    "mem_bandwidth": MemBandwidth,
     "partition": Partition,
     "cores_changed": CoresChanged,
     "job_metric": JobMetric,

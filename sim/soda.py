@@ -46,6 +46,7 @@ from masterd.core.inference import (
     PlacerConfig,
     ReplicaKind,
     RetireReplica,
+    bandwidth_headroom,
     replica_room,
 )
 from masterd.core.policy import Policy, Preempt
@@ -662,7 +663,7 @@ class _Headroom(Mapping[str, float]):
             raise KeyError(node)
         used = sim._bw[node]
         own = sum(v for j, v in used.items() if j in sim._replicas)
-        return max(0.0, self.threshold * sim._peak[node] - (sum(used.values()) - own))
+        return bandwidth_headroom(self.threshold * sim._peak[node], sum(used.values()), own)
 
     def __iter__(self) -> Iterator[str]:
         return (n for n, inv in self.sim.inventories.items() if inv.gpus)

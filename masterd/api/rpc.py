@@ -315,7 +315,10 @@ class Rpc:
 
     @returns("`node`: as one entry of `nodes`, each GPU with its holder `job`; `jobs`: the "
              "job parts placed there (`id`, `state`, `tenant`, `user`, `qos`, `gpus`, "
-             "`cpus`, `memory_mib`); `rdt`: `{cat, mba, mbm, mba_mbps}`.", ("unknown_node",))
+             "`cpus`, `memory_mib`); `rdt`: `{cat, mba, mbm, mba_mbps}`; once the node "
+             "reported them, `partition` (SODA's network partition) and `memory_bandwidth` "
+             "(`used_gbps`, `limit_gbps`, `headroom_gbps` for inference CPU replicas, "
+             "`age_s`).", ("unknown_node",))
     async def node(self, p: NodeParams) -> dict[str, Any]:
         """One node in detail: its GPUs with utilisation and holder, its jobs with the cores
         and GPUs each holds there, and its RDT capabilities."""
@@ -346,6 +349,9 @@ class Rpc:
         if partition is not None:  # SODA's network partition, once the node reported one
             reply["partition"] = {k: v for k, v in partition.items() if k != "jobs"} | {
                 "jobs": ",".join(partition["jobs"]) or "-"}
+        bandwidth = self.master.features.inference.bandwidth_of(p.node)
+        if bandwidth is not None:  # the node's contention monitor measures it (MBM)
+            reply["memory_bandwidth"] = bandwidth
         return reply
 
     @returns("`events`: journal rows `{seq, time, job, node, kind, detail}` oldest first; "

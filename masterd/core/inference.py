@@ -212,6 +212,14 @@ class ReplicaRoom:
     gpu: Mapping[str, Collection[int]] | None = None
 
 
+def bandwidth_headroom(limit_gbps: float, used_gbps: float, own_gbps: float) -> float:
+    """A node's memory-bandwidth headroom as :meth:`InferencePlacer.plan` takes it: what the
+    contention threshold (``limit``) leaves after the measured use, not counting the
+    placer's own CPU replicas that the measurement saw (``own``: the placer subtracts every
+    replica of its books itself)."""
+    return max(0.0, limit_gbps - (used_gbps - own_gbps))
+
+
 def replica_room(policy: Policy, snapshot: ClusterSnapshot) -> ReplicaRoom:
     """Where the placer's replicas may go under ``policy``. Under SODA's arrays a replica is a
     job like the others (§V-C, §V-D): a CPU replica takes cores of the CPU-job array, a GPU

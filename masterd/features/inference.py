@@ -47,6 +47,7 @@ from masterd.core.inference import (
     ReplicaKind,
     RetireReplica,
     UnknownServiceError,
+    bandwidth_headroom,
     load_from_qps,
     replica_room,
 )
@@ -55,6 +56,7 @@ from masterd.core.scheduler import JobError
 from masterd.journal.services import delete_service, ensure_schema, load_services, save_service
 from masterd.runtime.context import FeatureContext
 from shared.config import InferenceConfig
+from shared.messages import MEM_BANDWIDTH_REPORT_EVERY_S, MemBandwidth
 from shared.model import (
     NAME_PATTERN,
     UNIX_USER_PATTERN,
@@ -142,6 +144,17 @@ class NoServiceParams:
 # -- the driver -----------------------------------------------------------------------------------
 
 
+# A node's measurement older than this no longer counts (it reports every 30 s at least).
+STALE_BANDWIDTH_S = 4 * MEM_BANDWIDTH_REPORT_EVERY_S
+
+
+@dataclass(frozen=True)
+class _Bandwidth:
+    event: MemBandwidth
+    at: float  # master clock when it arrived
+    headroom_gbps: float  # what it leaves CPU replicas, this placer's own added back
+
+
 @dataclass
 class _Cached:
     key: tuple[int, frozenset[str], int]
@@ -187,9 +200,9 @@ class InferenceService:
         ctx.journal.now(ensure_schema)  # before serving, on this thread, like the restore
         self.registrations: dict[str, RegisterServiceParams] = {}
         self.jobs: dict[str, str] = {}  # placer replica id -> job id
-        # Measured memory-bandwidth headroom per node (GB/s), fed by the contention monitor;
-        # nodes without a measurement get the configured figure.
-        self.headroom: dict[str, float] = {}
+        # The nodes' last memory-bandwidth measurements (from their contention monitors) and
+        # the headroom each leaves; nodes without a recent one get the configured figure.
+        self.bandwidth: dict[str, _Bandwidth] = {}
         self._cache: dict[str, _Cached] = {}
         # Versions handed to clients: one counter per service, started from the clock in
         # milliseconds, so they keep growing across re-registrations and master restarts.
@@ -204,6 +217,7 @@ class InferenceService:
         ctx.events.restored.subscribe(self.restore)
         ctx.events.before_pass.subscribe(self.before_pass)
         ctx.events.job_forgotten.subscribe(self.forgetting)
+        ctx.events.node_event.subscribe(self.on_node_event)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def restore(self) -> None:
@@ -293,7 +307,8 @@ class InferenceService:
         self._guard_queue()
         self._forget_lost()
         snapshot = self.ctx.core.snapshot()
-        headroom = GpuNodeHeadroom(snapshot, self.headroom, self.config.mbw_headroom_gbps)
+        headroom = GpuNodeHeadroom(snapshot, self.measured_headroom(),
+                                   self.config.mbw_headroom_gbps)
         room = replica_room(self.ctx.core.policy, snapshot)
         actions = self.placer.plan(snapshot, self._now(), headroom, room)
         for action in actions:
@@ -554,6 +569,43 @@ class InferenceService:
             })
         return {"services": out}
 
-    def set_headroom(self, node: str, gbps: float) -> None:
-        """The contention monitor's measured bandwidth headroom of a node (GB/s)."""
-        self.headroom[node] = max(0.0, float(gbps))
+    async def on_node_event(self, node: str, event: Any) -> None:
+        if isinstance(event, MemBandwidth):
+            self.note_bandwidth(node, event)
+
+    def note_bandwidth(self, node: str, event: MemBandwidth) -> None:
+        """A node's measured memory bandwidth becomes its headroom for CPU replicas.
+
+        The placer subtracts its own CPU replicas' profiled bandwidth itself, so what they
+        used in the measurement is added back: replicas already running through the whole
+        window. One launched since is not in the measurement, and the placer counts it.
+        """
+        now = self.ctx.clock()
+        own = 0.0
+        for service in self.registrations:
+            for replica in self.placer.replicas(service):
+                if replica.node != node or replica.kind is not ReplicaKind.CPU:
+                    continue
+                job = self.ctx.core.job(self.jobs.get(replica.id, ""))
+                if (job is not None and job.start_time is not None
+                        and job.start_time <= now - event.window_s):
+                    own += replica.mbw_gbps
+        headroom = bandwidth_headroom(event.limit_gbps, event.used_gbps, own)
+        self.bandwidth[node] = _Bandwidth(event, now, headroom)
+        log.debug("node=%s memory bandwidth used_gbps=%.2f limit_gbps=%.2f own_gbps=%.2f "
+                  "headroom_gbps=%.2f", node, event.used_gbps, event.limit_gbps, own, headroom)
+
+    def measured_headroom(self) -> dict[str, float]:
+        """The nodes' recent measurements (a node that stopped reporting falls back to the
+        configured figure)."""
+        oldest = self.ctx.clock() - STALE_BANDWIDTH_S
+        return {node: b.headroom_gbps for node, b in self.bandwidth.items() if b.at >= oldest}
+
+    def bandwidth_of(self, node: str) -> dict[str, float] | None:
+        """The node's last measurement for ``trellisctl node``, or None if it never sent one."""
+        b = self.bandwidth.get(node)
+        if b is None:
+            return None
+        return {"used_gbps": b.event.used_gbps, "limit_gbps": b.event.limit_gbps,
+                "headroom_gbps": round(b.headroom_gbps, 4),
+                "age_s": round(self.ctx.clock() - b.at, 1)}

@@ -10,6 +10,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from demo.cluster import LocalCluster
 from rdt import group_for_job
 from rdt.emulated import advance_mbm
@@ -57,6 +59,14 @@ def test_contention_event_reaches_the_master(shared_dir: Path) -> None:
         assert events[0]["node"] == node and "pressure=" in detail["reason"]
         # throttled (traffic went on meanwhile, so perhaps more than one step by now)
         assert "MB:0=100;1=100" not in (root / group / "schemata").read_text()
+        # The node's measured bandwidth reached the master too (the inference placer's
+        # headroom), shown by `trellisctl node`: used near the peak, limit 75 % of it.
+        measured = cluster.client().call("node", {"node": node}).get("memory_bandwidth")
+        assert measured is not None, cluster.log(node)
+        assert measured["limit_gbps"] == pytest.approx(0.75 * 1000 * (1 << 20) / 1e9, rel=1e-3)
+        assert measured["used_gbps"] > 0.5 * measured["limit_gbps"]
+        assert measured["headroom_gbps"] == pytest.approx(
+            max(0.0, measured["limit_gbps"] - measured["used_gbps"]), abs=1e-3)
         cluster.client().call("cancel", {"id": job_id})
         wait_states(cluster, [job_id], {"cancelled", "failed", "finished"}, timeout=30)
     finally:

@@ -6,6 +6,7 @@ processes); the counters are advanced by exact byte counts between passes, so ra
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from noded.cgroups import AffinityManager, GroupLimits
-from noded.enforcer import ContentionEnforcer, RunningJob
+from noded.enforcer import GB, ContentionEnforcer, RunningJob
 from noded.gpu.base import GpuSample
 from rdt import group_for_job
 from rdt.emulated import advance_mbm, build_tree, open_resctrl
 from shared.config import ContentionConfig
+from shared.messages import MEM_BANDWIDTH_REPORT_EVERY_S, MemBandwidth
+from shared.schema import decode
 
 MIB = 1 << 20
 PEAK_MIBPS = 1000.0
@@ -206,3 +209,40 @@ def test_without_mbm_a_gpu_utilisation_drop_halves_cpu_job_cores(node_factory) -
     assert step(enf, node, 4.0) == []
     assert step(enf, node, 5.0) == [("test-cpu", "cores", 1)]
     assert node.cgroups.limits("test-cpu").cpus == (0,)
+
+
+def test_node_bandwidth_is_reported_when_it_moves_and_every_half_minute(node_factory) -> None:
+    node = node_factory("full")
+    node.add_job("test-cpu")
+    enf = node.enforcer()
+    sent: list[MemBandwidth] = []
+
+    async def send(kind: str, body: dict) -> None:  # type: ignore[type-arg]
+        assert kind == "mem_bandwidth"
+        sent.append(decode(MemBandwidth, body))
+
+    enf.send = send
+
+    def measure(t: float, mibps: float) -> list[MemBandwidth]:
+        node.traffic(None, mibps)
+        step(enf, node, t)
+        asyncio.run(enf._report_bandwidth())
+        out = list(sent)
+        sent.clear()
+        return out
+
+    assert measure(0.0, 0) == []  # no interval measured yet
+    (first,) = measure(1.0, 300)
+    assert first.used_gbps == pytest.approx(300 * MIB / GB, rel=1e-3)
+    assert first.limit_gbps == pytest.approx(0.75 * PEAK / GB, rel=1e-3)
+    assert first.window_s == 1.0
+    # Within a twentieth of the limit (37.5 MiB/s here): nothing new to say.
+    assert measure(2.0, 320) == []
+    (moved,) = measure(3.0, 400)
+    assert moved.used_gbps == pytest.approx(400 * MIB / GB, rel=1e-3)
+    # Unchanged, but the master hears again within MEM_BANDWIDTH_REPORT_EVERY_S.
+    t = 3.0
+    while t < 3.0 + MEM_BANDWIDTH_REPORT_EVERY_S - 1:
+        t += 1.0
+        assert measure(t, 400) == []
+    assert len(measure(t + 1.0, 400)) == 1

@@ -13,6 +13,7 @@ from masterd.features.inference import (
     ReportLoadParams,
     ServiceParams,
 )
+from shared.messages import MEM_BANDWIDTH_REPORT_EVERY_S, MemBandwidth
 from shared.model import JobKind, JobSpec, JobState
 from tests.unit.master_fakes import Clock, exited, make_master, started, until
 
@@ -196,5 +197,37 @@ async def test_unknown_services_and_deregistration(tmp_path: Path) -> None:
         assert (await master.features.inference.services(None))["services"] == []  # type: ignore[arg-type]
         assert master.store.db.execute("SELECT COUNT(*) FROM inference_services").fetchone()[0] \
             == 0
+    finally:
+        await master.close()
+
+
+async def test_measured_memory_bandwidth_steers_cpu_replicas(tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4), "g2": (2, 4)},
+                                   inference=INFERENCE)
+    inference = master.features.inference
+    try:
+        # g1 measures 9.5 of its 10 GB/s: too little room for a 1 GB/s replica. g2 has not
+        # reported, so it gets the configured figure (unmeasured, g1 would win on its name).
+        await master.node_event("g1", "mem_bandwidth",
+                                MemBandwidth(used_gbps=9.5, limit_gbps=10.0, window_s=1.0))
+        assert inference.measured_headroom() == {"g1": 0.5}
+        reply = await inference.register_service(SVC)
+        [ep] = reply["endpoints"]
+        assert ep["kind"] == "cpu" and ep["node"] == "g2"
+        await until("the launch", lambda: sessions["g2"].commands("start_job"))
+        await started(master, "g2", ep["job"])
+        # A measurement taken while the replica ran counts its own use, which the placer
+        # subtracts itself: it is added back. One taken too soon after its start is not.
+        await master.node_event("g2", "mem_bandwidth",
+                                MemBandwidth(used_gbps=6.0, limit_gbps=10.0, window_s=5.0))
+        assert inference.measured_headroom()["g2"] == 4.0
+        clock.now += 10
+        await master.node_event("g2", "mem_bandwidth",
+                                MemBandwidth(used_gbps=6.0, limit_gbps=10.0, window_s=5.0))
+        assert inference.measured_headroom()["g2"] == 5.0
+        # A node that stopped reporting falls back to the configured figure.
+        clock.now += 4 * MEM_BANDWIDTH_REPORT_EVERY_S + 1
+        assert inference.measured_headroom() == {}
     finally:
         await master.close()
