@@ -486,6 +486,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s %(message)s",
     )
+    # The master's inference placer runs inside the replays: a service short of resources is
+    # the replay's data (counted in its tables), not a problem of this command's user, and a
+    # month of DLRM traffic says so hundreds of times.
+    placer_log = logging.getLogger("trellis.inference")
+    placer_level = placer_log.level
+    if not args.verbose:
+        placer_log.setLevel(logging.ERROR)
     try:
         return args.func(args)
     except (UsageError, TraceError, ClusterConfigError) as exc:
@@ -497,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"trellis-sim: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        placer_log.setLevel(placer_level)
 
 
 if __name__ == "__main__":

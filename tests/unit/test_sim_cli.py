@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from masterd.core.policies import REGISTRY
+from sim import cli
 from sim.cli import main
 
 BASE = ["run", "--no-progress", "--no-plots"]
@@ -110,3 +112,21 @@ def test_plots_written_when_matplotlib_is_available(tmp_path: Path) -> None:
     assert {"jct_cdf_genie-d4.png", "gpu_util_genie-d8.png",
             "qos_makespan_by_density.png"} <= names
     assert all((out / n).stat().st_size > 1000 for n in names)
+
+
+def test_the_placers_warnings_stay_in_the_replays_unless_verbose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    placer = logging.getLogger("trellis.inference")
+    before = placer.level
+    seen: list[bool] = []
+
+    def command(args: object) -> int:
+        seen.append(placer.isEnabledFor(logging.WARNING))
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_policies", command)
+    assert cli.main(["policies"]) == 0
+    assert cli.main(["-v", "policies"]) == 0
+    assert seen == [False, True]
+    assert placer.level == before  # the command's setting does not outlive it
