@@ -3,7 +3,8 @@
 Run: /work/venv/bin/python bench/bench_arrays.py [--nodes 64] [--jobs 600] [--repeat 5]
 
 Prints the median seconds per pass for FIFO (backfill), DRF, and ``soda-arrays`` with FIFO
-(backfill) inside every array, and each as a ratio to FIFO measured in the same run.
+(backfill) inside every array (lending "idle", the default, and "free", SODA's rule), and each
+as a ratio to FIFO measured in the same run.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.policies import soda_arrays
 from masterd.core.policies.drf import DrfPolicy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policy import Policy
@@ -78,8 +79,14 @@ def main() -> None:
     candidates: dict[str, Callable[[], Policy]] = {
         "fifo": lambda: FifoPolicy(backfill=True),
         "drf": DrfPolicy,
-        "soda-arrays(fifo)": lambda: ArrayPolicy(
+        "soda-arrays(fifo)": lambda: soda_arrays(
             inner={k: {"name": v, "backfill": True} for k, v in inner.items()}
+        ),
+        # SODA's lending rule: whether an array lends is re-checked against every waiting
+        # owner after each start (a pack per owner), where "idle" caches a fit per job.
+        "soda-arrays(free)": lambda: soda_arrays(
+            inner={k: {"name": v, "backfill": True} for k, v in inner.items()},
+            lending="free",
         ),
     }
     base = None

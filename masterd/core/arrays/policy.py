@@ -236,6 +236,9 @@ class _Pass:
         self._empty_pools: dict[ArrayId, FreePool] = {}
         self._blocking: dict[ArrayId, bool] = {}  # reset whenever a job starts
         self._reclaim_pools: dict[ArrayId, tuple[int, FreePool]] = {}
+        # A borrower's pool by (arrays it may use, GPU view): jobs of one array try the same
+        # one until a start changes the scratch.
+        self._loan_pools: dict[tuple[frozenset[ArrayId], bool], tuple[int, FreePool]] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def job_arrays(self) -> list[ArrayId]:
@@ -266,6 +269,19 @@ class _Pass:
             return cached[1]
         pool = FreePool(self.home_view(array))
         self._pools[array] = (self.scratch.version, pool)
+        return pool
+
+    def loan_pool(self, allowed: frozenset[ArrayId], gpu_view: bool) -> FreePool:
+        """Free units of ``allowed`` for a job that may borrow them (pack reads no running
+        jobs)."""
+        cached = self._loan_pools.get((allowed, gpu_view))
+        if cached is not None and cached[0] == self.scratch.version:
+            return cached[1]
+        pool = FreePool(self.policy._views.view(
+            self.snapshot, self.amap, allowed, self.scratch, MappingProxyType({}),
+            gpu_view=gpu_view,
+        ))
+        self._loan_pools[(allowed, gpu_view)] = (self.scratch.version, pool)
         return pool
 
     def relevant_borrowers(self, array: ArrayId) -> list[Holding]:
@@ -452,11 +468,7 @@ class _Pass:
                 continue
             lent = frozenset().union(*groups)
             own = home.allowed if state == "ok" else home.allowed - {home.job_array}
-            view = self.policy._views.view(
-                self.snapshot, self.amap, own | lent, self.scratch,
-                MappingProxyType({}), gpu_view=home.job_array.holds_gpus,
-            )  # pack reads no running jobs
-            placement = pack(job.spec, FreePool(view))
+            placement = pack(job.spec, self.loan_pool(own | lent, home.job_array.holds_gpus))
             if placement is None:
                 self.notes.setdefault(
                     job.id, f"waiting: {home.job_array.name} is full and no lender has room"
