@@ -10,7 +10,9 @@ KeyboardInterrupt can tear through an event loop half-way.
 - ``run(coro)`` is ``asyncio.run`` for such a program: a signal cancels the main task, as
   asyncio's own Ctrl-C handling does, so its clean-up can still await what it must.
 - ``shielded()`` holds a signal back while a clean-up is under way.
-- ``scratch_dir()``, ``kill_jobs()`` and ``remove_cgroups()`` are the clean-ups themselves.
+- ``scratch_dir()``, ``kill_jobs()`` and ``remove_cgroups()`` are the clean-ups themselves;
+  ``sweep_stale_cgroups()`` removes what a run killed outright (SIGKILL, a lost machine)
+  could not.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from noded.cgroups import detect_cgroups
+from noded.cgroups.mounts import DEFAULT_ROOT, find_mounts
 from noded.usage.setup import sweep_usage
 
 T = TypeVar("T")
@@ -173,6 +176,43 @@ def remove_cgroups(parent: str, state_dir: Path) -> None:
                 _wait_until(lambda job=job: not groups.pids(job), 1.0)
                 groups.remove(job)
         groups.remove_parent()
+
+
+def sweep_stale_cgroups(prefix: str, min_age_s: float = 600.0,
+                        root: Path = DEFAULT_ROOT) -> list[Path]:
+    """Remove the cgroups named ``prefix*`` on every hierarchy under ``root`` that no process
+    is in any more and that are at least ``min_age_s`` old: what a run killed outright left.
+    One that holds a process, or was made a moment ago, may belong to a run still going
+    (another session's) and stays. Returns what was removed."""
+    mounts = find_mounts(root)
+    points = {*mounts.v1.values(), *([mounts.v2] if mounts.v2 else [])}
+    removed: list[Path] = []
+    for point in sorted(points):
+        with contextlib.suppress(OSError):
+            for top in sorted(point.glob(f"{prefix}*")):
+                if (top.is_dir() and time.time() - top.stat().st_ctime >= min_age_s
+                        and not _holds_processes(top)):
+                    removed += _remove_tree(top)
+    return removed
+
+
+def _holds_processes(group: Path) -> bool:
+    for procs in group.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            if procs.read_text().strip():
+                return True
+    return False
+
+
+def _remove_tree(group: Path) -> list[Path]:
+    """rmdir a cgroup's tree, deepest first (a cgroup's control files go with it)."""
+    dirs = sorted((d for d in group.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts))
+    removed = []
+    for d in [*dirs, group]:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+            removed.append(d)
+    return removed
 
 
 def _wait_until(done: Callable[[], bool], timeout: float) -> None:
