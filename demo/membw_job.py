@@ -16,9 +16,12 @@ keeps to — as a throttled core would be slowed by the hardware.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+
+# Run as a script beside demo/trainer.py (jobs do not import Trellis): the same atomic write
+# of a number into a file another process reads.
+from trainer import write_progress
 
 BUFFER_BYTES = 16 << 20
 TICK_S = 0.02
@@ -34,15 +37,6 @@ def read_allowance(path: str | None) -> float | None:
             return max(0.0, float(f.read().strip()))
     except (OSError, ValueError):
         return None
-
-
-def write_counter(path: str | None, moved: int) -> None:
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(moved))
-    os.replace(tmp, path)
 
 
 def copy_bytes(src: bytearray, dst: bytearray, amount: int, offset: int) -> int:
@@ -91,11 +85,11 @@ def main() -> int:
             amount = int(rate * MIB * TICK_S)
             offset = copy_bytes(src, dst, amount, offset)
             moved += 2 * max(1, amount // 2)
-        write_counter(args.counter, moved)
+        write_progress(args.counter, moved)
         pause = tick - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-    write_counter(args.counter, moved)
+    write_progress(args.counter, moved)
     print(f"moved {moved / MIB:.0f} MiB in {time.monotonic() - start:.1f} s", flush=True)
     return 0
 

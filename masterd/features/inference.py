@@ -155,6 +155,27 @@ class _Bandwidth:
     headroom_gbps: float  # what it leaves CPU replicas, this placer's own added back
 
 
+class _RecentHeadroom(Mapping[str, float]):
+    """The headroom of the nodes whose last measurement is no older than ``oldest``, read
+    lazily like :class:`GpuNodeHeadroom` (a plan looks at few nodes, often none)."""
+
+    def __init__(self, measured: Mapping[str, _Bandwidth], oldest: float) -> None:
+        self._measured = measured
+        self._oldest = oldest
+
+    def __getitem__(self, node: str) -> float:
+        b = self._measured[node]
+        if b.at < self._oldest:
+            raise KeyError(node)
+        return b.headroom_gbps
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n, b in self._measured.items() if b.at >= self._oldest)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class _Cached:
     key: tuple[int, frozenset[str], int]
@@ -586,7 +607,8 @@ class InferenceService:
             for replica in self.placer.replicas(service):
                 if replica.node != node or replica.kind is not ReplicaKind.CPU:
                     continue
-                job = self.ctx.core.job(self.jobs.get(replica.id, ""))
+                job_id = self.jobs.get(replica.id)
+                job = self.ctx.core.job(job_id) if job_id is not None else None
                 if (job is not None and job.start_time is not None
                         and job.start_time <= now - event.window_s):
                     own += replica.mbw_gbps
@@ -595,11 +617,10 @@ class InferenceService:
         log.debug("node=%s memory bandwidth used_gbps=%.2f limit_gbps=%.2f own_gbps=%.2f "
                   "headroom_gbps=%.2f", node, event.used_gbps, event.limit_gbps, own, headroom)
 
-    def measured_headroom(self) -> dict[str, float]:
+    def measured_headroom(self) -> Mapping[str, float]:
         """The nodes' recent measurements (a node that stopped reporting falls back to the
         configured figure)."""
-        oldest = self.ctx.clock() - STALE_BANDWIDTH_S
-        return {node: b.headroom_gbps for node, b in self.bandwidth.items() if b.at >= oldest}
+        return _RecentHeadroom(self.bandwidth, self.ctx.clock() - STALE_BANDWIDTH_S)
 
     def bandwidth_of(self, node: str) -> dict[str, float] | None:
         """The node's last measurement for ``trellisctl node``, or None if it never sent one."""

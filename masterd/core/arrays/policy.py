@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from masterd.core.arrays.accounting import (
     Holding,
@@ -68,6 +68,8 @@ from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import FreePool, pack
 from masterd.core.policy import Decision, Policy, Preempt, Start
 from shared.model import Job, NodeInventory, Placement
+
+K = TypeVar("K")
 
 log = logging.getLogger("trellis.arrays")
 
@@ -236,8 +238,6 @@ class _Pass:
         self._empty_pools: dict[ArrayId, FreePool] = {}
         self._blocking: dict[ArrayId, bool] = {}  # reset whenever a job starts
         self._reclaim_pools: dict[ArrayId, tuple[int, FreePool]] = {}
-        # A borrower's pool by (arrays it may use, GPU view): jobs of one array try the same
-        # one until a start changes the scratch.
         self._loan_pools: dict[tuple[frozenset[ArrayId], bool], tuple[int, FreePool]] = {}
 
     # -- helpers -------------------------------------------------------------------------
@@ -263,26 +263,25 @@ class _Pass:
             gpu_view=array.holds_gpus,
         )
 
-    def home_pool(self, array: ArrayId) -> FreePool:
-        cached = self._pools.get(array)
+    def _current(self, cache: dict[K, tuple[int, FreePool]], key: K,
+                 build: Callable[[], FreePool]) -> FreePool:
+        """``cache[key]`` while no start changed the scratch since it was built."""
+        cached = cache.get(key)
         if cached is not None and cached[0] == self.scratch.version:
             return cached[1]
-        pool = FreePool(self.home_view(array))
-        self._pools[array] = (self.scratch.version, pool)
+        pool = build()
+        cache[key] = (self.scratch.version, pool)
         return pool
+
+    def home_pool(self, array: ArrayId) -> FreePool:
+        return self._current(self._pools, array, lambda: FreePool(self.home_view(array)))
 
     def loan_pool(self, allowed: frozenset[ArrayId], gpu_view: bool) -> FreePool:
         """Free units of ``allowed`` for a job that may borrow them (pack reads no running
-        jobs)."""
-        cached = self._loan_pools.get((allowed, gpu_view))
-        if cached is not None and cached[0] == self.scratch.version:
-            return cached[1]
-        pool = FreePool(self.policy._views.view(
-            self.snapshot, self.amap, allowed, self.scratch, MappingProxyType({}),
-            gpu_view=gpu_view,
-        ))
-        self._loan_pools[(allowed, gpu_view)] = (self.scratch.version, pool)
-        return pool
+        jobs): jobs of one array try the same pool until a start."""
+        return self._current(self._loan_pools, (allowed, gpu_view), lambda: FreePool(
+            self.policy._views.view(self.snapshot, self.amap, allowed, self.scratch,
+                                    MappingProxyType({}), gpu_view=gpu_view)))
 
     def relevant_borrowers(self, array: ArrayId) -> list[Holding]:
         """Borrowers holding units of ``array``'s own nodes, most recently started first."""
@@ -294,15 +293,14 @@ class _Pass:
 
     def reclaim_pool(self, array: ArrayId) -> FreePool:
         """The array's free units plus everything its borrowers hold there."""
-        cached = self._reclaim_pools.get(array)
-        if cached is not None and cached[0] == self.scratch.version:
-            return cached[1]
-        pool = FreePool(self.home_view(array))
-        for h in self.relevant_borrowers(array):
-            if h.job.id not in self.preempted:
-                _release(pool, h, +1)
-        self._reclaim_pools[array] = (self.scratch.version, pool)
-        return pool
+        def build() -> FreePool:
+            pool = FreePool(self.home_view(array))
+            for h in self.relevant_borrowers(array):
+                if h.job.id not in self.preempted:
+                    _release(pool, h, +1)
+            return pool
+
+        return self._current(self._reclaim_pools, array, build)
 
     def quota_state(self, job: Job) -> str:
         """"ok" (within quota), "borrow" (over, may borrow) or "wait" (over quota)."""
@@ -338,19 +336,17 @@ class _Pass:
         """Whether an owner of ``array`` waits for it, which stops the array lending."""
         cached = self._blocking.get(array)
         if cached is None:
-            if self.config.lending == "free":
-                cached = any(
-                    self.quota_state(job) == "ok"
-                    and pack(job.spec, self.reclaim_pool(owner)) is not None
-                    for owner in self.amap.owners_of(array)
-                    for job in self.waiting.get(owner, ())
-                )
-            else:
-                cached = any(
-                    self.quota_state(job) == "ok" and self.fits_when_empty(job)
-                    for owner in self.amap.owners_of(array)
-                    for job in self.waiting.get(owner, ())
-                )
+            if self.config.lending == "free":  # it could start with the loans back
+                def waits(job: Job, owner: ArrayId) -> bool:
+                    return pack(job.spec, self.reclaim_pool(owner)) is not None
+            else:  # it could ever fit its array
+                def waits(job: Job, owner: ArrayId) -> bool:
+                    return self.fits_when_empty(job)
+            cached = any(
+                self.quota_state(job) == "ok" and waits(job, owner)
+                for owner in self.amap.owners_of(array)
+                for job in self.waiting.get(owner, ())
+            )
             self._blocking[array] = cached
         return cached
 
