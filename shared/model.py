@@ -50,10 +50,33 @@ class JobState(enum.StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Stopped at its time limit (JobSpec.time_limit_s): ended, but neither failed nor finished.
+    TIMEOUT = "timeout"
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.CANCELLED,
+                       JobState.TIMEOUT})
+
+
+class WaitReason(enum.StrEnum):
+    """Why a queued job waits: one vocabulary for every policy (docs/protocol.md).
+
+    The admission gates (held, dependency, time_limit, quota) keep a job out of the policy's
+    sight altogether; the others say why a job the policy sees did not start.
+    """
+
+    HELD = "held"  # trellisctl hold: a user or an admin holds it back
+    DEPENDENCY = "dependency"  # it waits for the jobs it depends on (--after)
+    TIME_LIMIT = "time_limit"  # its time limit exceeds what the master allows
+    QUOTA = "quota"  # its account is at a cap (governance)
+    NO_FIT = "no_fit"  # no node has the free resources of its shape now
+    PRIORITY = "priority"  # behind jobs the policy orders first
+    RESERVED = "reserved"  # the resources it needs are reserved for the head job (backfill)
+    POLICY = "policy"  # the policy's own note (SODA's arrays, GENIE's plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,6 +150,44 @@ class NodeInventory:
 # ---------------------------------------------------------------------------------------------
 # Jobs
 
+DEPENDENCY_TYPES = ("afterok", "afterany", "afternotok", "aftercorr")
+# Signal names a job may ask for as its warning before the time limit (Slurm's --signal).
+SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                "SIGCONT", "SIGSTOP", "SIGKILL", "SIGTSTP", "SIGWINCH", "SIGPWR", "SIGURG",
+                "SIGXCPU")
+
+
+@dataclass(frozen=True)
+class WarnSignal:
+    """A signal a job asks for ``seconds`` before its time limit (Slurm's --signal)."""
+
+    signal: str = bounded(pattern="|".join(SIGNAL_NAMES))
+    seconds: int = bounded(60, min=0, max=86400)
+
+
+@dataclass(frozen=True)
+class ArrayTask:
+    """Which array a job is a task of (the array's id) and its index there."""
+
+    id: str = bounded(pattern=NAME_PATTERN)
+    index: int = bounded(min=0, max=1_000_000)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """One term of a job's dependency (Slurm's ``--dependency TYPE:ID[:ID...]``)."""
+
+    # afterok: the jobs finished; afterany: they ended, however; afternotok: they ended but
+    # did not finish (failed, cancelled, timeout); aftercorr: the task of the same array
+    # index of the named array finished.
+    type: str = bounded(pattern="|".join(DEPENDENCY_TYPES))
+    # Job ids, or array ids (a whole array: every task of it).
+    jobs: tuple[str, ...] = bounded(pattern=NAME_PATTERN, max_len=1024)
+
+    def __post_init__(self) -> None:
+        if not self.jobs:
+            raise ValueError(f"dependency {self.type} names no job")
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -180,6 +241,24 @@ class JobSpec:
     # A share of one GPU in thousandths (openb's gpu_milli), for a 1-GPU job that may share its
     # GPU with others (Liquid's fine-grained sharing); None: the whole GPU.
     gpu_milli: int | None = bounded(None, min=1, max=999)
+    # (Fields below are few and grouped: an instance keeps CPython's shared-key attribute
+    # table only up to 30 attributes, and a spec three times bigger is felt at 100k jobs.)
+    # Time limit in seconds (Slurm's --time): at the limit the job is stopped and ends
+    # `timeout`. None: the master's default_time_limit_s.
+    time_limit_s: int | None = bounded(None, min=1, max=366 * 86400)
+    # A signal sent some seconds before the time limit (Slurm's --signal SIG@SECONDS), for
+    # checkpoint hooks.
+    warning: WarnSignal | None = None
+    # Seconds between SIGTERM and SIGKILL when the job is stopped (capped by the master's
+    # max_grace_s); None: the master's stop_grace_s.
+    grace_s: float | None = bounded(None, min=0, max=3600)
+    # The job starts only when these hold (all of them); see Dependency.
+    after: tuple[Dependency, ...] = bounded(default_factory=tuple, max_len=64)
+    # Order among otherwise equal jobs: higher first. A user may only lower it; admins may
+    # raise it.
+    priority: int = bounded(0, min=-1_000_000, max=1_000_000)
+    # The array the job is a task of, and its index there (trellisctl submit --array).
+    array: ArrayTask | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -259,6 +338,19 @@ class Job:
     # "duration_estimate_s"); see JobActions.annotate in masterd/runtime/context.py. Not part
     # of the journalled row: the feature that computes them attaches them again on restore.
     annotations: dict[str, float] = field(default_factory=dict)
+    # Who holds the job back from scheduling: "" (nobody), "user" or "admin"; only an admin
+    # releases an admin's hold. Journalled.
+    held: str = ""
+    # Why a queued job waits (a WaitReason value, "" when it does not); ``reason`` is the
+    # sentence. Journalled with the reason.
+    wait: str = ""
+    # The state a job being stopped ends in once its parts have exited (cancelled, timeout),
+    # "" for the ordinary exit rules. Journalled: a restarted master still ends it so.
+    end_as: str = ""
+    # The admission gates that keep this queued job from the policy (a WaitReason value ->
+    # the sentence); see SchedulingCore.set_gate. Not journalled: the features that set
+    # them set them again on restore.
+    gates: dict[str, str] = field(default_factory=dict)
 
     @property
     def queued_seconds(self) -> float | None:

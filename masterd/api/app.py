@@ -19,6 +19,7 @@ from masterd.api.authn import (
     node_may_connect,
     principal_of,
 )
+from masterd.api.caller import CALLER
 from masterd.api.limits import Handler
 from masterd.api.metrics import MasterMetrics
 from masterd.api.nodeguard import check_event
@@ -118,7 +119,10 @@ async def handle_rpc(request: web.Request) -> web.Response:
         req_id = req.id
         # A metric label per known method only: arbitrary names must not grow the series.
         method = req.method if req.method in rpc.methods else "unknown"
-        authorize_rpc(principal_of(request), req.method, req.params, rpc.master)
+        principal = principal_of(request)
+        authorize_rpc(principal, req.method, req.params, rpc.master)
+        # Each request is served in its own task: the caller is seen by this one only.
+        CALLER.set(principal)
         result = await rpc.call(req.method, req.params)
         return web.Response(body=encode_rpc_result(req_id, result), content_type=MSGPACK)
     except ProtocolError as exc:

@@ -19,7 +19,12 @@ from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
 from masterd.core.profiling import unwrap
-from shared.model import Job, JobSpec, JobState, NodeInventory, Placement
+from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
+
+# The order in which a job's admission gates are reported (the first one that holds it is
+# its wait reason): what the user can act on first.
+_GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
+_QueueKey = tuple[int, int, float, int]
 
 
 class JobError(ValueError):
@@ -40,7 +45,7 @@ class Transition:
 
 
 class QueueView(Sequence[Job]):
-    def __init__(self, ordered: list[tuple[tuple[int, float, int], str]],
+    def __init__(self, ordered: list[tuple[_QueueKey, str]],
                  jobs: dict[str, Job]) -> None:
         self._ordered = ordered
         self._jobs = jobs
@@ -71,11 +76,14 @@ class SchedulingCore:
         self.jobs: dict[str, Job] = {}
         self._queued: dict[str, Job] = {}
         self._active: dict[str, Job] = {}  # starting or running
+        # Queued jobs an admission gate keeps from the policy (held, waiting for a
+        # dependency, over a cap): state queued, not in the queue the policy sees.
+        self._blocked: dict[str, Job] = {}
         self._seq = itertools.count()
         # Queue order kept sorted as jobs come and go: sorting every pass would cost
         # O(n log n) per event on a queue of thousands.
-        self._order: dict[str, tuple[int, float, int]] = {}
-        self._ordered: list[tuple[tuple[int, float, int], str]] = []
+        self._order: dict[str, _QueueKey] = {}
+        self._ordered: list[tuple[_QueueKey, str]] = []
         # Queued jobs whose reason is a policy's note from the last pass (see schedule()).
         self._noted: set[str] = set()
         # fits_cluster reads only a few spec fields and the nodes' inventories: one scan of
@@ -148,7 +156,7 @@ class SchedulingCore:
         if job is None:
             raise JobError("unknown_job", f"job {job_id!r} is not in memory")
         if (not job.state.terminal or job_id in self._queued or job_id in self._active
-                or self.cluster.allocation(job_id) is not None):
+                or job_id in self._blocked or self.cluster.allocation(job_id) is not None):
             raise JobError("job_active", f"job {job_id} is {job.state.value} and still "
                            "scheduled or holding resources; only an ended job can be forgotten")
         del self.jobs[job_id]
@@ -170,8 +178,13 @@ class SchedulingCore:
 
     def _enqueue(self, job: Job) -> None:
         job.state = JobState.QUEUED
+        if job.gates:
+            self._blocked[job.id] = job
+            self._note_gate(job)
+            return
         self._queued[job.id] = job
-        key = (-job.requeue_priority, job.submit_time, next(self._seq))
+        # Re-queued (preempted) jobs first, then the job's priority, then submission order.
+        key = (-job.requeue_priority, -job.spec.priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
         entry = (key, job.id)
         ordered = self._ordered
@@ -189,8 +202,59 @@ class SchedulingCore:
 
     def queue(self) -> Sequence[Job]:
         """Queued jobs in order, as a view: a policy that looks only at the head (FIFO) does
-        not pay for the whole queue on every event."""
+        not pay for the whole queue on every event. Jobs an admission gate holds back are not
+        in it (see :meth:`blocked`)."""
         return QueueView(self._ordered, self._queued)
+
+    def blocked(self) -> Mapping[str, Job]:
+        """Queued jobs an admission gate keeps from the policy, read-only and not copied."""
+        return MappingProxyType(self._blocked)
+
+    # -- admission -----------------------------------------------------------------------
+    def set_gate(self, job_id: str, code: str, reason: str | None) -> None:
+        """Close (``reason`` given) or open (``reason`` None) one admission gate of a queued
+        job. While any gate is closed the job stays queued but out of the policy's queue,
+        its ``wait`` the first closed gate (in WaitReason's order) and ``reason`` that
+        gate's sentence; when the last one opens it re-enters the queue by its priority and
+        submission time, as if it had never left."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        if code not in _GATE_ORDER:
+            raise ValueError(f"{code!r} is not a wait reason")
+        if reason is None:
+            if job.gates.pop(code, None) is None:
+                return
+        else:
+            if job.state is not JobState.QUEUED:
+                raise JobError("job_not_queued", f"job {job_id} is {job.state.value}; only a "
+                               "queued job can be held back")
+            job.gates[code] = reason
+        if job.state is not JobState.QUEUED:
+            return
+        if job.gates:
+            if job_id in self._queued:
+                self._dequeue(job_id)
+                self._noted.discard(job_id)
+                self._blocked[job_id] = job
+            self._note_gate(job)
+        elif job_id in self._blocked:
+            del self._blocked[job_id]
+            job.wait = ""
+            job.reason = ""
+            self._enqueue(job)
+
+    @staticmethod
+    def _note_gate(job: Job) -> None:
+        code = min(job.gates, key=_GATE_ORDER.__getitem__)
+        job.wait = code
+        job.reason = job.gates[code]
+
+    def reorder(self, job_id: str) -> None:
+        """A queued job's priority changed (its spec was replaced): move it to its place."""
+        if job_id in self._queued:
+            job = self._dequeue(job_id)
+            self._enqueue(job)
 
     def running(self) -> dict[str, Job]:
         return dict(self._active)
@@ -234,6 +298,7 @@ class SchedulingCore:
                 job.attempts += 1
                 job.node_states = {n: "preparing" for n in decision.placement.nodes}
                 job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
+                job.wait = ""
                 self._active[job.id] = job
                 applied.append(decision)
             elif isinstance(decision, Preempt):
@@ -326,7 +391,13 @@ class SchedulingCore:
         self.cluster.release(job.id)
         stopping = job.stopping
         job.stopping = False
+        if job.end_as:
+            # Stopped to end so (cancelled, timeout), however its parts exited.
+            job.state = JobState(job.end_as)
+            job.end_time = now
+            return Transition(job.id, job.state, job.reason)
         if job.state is JobState.CANCELLED or job.reason == "cancelled":
+            # (A journal written before end_as existed.)
             job.state = JobState.CANCELLED
             job.end_time = now
             return Transition(job.id, JobState.CANCELLED, "cancelled")
@@ -355,20 +426,34 @@ class SchedulingCore:
                 )
         return Transition(job.id, job.state, job.reason)
 
-    def cancel(self, job_id: str, now: float) -> tuple[Transition | None, list[str]]:
+    def cancel(self, job_id: str, now: float, reason: str = "cancelled"
+               ) -> tuple[Transition | None, list[str]]:
         """Cancel a job: at once if queued; running parts must be stopped on these nodes."""
+        return self.stop(job_id, JobState.CANCELLED, reason, now)
+
+    def stop(self, job_id: str, end_as: JobState, reason: str, now: float
+             ) -> tuple[Transition | None, list[str]]:
+        """End a job in ``end_as`` (cancelled, timeout): at once if queued; a starting or
+        running one once its parts, stopped on the nodes returned, have exited."""
+        if not end_as.terminal:
+            raise ValueError(f"a job cannot be stopped into {end_as.value}")
         job = self.jobs.get(job_id)
         if job is None:
             raise JobError("unknown_job", f"job {job_id!r} does not exist")
         if job.state.terminal:
             raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
         if job.state is JobState.QUEUED:
-            self._dequeue(job_id)
-            job.state = JobState.CANCELLED
+            if job_id in self._blocked:
+                del self._blocked[job_id]
+            else:
+                self._dequeue(job_id)
+            job.state = end_as
             job.end_time = now
-            job.reason = "cancelled"
-            return Transition(job_id, JobState.CANCELLED, "cancelled"), []
-        job.reason = "cancelled"
+            job.reason = reason
+            job.wait = ""
+            return Transition(job_id, end_as, reason), []
+        job.reason = reason
+        job.end_as = end_as.value
         job.stopping = True
         return None, [n for n, s in job.node_states.items() if s != "exited"]
 

@@ -93,7 +93,7 @@ class EventRow:
 
 # The scalar parts of a job's row data, in one getter.
 _SCALARS = ("start_time", "end_time", "exit_code", "signal", "reason", "attempts",
-            "requeue_priority", "stopping", "start_failures")
+            "requeue_priority", "stopping", "start_failures", "held", "wait", "end_as")
 _scalars_of = operator.attrgetter(*_SCALARS)
 
 
@@ -144,6 +144,9 @@ def _job_from_row(row: sqlite3.Row) -> Job:
         requeue_priority=data.get("requeue_priority", 0),
         stopping=data.get("stopping", False),
         start_failures=data.get("start_failures", 0),
+        held=data.get("held", ""),
+        wait=data.get("wait", ""),
+        end_as=data.get("end_as", ""),
     )
 
 
@@ -361,6 +364,18 @@ class Store:
     def update_jobs(self, jobs: Iterable[Job], events: Iterable[tuple] = ()) -> None:
         """Persist the current state of jobs plus event rows (time, job, node, kind, detail)."""
         self.apply_updates(*update_rows(jobs, events))
+
+    def update_spec(self, job: Job, events: Iterable[tuple] = ()) -> None:
+        """Replace a job's spec (trellisctl update changed it) with its row and events."""
+        spec = pack(encode(job.spec))
+        rows = update_rows([job], events)
+
+        def run() -> None:
+            self.db.execute("UPDATE jobs SET spec=? WHERE id=?", (spec, job.id))
+            update_jobs_many(self.db, rows[0])
+            insert_events(self.db, rows[1])
+
+        self._tx(run)
 
     def apply_updates(self, job_rows: list[tuple[Any, ...]],
                       event_rows: list[tuple[Any, ...]]) -> None:

@@ -31,7 +31,7 @@ from masterd.runtime.events import MasterEvents
 from masterd.runtime.tasks import TaskSupervisor
 from masterd.runtime.workers import WorkerPool
 from shared.config import MasterConfig
-from shared.model import Job, JobSpec, Placement
+from shared.model import Job, JobSpec, JobState, Placement
 
 T = TypeVar("T")
 
@@ -150,6 +150,15 @@ class JobActions:
     # are lent for pre-scheduling (SchedulingCore.enter_post_phase), journalled. False when
     # the job is not running or was lent already.
     post_phase: Callable[[str], bool]
+    # (job, gate, sentence or None): close or open one admission gate of a queued job (a
+    # WaitReason value: held, dependency, time_limit, quota); see SchedulingCore.set_gate.
+    # Raises JobError for an unknown job, or when closing a gate of a job not queued. Not
+    # journalled: the caller journals what it changed and sets its gates again on restore.
+    set_gate: Callable[[str, str, str | None], None] = lambda job, gate, reason: None
+    # (job, end state, reason): end a job in ``end state`` (cancelled, timeout) as cancel
+    # does: at once if queued, else its parts are stopped (SIGTERM, SIGKILL after the
+    # job's grace) and it ends so once they exited. Journalled before it returns.
+    stop: Callable[[str, JobState, str], Awaitable[Job]] | None = None
 
 
 @dataclass(frozen=True)

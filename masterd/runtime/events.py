@@ -122,6 +122,12 @@ class MasterEvents:
     # The tuning plan of one part of a job being launched (None: pin it as placed).
     core_plan: Provider[[Job, NodeAllocation], CorePlan | None] = field(
         default_factory=lambda: Provider("core_plan", _no_core_plan))
+    # A submission was journalled and joined the queue (before any pass can see it): an
+    # admission feature may close a gate on it here (JobActions.set_gate).
+    job_submitted: Signal[[Job]] = field(default_factory=lambda: Signal("job_submitted"))
+    # A job's spec was replaced (trellisctl update: qos, time limit, priority) and the change
+    # journalled: (the job, its spec before).
+    job_updated: Signal[[Job, JobSpec]] = field(default_factory=lambda: Signal("job_updated"))
     # The journal was read back and the core holds every restored job (before serving).
     restored: Signal[[]] = field(default_factory=lambda: Signal("restored"))
     # A scheduling pass is about to run (some cluster event happened).

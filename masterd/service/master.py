@@ -150,7 +150,7 @@ class Master:
                 preempt=self.preempt, drop_queued=self.drop_queued,
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
-                post_phase=self.post_phase),
+                post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop),
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state),
             tasks=self.tasks,
@@ -278,6 +278,7 @@ class Master:
         """A journalled submission joins the queue (the caller requests the pass)."""
         del self.core.jobs[job.id]
         self.core.submit(job)
+        self.events.job_submitted.emit(job)
         # Debug, not info: the journal's "submitted" event already records every submission
         # (trellisctl events), and a log line per submission costs a tenth of the request.
         log.debug("job=%s submitted tenant=%s gpus=%d cpus=%d", job.id, job.spec.tenant,
@@ -399,14 +400,23 @@ class Master:
         log.debug("job=%s forgotten state=%s (kept in the journal)", job_id, job.state.value)
 
     async def cancel(self, job_id: str) -> Job:
+        return await self.stop(job_id, JobState.CANCELLED, "cancelled")
+
+    async def stop(self, job_id: str, end_as: JobState, reason: str) -> Job:
+        """End a job in ``end_as`` (see JobActions.stop)."""
         now = self.clock()
-        transition, stop_on = self.core.cancel(job_id, now)
+        transition, stop_on = self.core.stop(job_id, end_as, reason, now)
         job = self.core.jobs[job_id]
-        await self._persist([job], [(now, job_id, None, "cancel_requested", {})])
+        if end_as is JobState.CANCELLED:
+            requested = (now, job_id, None, "cancel_requested", {})
+        else:
+            requested = (now, job_id, None, "stop_requested",
+                         {"end_as": end_as.value, "reason": reason})
+        await self._persist([job], [requested])
         if transition is not None:
             await self._record(transition)
         for node in stop_on:
-            self.tasks.spawn(self._stop_part(job_id, node, "cancelled"))
+            self.tasks.spawn(self._stop_part(job_id, node, reason))
         return job
 
     # -- scheduling ----------------------------------------------------------------------
