@@ -62,8 +62,12 @@ def test_health_polling_answers(nvml: GpuBackend) -> None:
     assert all(e.healthy for e in events), [e.reason for e in events]
 
 
-def test_a_busy_gpu_shows_its_process(nvml: GpuBackend) -> None:
+def test_a_busy_gpu_shows_its_process(nvml: GpuBackend, request: pytest.FixtureRequest) -> None:
     """Needs a CUDA-capable torch; otherwise this part cannot load a GPU and says so."""
+    if request.node.callspec.params["nvml"] == "fake":
+        # The fake device set has no real processes: on a GPU server with CUDA this check
+        # failed for the fake backend while the real NVML passed it (H200, 2026-11-26).
+        pytest.skip("the fake NVML cannot see a real process; this check is the real NVML's")
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                            capture_output=True, text=True)
     if probe.stdout.strip() != "True":
