@@ -17,6 +17,7 @@ import aiohttp
 
 from control.client import RPC_PATH, Unreachable, auth_headers, result_of
 from control.transport import split_url
+from control.typed import AsyncTypedCalls
 from shared.protocol import encode_rpc_request
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from shared.auth import Secret
 
 
-class AsyncMasterClient:
+class AsyncMasterClient(AsyncTypedCalls):
     def __init__(self, url: str, timeout: float = 30.0, token: Secret | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         split_url(url)  # the same BadUrl as the synchronous client, before any I/O

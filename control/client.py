@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from control.transport import BadUrl, HttpError, post, split_url
+from control.typed import TypedCalls
 from shared.protocol import ProtocolError, encode_rpc_request, unpack
 
 # Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
@@ -64,7 +65,10 @@ def result_of(status: int, data: bytes, url: str) -> Any:
     return reply.get("result")
 
 
-class MasterClient:
+class MasterClient(TypedCalls):
+    """The synchronous client: ``call(method, params)`` for any RPC, and a typed method for
+    each one trellisctl uses (control.typed)."""
+
     def __init__(self, url: str, timeout: float = 30.0, token: Secret | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/") + RPC_PATH

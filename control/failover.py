@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 from control.client import MasterClient, RpcError, Unreachable
+from control.typed import TypedCalls
 
 # Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
 TYPE_CHECKING = False
@@ -58,7 +59,7 @@ def connect(urls: str | Sequence[str], timeout: float = 30.0, **kw: Any
     return FailoverClient(found, timeout=timeout, **kw)
 
 
-class FailoverClient:
+class FailoverClient(TypedCalls):
     """``call`` like :class:`MasterClient`, on whichever master leads."""
 
     def __init__(self, urls: str | Sequence[str], timeout: float = 30.0, **kw: Any) -> None:

@@ -40,6 +40,7 @@ from shared.config import MasterConfig
 from shared.messages import NODE_COMMANDS, NODE_EVENTS
 from shared.model import Job, JobSpec
 from shared.schema import Bounds, decode
+from shared.views import JobView, PlacementPart
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -333,12 +334,15 @@ def render() -> str:
         if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
             out += [prose(inspect.getdoc(cls) or ""), ""]
         out += fields_table(cls, links)
-    view = sample_job_view()
     out += ["## Job view", "",
-            "How `submit`, `submit_many`, `cancel`, `jobs` and `job` show a job (the keys of "
-            "`masterd.api.rpc.job_view`, with a queued job's values):", "",
-            "| key | example |", "| --- | --- |"]
-    out += [f"| `{k}` | `{v!r}` |" for k, v in view.items()]
+            "How `submit`, `submit_many`, `cancel`, `jobs` and `job` show a job: "
+            "`shared.views.JobView`, which the typed SDK returns (docs/sdk.md); the master's "
+            "`masterd.api.rpc.job_view` gives exactly these keys.", ""]
+    out += fields_table(JobView, links)
+    out += ["### PlacementPart", ""]
+    out += fields_table(PlacementPart, links)
+    out += ["An example, a queued job:", "", "| key | value |", "| --- | --- |"]
+    out += [f"| `{k}` | `{v!r}` |" for k, v in sample_job_view().items()]
     out += ["", "## Error codes", "",
             "Every error code raised in the master's code (`masterd/`, `shared/`), its HTTP "
             "status, and the methods that list it. Any method may answer with the general "

@@ -1,0 +1,239 @@
+"""Typed methods of the SDK: every RPC that trellisctl uses, taking and returning dataclasses
+(``shared.model.JobSpec`` in, ``shared.views`` out) instead of hand-built maps.
+
+Each call is written once, as an :class:`RpcCall` (method, params, how to read the result);
+:class:`TypedCalls` runs it on the synchronous clients (``MasterClient``, trellisctl's
+``FailoverClient``) and :class:`AsyncTypedCalls` on ``AsyncMasterClient``. Replies are
+decoded with the schema code that checks every request (``shared.views.decode_view``), so a
+reply that does not match what docs/protocol.md says raises ``SchemaError`` naming the field.
+
+Nothing heavy is imported here at module level: trellisctl imports the clients on every start
+(bench/cli_startup.py), and the model and schema modules load only when a typed call is made.
+"""
+
+from __future__ import annotations
+
+# Not `from typing import TYPE_CHECKING`, no dataclasses: typing and dataclasses (with the
+# inspect module it loads) cost trellisctl 10 ms a start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, Generic, TypeVar
+
+    from shared.model import JobSpec
+    from shared.views import EventPage, JobDetail, JobView, MasterInfo, NodeDetail, NodeView
+
+    T = TypeVar("T")
+
+    class RpcCall(Generic[T]):
+        method: str
+        params: dict[str, Any]
+        read: Callable[[Any], T]
+
+        def __init__(self, method: str, params: dict[str, Any],
+                     read: Callable[[Any], T]) -> None: ...
+else:
+    class RpcCall:
+        """One RPC: its method, its parameters, and how to read its result."""
+
+        __slots__ = ("method", "params", "read")
+
+        def __init__(self, method, params, read):
+            self.method = method
+            self.params = params
+            self.read = read
+
+
+def _view(name: str, key: str | None = None, many: bool = False) -> Callable[[Any], Any]:
+    """A reader of ``result[key]`` (the whole result without a key) as ``shared.views.NAME``,
+    or a list of them."""
+    def read(result: Any) -> Any:
+        import shared.views as views
+
+        cls = getattr(views, name)
+        data = result if key is None else _field(result, key)
+        if many:
+            if not isinstance(data, list):
+                from shared.schema import SchemaError
+
+                raise SchemaError(f"result.{key}", "expected a list")
+            return [views.decode_view(cls, item, f"result.{key}[{i}]")
+                    for i, item in enumerate(data)]
+        return views.decode_view(cls, data, f"result.{key}" if key else "result")
+    return read
+
+
+def _field(result: Any, key: str) -> Any:
+    if not isinstance(result, dict) or key not in result:
+        from shared.schema import SchemaError
+
+        raise SchemaError("result", f"the reply has no {key!r}")
+    return result[key]
+
+
+def _spec(spec: JobSpec) -> dict[str, Any]:
+    from shared.schema import encode
+
+    return encode(spec)
+
+
+def _given(**params: Any) -> dict[str, Any]:
+    """Only the parameters the caller gave (None: the master's default)."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+class Calls:
+    """Every typed call, once; the clients below run them."""
+
+    @staticmethod
+    def ping() -> RpcCall[MasterInfo]:
+        return RpcCall("ping", {}, _view("MasterInfo"))
+
+    @staticmethod
+    def submit(spec: JobSpec, id: str | None = None) -> RpcCall[JobView]:
+        return RpcCall("submit", _given(job=_spec(spec), id=id), _view("JobView", "job"))
+
+    @staticmethod
+    def submit_many(specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
+                    ) -> RpcCall[list[JobView]]:
+        params: dict[str, Any] = {"jobs": [_spec(s) for s in specs]}
+        if ids is not None:
+            params["ids"] = list(ids)
+        return RpcCall("submit_many", params, _view("JobView", "jobs", many=True))
+
+    @staticmethod
+    def cancel(job_id: str) -> RpcCall[JobView]:
+        return RpcCall("cancel", {"id": job_id}, _view("JobView", "job"))
+
+    @staticmethod
+    def jobs(state: str | None = None, tenant: str | None = None, node: str | None = None,
+             limit: int | None = None) -> RpcCall[list[JobView]]:
+        return RpcCall("jobs", _given(state=state, tenant=tenant, node=node, limit=limit),
+                       _view("JobView", "jobs", many=True))
+
+    @staticmethod
+    def job(job_id: str) -> RpcCall[JobDetail]:
+        return RpcCall("job", {"id": job_id}, _view("JobDetail"))
+
+    @staticmethod
+    def nodes() -> RpcCall[list[NodeView]]:
+        return RpcCall("nodes", {}, _view("NodeView", "nodes", many=True))
+
+    @staticmethod
+    def node(name: str) -> RpcCall[NodeDetail]:
+        return RpcCall("node", {"node": name}, _view("NodeDetail"))
+
+    @staticmethod
+    def drain(name: str) -> RpcCall[str]:
+        return RpcCall("drain", {"node": name}, lambda r: str(_field(r, "status")))
+
+    @staticmethod
+    def undrain(name: str) -> RpcCall[str]:
+        return RpcCall("undrain", {"node": name}, lambda r: str(_field(r, "status")))
+
+    @staticmethod
+    def events(after: int = 0, limit: int | None = None, job: str | None = None,
+               tail: int | None = None) -> RpcCall[EventPage]:
+        return RpcCall("events", _given(after=after, limit=limit, job=job, tail=tail),
+                       _view("EventPage"))
+
+
+class TypedCalls:
+    """Typed methods for a synchronous client: it provides ``call(method, params)``."""
+
+    call: Callable[..., Any]
+
+    def _run(self, rpc: RpcCall[T]) -> T:
+        return rpc.read(self.call(rpc.method, rpc.params))
+
+    def ping(self) -> MasterInfo:
+        """The master's version and scheduling policy."""
+        return self._run(Calls.ping())
+
+    def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
+        """Submit one job (journalled before the reply); ``id`` makes a retry idempotent."""
+        return self._run(Calls.submit(spec, id))
+
+    def submit_many(self, specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
+                    ) -> list[JobView]:
+        """Many jobs in one call, all or none (RpcError ``batch_refused`` lists refusals)."""
+        return self._run(Calls.submit_many(specs, ids))
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel a queued or running job."""
+        return self._run(Calls.cancel(job_id))
+
+    def jobs(self, state: str | None = None, tenant: str | None = None,
+             node: str | None = None, limit: int | None = None) -> list[JobView]:
+        """Jobs in the master's memory matching the filters (``state`` may be ``active``)."""
+        return self._run(Calls.jobs(state, tenant, node, limit))
+
+    def job(self, job_id: str) -> JobDetail:
+        """One job (also one ended long ago) with its journal rows (trellisctl show)."""
+        return self._run(Calls.job(job_id))
+
+    def nodes(self) -> list[NodeView]:
+        """Every registered node with its status and free resources."""
+        return self._run(Calls.nodes())
+
+    def node(self, name: str) -> NodeDetail:
+        """One node with the job parts placed there."""
+        return self._run(Calls.node(name))
+
+    def drain(self, name: str) -> str:
+        """Stop placing jobs on a node; returns its status."""
+        return self._run(Calls.drain(name))
+
+    def undrain(self, name: str) -> str:
+        """Place jobs on a drained node again; returns its status."""
+        return self._run(Calls.undrain(name))
+
+    def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
+               tail: int | None = None) -> EventPage:
+        """Journal rows after cursor ``after`` (or the newest ``tail``), oldest first."""
+        return self._run(Calls.events(after, limit, job, tail))
+
+
+class AsyncTypedCalls:
+    """:class:`TypedCalls` for the asyncio client (``async def call(method, params)``)."""
+
+    call: Callable[..., Any]
+
+    async def _run(self, rpc: RpcCall[T]) -> T:
+        return rpc.read(await self.call(rpc.method, rpc.params))
+
+    async def ping(self) -> MasterInfo:
+        return await self._run(Calls.ping())
+
+    async def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
+        return await self._run(Calls.submit(spec, id))
+
+    async def submit_many(self, specs: Sequence[JobSpec],
+                          ids: Sequence[str | None] | None = None) -> list[JobView]:
+        return await self._run(Calls.submit_many(specs, ids))
+
+    async def cancel(self, job_id: str) -> JobView:
+        return await self._run(Calls.cancel(job_id))
+
+    async def jobs(self, state: str | None = None, tenant: str | None = None,
+                   node: str | None = None, limit: int | None = None) -> list[JobView]:
+        return await self._run(Calls.jobs(state, tenant, node, limit))
+
+    async def job(self, job_id: str) -> JobDetail:
+        return await self._run(Calls.job(job_id))
+
+    async def nodes(self) -> list[NodeView]:
+        return await self._run(Calls.nodes())
+
+    async def node(self, name: str) -> NodeDetail:
+        return await self._run(Calls.node(name))
+
+    async def drain(self, name: str) -> str:
+        return await self._run(Calls.drain(name))
+
+    async def undrain(self, name: str) -> str:
+        return await self._run(Calls.undrain(name))
+
+    async def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
+                     tail: int | None = None) -> EventPage:
+        return await self._run(Calls.events(after, limit, job, tail))
