@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -332,7 +333,6 @@ class EmulatedFs(ResctrlFs):
                 if self._limbo() > 0:
                     raise self._fail(errno.EBUSY, "", full)
                 raise self._fail(errno.ENOSPC, "Out of RMIDs", full)
-        created = self.writer.mkdir(full, what=what)
         schemata: dict[str, dict[int, int]] | None = None
         if kind == "ctrl":
             schemata = {}
@@ -343,13 +343,27 @@ class EmulatedFs(ResctrlFs):
                 default = MAX_MBPS if caps.mb.mbps else MAX_MB_PERCENT
                 schemata["MB"] = dict.fromkeys(caps.mb.domains, default)
         mon = caps.l3_mon
-        _populate_group(
-            full, schemata, mon is not None, mon.domains if mon else (),
-            sorted(mon.features) if mon else (), ctrl=kind == "ctrl",
-            mbps_event=kind == "ctrl" and caps.mba_mbps,
-        )
+        # The kernel's mkdir makes the group with every file in it at once: built aside and
+        # renamed into place, so no reader (noded's monitor, a test advancing counters) ever
+        # sees a group without its mon_data, as one did under load.
+        staging = state_dir(self.root) / "staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f"{full.name}-", dir=staging))
+        try:
+            _populate_group(
+                stage, schemata, mon is not None, mon.domains if mon else (),
+                sorted(mon.features) if mon else (), ctrl=kind == "ctrl",
+                mbps_event=kind == "ctrl" and caps.mba_mbps,
+            )
+            os.rename(stage, full)
+        except OSError as exc:
+            shutil.rmtree(stage, ignore_errors=True)
+            if full.exists():  # made meanwhile by another writer: EEXIST, as the kernel says
+                return False
+            raise self._fail(exc.errno or errno.EIO, "", full) from None
+        self.writer.log.info("kernel mkdir path=%s why=%s", full, what)
         self._status("ok")
-        return created
+        return True
 
     # ---- rmdir -------------------------------------------------------------------------------
     def rmdir(self, path: Path, *, what: str) -> bool:
