@@ -200,10 +200,15 @@ class ReadLog:
     output to come, not an error."""
 
     job_id: str = bounded(pattern=NAME_PATTERN)
+    # Byte of the log to read from; nil: `tail` lines from the end, or the beginning.
     offset: int | None = bounded(None, min=0, max=1 << 62)
+    # With no offset: start this many lines before the end (0: at the end).
     tail: int | None = bounded(None, min=0, max=1 << 31)
+    # The most bytes to answer with; 0 asks only for the size (a wait for growth).
     max_bytes: int = bounded(MAX_LOG_CHUNK, min=0, max=MAX_LOG_CHUNK)
+    # With nothing new at the offset while the part may write: wait up to this long.
     wait_s: float = bounded(0.0, min=0, max=MAX_LOG_WAIT_S)
+    # The master placed the part here: a missing log is output to come, not an error.
     pending: bool = False
 
 
@@ -214,9 +219,13 @@ class LogData:
     ``done``: the part has ended and ``data`` reaches the end of its log (nothing more will
     come)."""
 
+    # The output read (at most 960 KiB, MAX_LOG_CHUNK).
     data: bytes
+    # Where in the log `data` begins.
     offset: int = bounded(min=0, max=1 << 62)
+    # The log's size when it was read.
     size: int = bounded(min=0, max=1 << 62)
+    # The part has ended and `data` reaches the end of its log: nothing more will come.
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -303,6 +312,11 @@ NODE_COMMANDS = {
     "stop_job": StopJob,
     "forget_job": ForgetJob,
     "read_log": ReadLog,
+}
+# Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
+# fields named in their docstrings).
+NODE_COMMAND_REPLIES = {
+    "read_log": LogData,
 }
 
 
