@@ -27,8 +27,8 @@ from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.journal.store import Store
+from masterd.runtime.commands import CommandFailed
 from masterd.runtime.context import FeatureContext
-from masterd.service.sessions import CommandFailed
 from shared.messages import MAX_LOG_CHUNK, LogData, ReadLog
 from shared.model import Job
 from shared.schema import SchemaError, decode

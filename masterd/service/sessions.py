@@ -10,19 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
+from masterd.runtime.commands import CommandFailed
 from shared.protocol import ProtocolError, encode_frame, error_body
 from shared.schema import encode
 
+__all__ = ["CommandFailed", "NodeSession"]
+
 log = logging.getLogger("trellis.master.session")
-
-
-class CommandFailed(RuntimeError):
-    """A node refused a command, did not answer in time, or went away."""
-
-    def __init__(self, node: str, command: str, code: str, message: str) -> None:
-        super().__init__(f"node {node}: {command} failed ({code}): {message}")
-        self.code = code
-        self.message = message
 
 
 class NodeSession:
