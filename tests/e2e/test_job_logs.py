@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,7 +132,7 @@ def test_output_while_running_across_a_noded_restart_followed_and_after_the_end(
     assert reply["done"] and reply["parts"][0]["done"] and reply["nodes"] == [node]
 
 
-def test_a_multi_node_jobs_parts_are_read_by_node(make_cluster) -> None:
+def test_a_multi_node_jobs_parts_are_read_by_node(make_cluster, shared_dir: Path) -> None:
     cluster: LocalCluster = make_cluster(nodes=2, gpus_per_node=2)
     client = cluster.client(timeout=30)
     n1, n2 = cluster.node_name(1), cluster.node_name(2)
@@ -155,6 +157,35 @@ def test_a_multi_node_jobs_parts_are_read_by_node(make_cluster) -> None:
     wrong = ctl(cluster, "logs", job, "--node", "elsewhere")
     assert wrong.returncode == 1
     assert b"did not run on node elsewhere" in wrong.stderr
+
+    # Followed while both parts run: a line one part writes while the other is silent comes
+    # through at once (the master waits on both nodes for growth), and -f ends with the job.
+    stop = shared_dir / "stop"
+    live = submit(client, "wide-live", f'echo "rank $RANK up"; while [ ! -e {stop}-$RANK ]; '
+                  f'do sleep 0.1; done; echo "rank $RANK down"', kind="training", gpus=4)
+    wait_for("both parts to run", lambda: output(client, live).count(b" up") == 2)
+    ranks = [a["node"] for a in client.call("job", {"id": live})["job"]["placement"]]
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "control.cli", "--master", cluster.url, "logs", "-f", live],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    lines: queue.Queue[bytes] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in follow.stdout], daemon=True)
+    reader.start()
+    try:
+        seen = {lines.get(timeout=30) for _ in range(2)}
+        assert seen == {f"[{n}] rank {r} up\n".encode() for r, n in enumerate(ranks)}
+        (shared_dir / "stop-1").touch()
+        started = time.monotonic()
+        assert lines.get(timeout=30) == f"[{ranks[1]}] rank 1 down\n".encode()
+        assert time.monotonic() - started < 8  # not held back by the silent part's wait
+        assert follow.poll() is None  # rank 0 still runs
+        (shared_dir / "stop-0").touch()
+        assert lines.get(timeout=30) == f"[{ranks[0]}] rank 0 down\n".encode()
+        assert follow.wait(timeout=60) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
 
 
 def test_a_job_past_the_cap_runs_on_and_its_log_goes_after_the_retention(
