@@ -97,8 +97,9 @@ class NodeAgent:
         self.heartbeat_only_s = heartbeat_only_s
         self._held: list[tuple[str, dict[str, Any]]] = []
         runner.on_exited = self._job_exited
-        # Jobs' output (read_log); its reads run beside the receive loop (they may wait).
-        self.logs = logs if logs is not None else LogReader(runner)
+        # Jobs' output (read_log; made on the first read if not given); its reads run beside
+        # the receive loop (they may wait).
+        self.logs = logs
         self._reads: set[asyncio.Task[None]] = set()
 
     @property
@@ -282,6 +283,8 @@ class NodeAgent:
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
 
     async def _read_log(self, cmd: ReadLog, id_: int) -> None:
+        if self.logs is None:
+            self.logs = LogReader(self.runner)
         try:
             chunk = await self.logs.read(cmd)
         except JobRefused as exc:

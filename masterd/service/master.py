@@ -646,6 +646,8 @@ class Master:
         session = self.sessions.get(node)
         if session is None:
             raise CommandFailed(node, type_, "node_unreachable", "the node is not connected")
+        if timeout_s is None:
+            return await session.request(type_, body)
         return await session.request(type_, body, timeout_s)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
