@@ -11,9 +11,10 @@ one node's part or takes every part, each from its own offset (``tail`` lines fr
 where it has none); the reply gives each part's data and where to continue.
 
 A follow (``wait_s``) is a long poll: when no part has anything new and the job may still
-write, the master asks the nodes to wait (bounded) for their output to grow. With one part
-the node's answer is the data; with several, every node is asked to wait for growth only
-(no data) and the first that grew ends the wait, so no chunk is ever read and thrown away.
+write, the master asks the nodes of the parts still written to wait (bounded) for their
+output to grow, without data; the first that grew (or ended) ends the wait and every part is
+read again, so no chunk is ever read and thrown away. A master shutting down ends the waits
+at once (``close``): its drain does not wait out the followers.
 """
 
 from __future__ import annotations
@@ -68,7 +69,16 @@ class JobLogs:
         # Follows waiting for a job's next state change (its parts are all read but the job
         # has not ended: re-queued, or its end not yet recorded): job id -> their events.
         self._changed: dict[str, set[asyncio.Event]] = {}
+        self._closing = asyncio.Event()
         ctx.events.job_transition.subscribe(self._on_transition)
+
+    def close(self) -> None:
+        """The master is shutting down: end every wait now (its request answers with what
+        it has; the client's next call hears that the master is going)."""
+        self._closing.set()
+        for waiting in self._changed.values():
+            for event in waiting:
+                event.set()
 
     async def _on_transition(self, job: Job, _: Any) -> None:
         for event in self._changed.get(job.id, ()):
@@ -124,16 +134,16 @@ class JobLogs:
                                 several=len(targets) > 1)
                 for n in targets)))
 
-        parts = await read_all(wait_s if len(targets) == 1 else 0.0)
-        if wait_s > 0 and not any(p.data for p in parts):
+        parts = await read_all(0.0)
+        if wait_s > 0 and not any(p.data for p in parts) and not self._closing.is_set():
             waiting = [p for p in parts if not p.done]
-            if len(waiting) > 1:
-                # Several parts, none with news: wait for the first to grow, then read all.
+            if waiting:
+                # Nothing new anywhere: wait for the first part to grow, then read them all.
                 for p in parts:
                     offsets[p.node] = p.next
-                await self._first_growth(job, waiting, wait_s, may_start)
-                parts = await read_all(0.0)
-            elif not waiting and not job.state.terminal:
+                if await self._first_growth(job, waiting, wait_s, may_start):
+                    parts = await read_all(0.0)
+            elif not job.state.terminal:
                 # Every part read to its end, yet the job goes on (its end not recorded yet,
                 # or re-queued): wait for its next state change rather than be asked again
                 # at once.
@@ -189,16 +199,31 @@ class JobLogs:
         return JobError(exc.code, exc.message)
 
     async def _first_growth(self, job: Job, parts: list[PartChunk], wait_s: float,
-                            may_start: bool) -> None:
-        """Until one of ``parts`` has output past its ``next``, or ends, or ``wait_s``."""
+                            may_start: bool) -> bool:
+        """Until one of ``parts`` has output past its ``next`` or ends (True), or ``wait_s``
+        passed or the master is closing (False)."""
+        several = len(parts) > 1
         waits = [asyncio.ensure_future(self._send(job, p.node, ReadLog(
             job_id=job.id, offset=p.next, max_bytes=0, wait_s=wait_s, pending=may_start),
-            several=True)) for p in parts]
+            several=several)) for p in parts]
+        closing = asyncio.ensure_future(self._closing.wait())
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*waits, closing],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            grew = False
             for finished in done:
-                finished.result()  # an unreachable node is the caller's error
+                if finished is closing:
+                    continue
+                try:
+                    answer = finished.result()  # an unreachable node is the caller's error
+                except JobError as exc:
+                    if exc.code != "no_output":
+                        raise
+                    return True  # the read that follows reports it
+                grew = grew or answer.size > answer.offset or answer.done
+            return grew
         finally:
+            closing.cancel()
             for waiter in waits:
                 waiter.cancel()
             # The others' answers are not needed; their errors are not news either.

@@ -258,6 +258,31 @@ def test_bad_input_gets_one_sentence(make_cluster) -> None:
     assert gone.stderr.count(b"\n") == 1
 
 
+def test_a_stopping_master_does_not_wait_out_its_followers(make_cluster) -> None:
+    cluster: LocalCluster = make_cluster(nodes=1, gpus_per_node=1)
+    client = cluster.client(timeout=30)
+    job = submit(client, "quiet", "echo hi; exec sleep 300")
+    wait_for("its output", lambda: output(client, job) == b"hi\n")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "control.cli", "--master", cluster.url, "logs", "-f", job],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert follow.stdout is not None and follow.stdout.readline() == b"hi\n"
+        # The follow now waits on the master for more (up to 10 s a call); SIGTERM ends the
+        # master's wait at once instead of its drain waiting for it.
+        assert cluster.master is not None
+        started = time.monotonic()
+        cluster.master.stop(signal.SIGTERM, timeout=30)
+        assert time.monotonic() - started < 8
+        _, errs = follow.communicate(timeout=60)
+        assert follow.returncode == 3, errs
+        assert errs.count(b"\n") == 1 and (b"shutting down" in errs or b"cannot reach" in errs)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+
+
 def test_a_client_reads_only_its_own_users_jobs(shared_dir: Path) -> None:
     root = shared_dir / "secured"
     root.mkdir()
