@@ -10,12 +10,14 @@ One connection pool per client; use one client for many calls (and concurrent on
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from control.client import RPC_PATH, Unreachable, auth_headers, result_of
+from control.logs import LogChunk, aiter_logs, check_tail, follow_wait
 from control.transport import split_url
 from control.typed import AsyncTypedCalls
 from shared.protocol import encode_rpc_request
@@ -55,6 +57,14 @@ class AsyncMasterClient(AsyncTypedCalls):
             reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise Unreachable(f"cannot reach the master at {self.url}: {reason}") from None
         return result_of(status, data, self.url)
+
+    def logs(self, job_id: str, follow: bool = False, tail: int | None = None,
+             node: str | None = None) -> AsyncIterator[LogChunk]:
+        """:meth:`control.client.MasterClient.logs` as an async iterator:
+        ``async for chunk in master.logs("train-7", follow=True): ...``."""
+        check_tail(tail)
+        return aiter_logs(self.call, job_id, follow=follow, tail=tail, node=node,
+                          wait_s=follow_wait(self.timeout))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -219,6 +219,17 @@ def _job_id(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("job_id", help="job id")
 
 
+def _logs(p: argparse.ArgumentParser, _: Any) -> None:
+    p.add_argument("job_id", help="job id")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing output as it comes until the job ends (or Ctrl-C)")
+    p.add_argument("-n", "--tail", type=int, metavar="N",
+                   help="begin N lines before the end of each node's part")
+    p.add_argument("--node", help="only the part that ran on this node (default: every "
+                                  "part, each line prefixed with [node] when there are "
+                                  "several)")
+
+
 def _node_name(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("node", help="node name")
 
@@ -275,6 +286,7 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "submit": ("submit a job, or many (--array, a file of jobs)", _submit),
     "cancel": ("cancel a job", _job_id),
     "show": ("describe a job", _job_id),
+    "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
     "undrain": ("place jobs on a node again", _node_name),
     "completion": ("print a bash completion script (completion bash), or job ids / node "
@@ -368,6 +380,18 @@ def events(client: MasterClient, args: argparse.Namespace,
         cursor = result["last"]
 
 
+def logs(client: MasterClient, args: argparse.Namespace) -> int:
+    """The job's output as bytes on stdout; ``-f`` until the job ends, or Ctrl-C (exit 130,
+    quietly: stopping a follow is how it is used)."""
+    from control.logs import run_cli
+
+    try:
+        return run_cli(client, args.job_id, args.follow, args.tail, args.node,
+                       sys.stdout.buffer)
+    except KeyboardInterrupt:
+        return 130
+
+
 def make_client(args: argparse.Namespace) -> MasterClient:
     from control.credentials import credentials
     from control.failover import connect  # several masters, comma-separated: the leader's
@@ -425,7 +449,11 @@ def run(args: argparse.Namespace) -> int:
         return completion(args)
     if args.timeout <= 0:
         raise UsageError("--timeout must be more than 0 seconds")
+    if cmd == "logs" and args.tail is not None and args.tail < 0:
+        raise UsageError(f"--tail must be 0 or more lines, got {args.tail}")
     client = make_client(args)
+    if cmd == "logs":
+        return logs(client, args)
     if cmd in ("nodes", "node", "jobs"):
         if args.watch:
             try:

@@ -13,8 +13,10 @@ from shared.protocol import ProtocolError, encode_rpc_request, unpack
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Iterator
     from typing import Any
 
+    from control.logs import LogChunk
     from shared.auth import Secret
 
 # Replies list whole job tables; requests stay bounded by the master's frame limit.
@@ -86,6 +88,22 @@ class MasterClient(TypedCalls):
         except (OSError, HttpError) as exc:
             raise Unreachable(f"cannot reach the master at {self.url}: {_reason(exc)}") from None
         return result_of(reply.status, reply.body, self.url)
+
+    def logs(self, job_id: str, follow: bool = False, tail: int | None = None,
+             node: str | None = None) -> Iterator[LogChunk]:
+        """A job's output as :class:`control.logs.LogChunk` s (``node``, ``data`` bytes,
+        ``offset``), from every node it ran on or only ``node``; ``tail``: from that many
+        lines before the end; ``follow``: until the job ends. See docs/sdk.md."""
+        return _logs(self.call, self.timeout, job_id, follow, tail, node)
+
+
+def _logs(call: Any, timeout: float, job_id: str, follow: bool, tail: int | None,
+          node: str | None) -> Iterator[LogChunk]:
+    from control.logs import check_tail, follow_wait, iter_logs
+
+    check_tail(tail)  # now, not at the first chunk
+    return iter_logs(call, job_id, follow=follow, tail=tail, node=node,
+                     wait_s=follow_wait(timeout))
 
 
 def _reason(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # Methods that change nothing: safe to send again whatever happened to the first attempt.
 READ_ONLY = frozenset({"ping", "jobs", "job", "nodes", "node", "events", "models",
-                       "profiles", "pools", "services", "place"})
+                       "profiles", "pools", "services", "place", "logs"})
 # Answers given before the master did anything: the request can go to another master.
 REDIRECTS = frozenset({"not_leader", "shutting_down"})
 # How an unreachable master looks when the request never left (connection refused, no route,
@@ -80,6 +80,13 @@ class FailoverClient(TypedCalls):
             self._current = self.urls.index(leader.rstrip("/"))
             return True
         return False
+
+    def logs(self, job_id: str, follow: bool = False, tail: int | None = None,
+             node: str | None = None) -> Any:
+        """:meth:`control.client.MasterClient.logs`, from whichever master leads."""
+        from control.client import _logs
+
+        return _logs(self.call, self.timeout, job_id, follow, tail, node)
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         deadline = time.monotonic() + self.timeout

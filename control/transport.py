@@ -144,6 +144,22 @@ class _Reader:
         self.buf += data
         return True
 
+    def _fill(self, n: int) -> None:
+        """Receive until ``n`` bytes are buffered, straight into one buffer of that size: a
+        large body (a chunk of ``trellisctl logs``) grown by ``bytes +=`` per receive was
+        copied over and over."""
+        body = bytearray(n)
+        view = memoryview(body)
+        have = len(self.buf)
+        view[:have] = self.buf
+        while have < n and not self.eof:
+            _remaining(self.sock, self.deadline)
+            got = self.sock.recv_into(view[have:])
+            if not got:
+                self.eof = True
+            have += got
+        self.buf = bytes(view[:have])
+
     def _line(self, limit: int) -> bytes:
         while b"\r\n" not in self.buf:
             if len(self.buf) > limit or not self._more():
@@ -152,6 +168,8 @@ class _Reader:
         return line
 
     def _exactly(self, n: int) -> bytes:
+        if n - len(self.buf) > _READ:
+            self._fill(n)
         while len(self.buf) < n:
             if not self._more():
                 raise HttpError(f"the reply ended after {len(self.buf)} of {n} body bytes")

@@ -250,6 +250,8 @@ class MasterDaemon:
         self.notifier.stopping("draining: refusing new requests")
         for task in self._background:
             task.cancel()
+        if self.master is not None:
+            self.master.features.logs.close()  # followers' long polls end now
         if self.runner is not None:
             app = self.runner.app
             gate = app[GATE_KEY]

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
+from noded.joblogs import LogReader
 from noded.jobs import JobPart, JobRefused, JobRunner
 from shared.messages import (
     NODE_COMMANDS,
@@ -33,6 +34,7 @@ from shared.messages import (
     JobExited,
     JobStarted,
     PrepareJob,
+    ReadLog,
     StartJob,
     StopJob,
     utilisation_band,
@@ -70,6 +72,7 @@ class NodeAgent:
         headers: dict[str, str] | None = None,
         ssl_context: Any = None,
         heartbeat_only_s: float = 0.0,
+        logs: LogReader | None = None,
     ) -> None:
         self.masters = master_urls(master_url)
         self._current = 0
@@ -94,6 +97,10 @@ class NodeAgent:
         self.heartbeat_only_s = heartbeat_only_s
         self._held: list[tuple[str, dict[str, Any]]] = []
         runner.on_exited = self._job_exited
+        # Jobs' output (read_log; made on the first read if not given); its reads run beside
+        # the receive loop (they may wait).
+        self.logs = logs
+        self._reads: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -239,6 +246,13 @@ class NodeAgent:
                 cmd = decode(schema, frame.body)
             except SchemaError as exc:
                 raise ProtocolError("invalid_message", f"{frame.type}: {exc}") from None
+            if isinstance(cmd, ReadLog):
+                # A read may wait for output (a long poll): it must not hold up the commands
+                # behind it, so it answers from a task of its own.
+                task = asyncio.get_running_loop().create_task(self._read_log(cmd, frame.id))
+                self._reads.add(task)
+                task.add_done_callback(self._reads.discard)
+                return
             result = await self._execute(cmd)
         except (ProtocolError, JobRefused) as exc:
             code = exc.code
@@ -267,6 +281,26 @@ class NodeAgent:
             self.runner.forget(cmd.job_id)
             return {}
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
+
+    async def _read_log(self, cmd: ReadLog, id_: int) -> None:
+        if self.logs is None:
+            self.logs = LogReader(self.runner)
+        try:
+            chunk = await self.logs.read(cmd)
+        except JobRefused as exc:
+            await self._send("error", error_body(exc.code, exc.message), id_)
+            return
+        except OSError as exc:
+            log.warning("job=%s log not readable: %s", cmd.job_id, exc)
+            await self._send("error", error_body(
+                "log_unreadable", f"node cannot read the output of job {cmd.job_id}: "
+                f"{exc.strerror or exc}"), id_)
+            return
+        except Exception as exc:  # never let one read take the daemon down
+            log.exception("read_log of job %s failed", cmd.job_id)
+            await self._send("error", error_body("internal", str(exc)), id_)
+            return
+        await self._send("ack", encode(chunk), id_)
 
     # -- events --------------------------------------------------------------------------
     async def _job_started(self, job_id: str, pid: int) -> None:

@@ -3,7 +3,8 @@
 Everything a job part needs to survive a noded restart lives in ``STATE/jobs/JOB/``:
 ``prepare.json`` (what the master asked for), ``launch.json`` (what the shim runs),
 ``shim.json`` (shim pid and start time), ``child.json`` (the job's pid = process group),
-``exit.json`` (written by the shim when the job ends), ``output.log``.
+``exit.json`` (written by the shim when the job ends), ``output.log`` (moved to
+``STATE/logs/JOB.log`` when the master forgets the job; see noded/joblogs.py).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class JobRunner:
         allowed_users: tuple[str, ...] = (),
         numa_of: dict[int, int] | None = None,
         on_exited: Callable[[JobPart], Awaitable[None]] | None = None,
+        log_max_bytes: int = 0,
     ) -> None:
         self.node = node
         self.dir = state_dir / "jobs"
@@ -96,6 +98,8 @@ class JobRunner:
         self.allowed_users = allowed_users
         self.numa_of = numa_of or {}
         self.on_exited = on_exited
+        # The shim caps each part's output at this many bytes (0: no cap); see noded/shim.py.
+        self.log_max_bytes = log_max_bytes
         self.parts: dict[str, JobPart] = {}
         # More channels a job gets in its environment, e.g. the metrics channel:
         # (job id, owner uid) -> variables.
@@ -218,6 +222,7 @@ class JobRunner:
             "cgroup_procs": [str(p) for p in self.cgroups.attach_files(part.job_id)]
             + [str(p) for provide in self.attach_providers for p in provide(part.job_id)],
             "cpus": list(alloc.cpus),
+            "log_max_bytes": self.log_max_bytes,
         }
         write_atomic(part.dir / "launch.json", launch)
         popen = subprocess.Popen(
@@ -321,7 +326,10 @@ class JobRunner:
         output = self.dir / job_id / "output.log"
         if output.exists():
             self.logs.mkdir(exist_ok=True)
-            os.replace(output, self.logs / f"{job_id}.log")
+            kept = self.logs / f"{job_id}.log"
+            os.replace(output, kept)
+            # Its retention (log_retention_h, noded/joblogs.py) counts from now, the job's end.
+            os.utime(kept)
         shutil.rmtree(self.dir / job_id, ignore_errors=True)
 
     def reports(self) -> list[JobReport]:

@@ -32,6 +32,7 @@ from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
+from noded.joblogs import LogReader
 from noded.jobs import JobRunner
 from noded.master_auth import master_credentials
 from noded.membw import peak_bandwidth
@@ -163,12 +164,15 @@ class NodeDaemon:
             config.name, state, self.cgroups, self.gpus,
             allow_root_jobs=config.allow_root_jobs, allowed_users=config.allowed_users,
             numa_of={c.id: c.numa_node for c in self.cpus},
+            log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
         )
+        # Jobs' output for the master's read_log, and its removal after log_retention_h.
+        self.logs = LogReader(self.runner, config.jobs.log_retention_h * 3600)
         headers, ssl_context = master_credentials(config)
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s,
                                headers=headers, ssl_context=ssl_context,
-                               heartbeat_only_s=config.heartbeat_only_s)
+                               heartbeat_only_s=config.heartbeat_only_s, logs=self.logs)
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])
@@ -290,6 +294,7 @@ class NodeDaemon:
                if self.partition is not None else None)
         channel = loop.create_task(self.metrics_channel.run(stop))
         usage = loop.create_task(self.usage.run(stop))
+        sweeps = loop.create_task(self.logs.run_sweeps(stop))
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -309,11 +314,13 @@ class NodeDaemon:
             tuning.cancel()
             channel.cancel()
             usage.cancel()
+            sweeps.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*background, agent, tuning, channel,
-                                                      usage, return_exceptions=True), 5.0)
+                                                      usage, sweeps, return_exceptions=True),
+                                       5.0)
             self.usage.close()
             if self.mps is not None and self.running_parts() == 0:
                 self.mps.close()

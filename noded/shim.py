@@ -7,17 +7,34 @@ the shim, not noded, is the job's parent, jobs outlive a noded restart and their
 is not lost while noded is down.
 
 ``JOBDIR/launch.json`` holds: command, env, uid, gid, groups, workdir, cgroup_procs (files to
-write our pid into), cpus.
+write our pid into), cpus, log_max_bytes (the job's output cap; 0: none).
+
+The job's stdout and stderr are one pipe the shim relays into ``JOBDIR/output.log`` (splice(2):
+the bytes never enter this process), so that the shim can cap the log: past
+``log_max_bytes`` it writes one line saying so and discards the rest, and the job goes on
+writing as before, never blocked and never killed for it. When the job's process ends the
+shim moves what is left in the pipe and records the exit; a process the job left behind that
+still writes then gets EPIPE (noded ends such leftovers with the job's cgroup).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import select
 import signal
 import sys
 import time
 from pathlib import Path
+
+PIPE_SIZE = 1 << 20  # the kernel's default pipe-max-size: fewer wake-ups per MiB relayed
+STEP = 1 << 20  # bytes moved per splice
+# After the job's process ended: how long what its leftovers still write is relayed.
+DRAIN_S = 1.0
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 def write_atomic(path: Path, data: dict) -> None:
@@ -57,10 +74,15 @@ def run(jobdir: Path) -> int:
     # The shim must outlive signals aimed at the job, so it can record how the job ended.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    out = os.open(jobdir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    # Not O_APPEND: splice(2) refuses to write to an append-only file; this is its only writer.
+    log_fd = os.open(jobdir / "output.log", os.O_RDWR | os.O_CREAT, 0o640)
     uid, gid = spec["uid"], spec["gid"]
     if os.geteuid() == 0:
-        os.fchown(out, uid, gid)
+        os.fchown(log_fd, uid, gid)
+    out_read, out = os.pipe()  # the job's stdout and stderr
+    os.set_inheritable(out_read, False)
+    with contextlib.suppress(OSError):  # a smaller pipe is only slower
+        fcntl.fcntl(out, F_SETPIPE_SZ, PIPE_SIZE)
     read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
     os.set_inheritable(write_fd, False)
     pid = os.fork()
@@ -68,6 +90,8 @@ def run(jobdir: Path) -> int:
         step = "cannot set up the job"
         try:
             os.close(read_fd)
+            os.close(out_read)
+            os.close(log_fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.setpgid(0, 0)
@@ -95,13 +119,15 @@ def run(jobdir: Path) -> int:
     while chunk := os.read(read_fd, 512):
         error += chunk
     os.close(read_fd)
+    log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0))
+    log.run(pid)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
         except InterruptedError:
             continue
-    result: dict = {"time": time.time()}
+    result: dict = {"time": time.time(), "log_bytes": log.written, "log_dropped": log.dropped}
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:
@@ -110,6 +136,108 @@ def run(jobdir: Path) -> int:
         result["error"] = error.decode(errors="replace")
     write_atomic(jobdir / "exit.json", result)
     return 0
+
+
+class LogRelay:
+    """Moves the job's output from its pipe into its log, up to ``cap`` bytes (0: no cap)."""
+
+    def __init__(self, pipe: int, log_fd: int, cap: int) -> None:
+        self.pipe = pipe
+        self.log_fd = log_fd
+        self.cap = cap
+        self.written = os.lseek(log_fd, 0, os.SEEK_END)
+        self.dropped = 0
+        self._splice = hasattr(os, "splice")
+        self._sink = -1  # /dev/null, once output is dropped
+        os.set_blocking(pipe, False)
+
+    def run(self, pid: int) -> None:
+        """Relay until every writer closed the pipe, or the job's process ended and what it
+        left in the pipe (and its leftovers wrote within DRAIN_S) is moved."""
+        poller = select.poll()
+        poller.register(self.pipe, select.POLLIN)
+        try:
+            exited = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            exited = -1  # no pidfd: relay until end of file
+        if exited >= 0:
+            poller.register(exited, select.POLLIN)
+        deadline = None
+        try:
+            while True:
+                timeout = None
+                if deadline is not None:
+                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    events = poller.poll(timeout)
+                except InterruptedError:
+                    continue
+                if exited >= 0 and any(fd == exited for fd, _ in events):
+                    poller.unregister(exited)
+                    os.close(exited)
+                    exited = -1
+                    deadline = time.monotonic() + DRAIN_S
+                if self.pump() or (deadline is not None and time.monotonic() >= deadline):
+                    return
+        finally:
+            if exited >= 0:
+                os.close(exited)
+            os.close(self.pipe)
+            os.close(self.log_fd)
+            if self._sink >= 0:
+                os.close(self._sink)
+
+    def pump(self) -> bool:
+        """Move everything the pipe holds now; True at end of file (no writer left)."""
+        while True:
+            try:
+                if self.cap and self.written >= self.cap:
+                    moved = self._discard()
+                else:
+                    step = STEP if not self.cap else min(STEP, self.cap - self.written)
+                    moved = self._move(step)
+                    self.written += moved
+                    if moved and self.cap and self.written >= self.cap:
+                        self._mark_cap()
+            except BlockingIOError:
+                return False
+            if moved == 0:
+                return True
+
+    def _move(self, step: int) -> int:
+        if self._splice:
+            try:
+                return os.splice(self.pipe, self.log_fd, step, flags=os.SPLICE_F_MOVE
+                                 | os.SPLICE_F_NONBLOCK)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                self._splice = False  # a filesystem without splice: copy instead
+        data = os.read(self.pipe, step)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.log_fd, view):]
+        return len(data)
+
+    def _discard(self) -> int:
+        if self._sink < 0:
+            self._sink = os.open(os.devnull, os.O_WRONLY)
+        if self._splice:
+            moved = os.splice(self.pipe, self._sink, STEP, flags=os.SPLICE_F_MOVE
+                              | os.SPLICE_F_NONBLOCK)
+        else:
+            moved = len(os.read(self.pipe, STEP))
+        self.dropped += moved
+        return moved
+
+    def _mark_cap(self) -> None:
+        """One line at the cap, on a line of its own, saying what happens to the rest."""
+        last = os.pread(self.log_fd, 1, self.written - 1)
+        lead = b"" if last == b"\n" else b"\n"
+        mib = self.cap / (1 << 20)
+        note = (f"[trellis] this job's output reached the node's log cap of {mib:g} MiB "
+                "(log_max_mb); the rest is dropped, the job keeps running\n").encode()
+        os.write(self.log_fd, lead + note)
 
 
 def main() -> int:

@@ -302,6 +302,17 @@ class NetConfig:
 
 
 @dataclass(frozen=True)
+class JobsConfig:
+    """Jobs' output on the node, section ``[jobs]`` (noded/shim.py, noded/joblogs.py)."""
+
+    # A job part's log holds at most this much of its output (stdout and stderr); past it the
+    # rest is dropped after a line saying so, and the job runs on. 0: no cap.
+    log_max_mb: float = bounded(1024.0, min=0, max=1 << 30)
+    # Finished jobs' logs are removed this long after the job ended. 0: kept for ever.
+    log_retention_h: float = bounded(168.0, min=0, max=24 * 365 * 100)
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = bounded(pattern=NAME_PATTERN)
     master_url: str = bounded("http://127.0.0.1:7400", max_len=1024)
@@ -346,6 +357,7 @@ class NodeConfig:
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
     net: NetConfig = field(default_factory=NetConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
     # Authentication to the master: a token file (one token, mode 0600) and/or TLS.
     token_file: str = bounded("", max_len=4096)
     tls_ca_file: str = bounded("", max_len=4096)

@@ -2,7 +2,8 @@
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
 ``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
-Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
+Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``read_log``
+(answered with a :class:`LogData` body).
 """
 
 from __future__ import annotations
@@ -182,6 +183,60 @@ class ForgetJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
 
 
+# A job's output travels in chunks of at most this many bytes: a read_log answer (data and a
+# few fields) must fit in one node-channel frame (shared.protocol.MAX_FRAME, 1 MiB).
+MAX_LOG_CHUNK = 960 * 1024
+# The longest a read_log may wait for output to grow (the master's RPC caps it lower).
+MAX_LOG_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """Read one chunk of a job part's output on this node (stdout and stderr, as the shim
+    wrote them). ``offset`` None starts ``tail`` lines from the end (0: at the end), or at 0.
+    With ``wait_s`` and nothing new at ``offset`` while the part may still write, the node
+    waits (at most that long) until the output grows or the part ends. ``pending``: the
+    master placed the part here and it may not have started yet, so a missing log is empty
+    output to come, not an error."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    # Byte of the log to read from; nil: `tail` lines from the end, or the beginning.
+    offset: int | None = bounded(None, min=0, max=1 << 62)
+    # With no offset: start this many lines before the end (0: at the end).
+    tail: int | None = bounded(None, min=0, max=1 << 31)
+    # The most bytes to answer with; 0 asks only for the size (a wait for growth).
+    max_bytes: int = bounded(MAX_LOG_CHUNK, min=0, max=MAX_LOG_CHUNK)
+    # With nothing new at the offset while the part may write: wait up to this long.
+    wait_s: float = bounded(0.0, min=0, max=MAX_LOG_WAIT_S)
+    # The master placed the part here: a missing log is output to come, not an error.
+    pending: bool = False
+
+
+@dataclass(frozen=True)
+class LogData:
+    """The answer to ``read_log``: ``data`` is the output from ``offset`` (where the read
+    began: the asked offset, or where the tail begins); ``size`` the log's size when read;
+    ``done``: the part has ended and ``data`` reaches the end of its log (nothing more will
+    come)."""
+
+    # The output read (at most 960 KiB, MAX_LOG_CHUNK).
+    data: bytes
+    # Where in the log `data` begins.
+    offset: int = bounded(min=0, max=1 << 62)
+    # The log's size when it was read.
+    size: int = bounded(min=0, max=1 << 62)
+    # The part has ended and `data` reaches the end of its log: nothing more will come.
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.data) > MAX_LOG_CHUNK:
+            raise ValueError(f"data holds {len(self.data)} bytes, at most {MAX_LOG_CHUNK} "
+                             "allowed")
+        if self.offset + len(self.data) > self.size:
+            raise ValueError(f"data ends at {self.offset + len(self.data)}, past the log's "
+                             f"size {self.size}")
+
+
 # What a job may report on its metrics channel (noded/metrics_channel.py): lower-case names.
 METRIC_NAME_PATTERN = r"[a-z][a-z0-9_]{0,31}"
 
@@ -256,6 +311,12 @@ NODE_COMMANDS = {
     "start_job": StartJob,
     "stop_job": StopJob,
     "forget_job": ForgetJob,
+    "read_log": ReadLog,
+}
+# Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
+# fields named in their docstrings).
+NODE_COMMAND_REPLIES = {
+    "read_log": LogData,
 }
 
 

@@ -49,7 +49,9 @@ STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
              "frame_too_large": 413, "store_unavailable": 503,
              # A master that lost leadership mid-request: the client retries the leader.
              "not_leader": 503,
-             "unauthenticated": 401, "forbidden": 403}
+             "unauthenticated": 401, "forbidden": 403,
+             # trellisctl logs: the node keeps no output of the job / is not connected.
+             "no_output": 404, "node_unreachable": 503}
 SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
                  "is back")
 

@@ -14,6 +14,8 @@ from masterd.api.helios import method_table as helios_methods
 from masterd.api.inference import method_table as inference_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
+from masterd.api.logs import method_table as logs_methods
+from masterd.api.visibility import check_owner, only_user
 from masterd.core.scheduler import JobError
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
@@ -130,6 +132,7 @@ class Rpc:
         # Liquid's resource model.
         self.methods.update(liquid_methods(master))
         self.methods.update(helios_methods(master))  # QSSF's estimator, energy saving
+        self.methods.update(logs_methods(master))  # jobs' output, relayed from their nodes
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -215,10 +218,11 @@ class Rpc:
 
     @returns("`job`: the job's [job view](#job-view) (queued jobs end `cancelled` at once; "
              "running ones are stopped: SIGTERM, SIGKILL after `stop_grace_s`).",
-             ("unknown_job", "job_finished"))
+             ("unknown_job", "job_finished", "forbidden"))
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         """Cancel a queued or running job."""
         found = await self._job(p.id)
+        check_owner(found, "cancel")
         if p.id not in self.master.core.jobs:
             # Only ended jobs are ever forgotten: the answer the core gives for one in memory.
             raise JobError("job_finished", f"job {p.id} already ended ({found.state.value})")
@@ -228,8 +232,10 @@ class Rpc:
     @returns("`jobs`: [job views](#job-view) of the jobs in memory that match the filters.")
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         """Jobs in the master's memory: every queued and active one, and the newest
-        ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``)."""
+        ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``). A client
+        credential sees its own user's jobs only."""
         out = []
+        user = only_user()  # a client lists its own user's jobs only
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
         pool = (self.master.core.active_jobs().values()
@@ -243,6 +249,8 @@ class Rpc:
                 continue
             if p.tenant and job.spec.tenant != p.tenant:
                 continue
+            if user is not None and job.spec.user != user:
+                continue
             if p.node and not (job.placement and p.node in job.placement.nodes):
                 continue
             out.append(job_view(job, self.master.journal.wire))
@@ -253,10 +261,12 @@ class Rpc:
     @returns("`job`: its [job view](#job-view); `events`: its journal rows `{time, node, "
              "kind, detail}`, oldest first; `prediction`: GENIE's view (model, fallback, "
              "predicted latency, ECT, waiting allowance) or nil; `metrics`: the latest "
-             "values it reported, `{name: {value, last, count}}`.", ("unknown_job",))
+             "values it reported, `{name: {value, last, count}}`.", ("unknown_job",
+                                                                      "forbidden"))
     async def job(self, p: JobIdParams) -> dict[str, Any]:
         """One job, also one ended long ago (read from the journal), with its events."""
         job = await self._job(p.id)
+        check_owner(job, "see")
         events = await self.master.journal.call(Store.events, job.id)
         return {
             "job": job_view(job, self._wire_for(job)),

@@ -163,9 +163,10 @@ class JobActions:
 
 @dataclass(frozen=True)
 class NodeCommands:
-    # (node, command type, body) -> the node's answer; raises CommandFailed when the node is
-    # not connected, refuses or does not answer in time.
-    send: Callable[[str, str, Any], Awaitable[dict[str, Any]]]
+    # (node, command type, body, timeout_s=None) -> the node's answer; raises CommandFailed
+    # when the node is not connected, refuses or does not answer in time (timeout_s, else
+    # the master's command_timeout_s: a command that waits on the node gives its own).
+    send: Callable[..., Awaitable[dict[str, Any]]]
     # ready, drained, disconnected or unreachable; or the node's power state, if it has one.
     status: Callable[[str], str]
     # (node, state, reason): set a node's power state, or clear it (None: the node is on),

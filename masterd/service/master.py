@@ -639,13 +639,16 @@ class Master:
             self.drop_queued(job.id)
             self.request_pass()
 
-    async def _command(self, node: str, type_: str, body: Any) -> dict[str, Any]:
+    async def _command(self, node: str, type_: str, body: Any,
+                       timeout_s: float | None = None) -> dict[str, Any]:
         if self.halted:
             raise CommandFailed(node, type_, "not_leader", "this master no longer leads")
         session = self.sessions.get(node)
         if session is None:
             raise CommandFailed(node, type_, "node_unreachable", "the node is not connected")
-        return await session.request(type_, body)
+        if timeout_s is None:
+            return await session.request(type_, body)
+        return await session.request(type_, body, timeout_s)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
         try:

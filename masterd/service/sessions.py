@@ -10,19 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
+from masterd.runtime.commands import CommandFailed
 from shared.protocol import ProtocolError, encode_frame, error_body
 from shared.schema import encode
 
+__all__ = ["CommandFailed", "NodeSession"]
+
 log = logging.getLogger("trellis.master.session")
-
-
-class CommandFailed(RuntimeError):
-    """A node refused a command, did not answer in time, or went away."""
-
-    def __init__(self, node: str, command: str, code: str, message: str) -> None:
-        super().__init__(f"node {node}: {command} failed ({code}): {message}")
-        self.code = code
-        self.message = message
 
 
 class NodeSession:
@@ -34,11 +28,15 @@ class NodeSession:
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.closed = False
 
-    async def request(self, type_: str, body: Any) -> dict[str, Any]:
+    async def request(self, type_: str, body: Any, timeout_s: float | None = None
+                      ) -> dict[str, Any]:
         """Send a command and wait for the node's ack (or raise CommandFailed).
 
         ``body`` is a message dataclass, or a dict already in wire form (the master encodes
-        a job's spec once and reuses it; see masterd.journal.wire)."""
+        a job's spec once and reuses it; see masterd.journal.wire). ``timeout_s``: how long
+        to wait for the answer, for a command that may wait on the node (read_log); the
+        session's ``timeout_s`` otherwise."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         if self.closed:
             raise CommandFailed(self.name, type_, "node_unreachable", "the node is not connected")
         id_ = next(self._ids) * 2  # even ids: master-initiated, so they never clash with node ids
@@ -47,10 +45,10 @@ class NodeSession:
         try:
             wire = body if isinstance(body, dict) else encode(body)
             await self.ws.send_bytes(encode_frame(type_, id_, wire))
-            return await asyncio.wait_for(fut, self.timeout_s)
+            return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise CommandFailed(
-                self.name, type_, "timeout", f"no answer within {self.timeout_s:g} s"
+                self.name, type_, "timeout", f"no answer within {timeout:g} s"
             ) from None
         except ConnectionError as exc:
             raise CommandFailed(self.name, type_, "node_unreachable", str(exc)) from None
