@@ -33,6 +33,7 @@ from shared.messages import (
     JobExited,
     JobStarted,
     PrepareJob,
+    SignalJob,
     StartJob,
     StopJob,
     utilisation_band,
@@ -266,6 +267,9 @@ class NodeAgent:
         if isinstance(cmd, ForgetJob):
             self.runner.forget(cmd.job_id)
             return {}
+        if isinstance(cmd, SignalJob):
+            return {"delivered": self.runner.send_signal(cmd.job_id, cmd.signal,
+                                                         cmd.leader_only)}
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
 
     # -- events --------------------------------------------------------------------------

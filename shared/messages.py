@@ -2,14 +2,14 @@
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
 ``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
-Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``.
+Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``signal_job``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.model import NAME_PATTERN, JobSpec, NodeAllocation, NodeInventory
+from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.schema import bounded
 
 
@@ -182,6 +182,18 @@ class ForgetJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
 
 
+@dataclass(frozen=True)
+class SignalJob:
+    """Send a signal to a running job part (its time limit's warning, Slurm's --signal): to
+    every process of the job's process group, or with ``leader_only`` to its leader (the
+    batch shell) alone. The answer's ``delivered`` is false when the part no longer runs."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    signal: str = bounded(pattern="|".join(SIGNAL_NAMES))
+    # Only the job's leader process (the batch shell), not its process group.
+    leader_only: bool = False
+
+
 # What a job may report on its metrics channel (noded/metrics_channel.py): lower-case names.
 METRIC_NAME_PATTERN = r"[a-z][a-z0-9_]{0,31}"
 
@@ -256,6 +268,7 @@ NODE_COMMANDS = {
     "start_job": StartJob,
     "stop_job": StopJob,
     "forget_job": ForgetJob,
+    "signal_job": SignalJob,
 }
 
 

@@ -20,6 +20,7 @@ from masterd.features.helios.power import PowerManager
 from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.netpartition import NetPartitions
+from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
 
@@ -35,6 +36,7 @@ class Features:
     liquid: LiquidResources  # Liquid's usage journal, resource model and post phases
     estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
+    timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -57,5 +59,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
-                        power=PowerManager(ctx))
+                        power=PowerManager(ctx), timelimits=TimeLimits(ctx))
     return features, policy
