@@ -17,6 +17,7 @@ from shared.slurmtime import format_time
 
 WARN = "warn"
 STOP = "stop"
+_ACTIONS = (WARN, STOP)  # at the same instant a warning comes before the stop
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class LimitSchedule:
     disarming a job makes its older entries stale (dropped when they reach the top)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, str, str]] = []
+        self._heap: list[tuple[float, int, int, str]] = []  # (time, action, version, job)
         self._armed: dict[str, tuple[int, Deadlines, bool]] = {}  # job -> (version, ...)
         self._version = 0
 
@@ -90,8 +91,8 @@ class LimitSchedule:
         version = self._version
         self._armed[job_id] = (version, due, warned)
         if due.warn_at is not None and not warned:
-            heapq.heappush(self._heap, (due.warn_at, version, WARN, job_id))
-        heapq.heappush(self._heap, (due.stop_at, version, STOP, job_id))
+            heapq.heappush(self._heap, (due.warn_at, 0, version, job_id))
+        heapq.heappush(self._heap, (due.stop_at, 1, version, job_id))
 
     def disarm(self, job_id: str) -> None:
         self._armed.pop(job_id, None)
@@ -107,8 +108,8 @@ class LimitSchedule:
     def __len__(self) -> int:
         return len(self._armed)
 
-    def _live(self, entry: tuple[float, int, str, str]) -> bool:
-        _, version, _, job_id = entry
+    def _live(self, entry: tuple[float, int, int, str]) -> bool:
+        _, _, version, job_id = entry
         armed = self._armed.get(job_id)
         return armed is not None and armed[0] == version
 
@@ -128,7 +129,8 @@ class LimitSchedule:
             entry = heapq.heappop(heap)
             if not self._live(entry):
                 continue
-            _, version, action, job_id = entry
+            _, order, version, job_id = entry
+            action = _ACTIONS[order]
             if action == STOP:
                 del self._armed[job_id]
             else:
