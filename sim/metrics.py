@@ -37,6 +37,17 @@ def mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def head_waits(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """The wait (submission to first start) of jobs that were ever at the head of the queue
+    after a pass, the jobs a backfill reservation protects: how many, the mean, p99 and max,
+    and how many never started."""
+    heads = [r for r in records if r.at_head]
+    waits = [r.first_start - r.submit for r in heads if r.first_start is not None]
+    return {"jobs": len(heads), "never_started": len(heads) - len(waits),
+            "avg_s": mean(waits), "p99_s": percentile(waits, 99),
+            "max_s": max(waits) if waits else None}
+
+
 def scheduled(records: Iterable[JobRecord]) -> list[JobRecord]:
     """Jobs the scheduler was given (rejected-as-unsatisfiable ones never were)."""
     return [r for r in records if r.state != "rejected"]
@@ -155,6 +166,7 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "finished": states["finished"],
         "rejected": states["rejected"],
         "failed": states["failed"],
+        "timeout": states["timeout"],
         "unfinished": states["unfinished"],
         "qos_pct": qos_guarantee(tasks),
         "qos_pct_by_class": qos_by_class(records),
