@@ -122,9 +122,13 @@ class JobRecord:
     gpus_used: int = 0
     nodes_used: int = 0
     reason: str = ""
-    # It was ever the first job of the queue after a pass (the job a backfill reservation
-    # protects): the head-of-queue wait is measured over these.
-    at_head: bool = False
+    # When it was first the first job of the queue after a pass (the job a backfill
+    # reservation protects), None if never: the head-of-queue wait is measured over these.
+    head_since: float | None = None
+
+    @property
+    def at_head(self) -> bool:
+        return self.head_since is not None
 
     @property
     def jct(self) -> float | None:
@@ -402,8 +406,8 @@ class Simulator:
         queue = self.core.queue()
         if queue:
             head = self._record_of.get(queue[0].id)  # (an extension's own jobs have none)
-            if head is not None:
-                head.at_head = True
+            if head is not None and head.head_since is None:
+                head.head_since = now
         for decision in decisions:
             if isinstance(decision, Start):
                 self._launch(decision.job_id, decision.placement, now)

@@ -77,6 +77,8 @@ def test_easy_bounds_the_head_wait_where_plain_backfill_starves_it() -> None:
     # waited for the whole stream.
     assert waits_easy["max_s"] <= 40.0
     assert waits_plain["max_s"] > 590.0
+    assert waits_easy["at_head_max_s"] <= 40.0 and waits_plain["at_head_max_s"] > 590.0
+    assert big_easy.head_since == 1.0  # first at the head right after its arrival
     assert waits_easy["never_started"] == waits_plain["never_started"] == 0
 
 
@@ -87,6 +89,8 @@ def test_strict_fifo_marks_every_blocked_head() -> None:
     assert {r.id for r in result.records if r.at_head} == {"b", "c"}
     waits = head_waits(result.records)
     assert (waits["jobs"], waits["max_s"]) == (2, 108.0)
+    # b was the head from 1 to 100, c from 100 (when b started) to 110.
+    assert waits["at_head_max_s"] == 99.0 and waits["at_head_avg_s"] == (99.0 + 10.0) / 2
 
 
 def test_limits_replace_nothing_else() -> None:
