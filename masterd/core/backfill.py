@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.consolidate import place
+from masterd.core.consolidate import ShrinkingPlacer, place
 from masterd.core.placement import FreePool
 from masterd.core.policy import Decision, Start
 from masterd.core.timelimits import end_by_limit
@@ -52,6 +52,7 @@ def own_end(spec: JobSpec, now: float) -> float:
 def easy_backfill(snapshot: ClusterSnapshot, queue: Iterable[Job], placement: str,
                   now: float) -> tuple[list[Decision], Reservation | None]:
     pool = FreePool(snapshot)
+    fit_now = ShrinkingPlacer(pool, placement)  # both pools only shrink during the pass
     decisions: list[Decision] = []
     # (end by limit, placement) of every job holding resources, this pass's starts included.
     ends = [(end_by_limit(j, now), j.placement) for j in snapshot.running.values()
@@ -59,7 +60,7 @@ def easy_backfill(snapshot: ClusterSnapshot, queue: Iterable[Job], placement: st
     jobs = iter(queue)
     head: Job | None = None
     for job in jobs:
-        chosen = place(job.spec, pool, placement)
+        chosen = fit_now(job.spec)
         if chosen is None:
             head = job
             break
@@ -70,33 +71,41 @@ def easy_backfill(snapshot: ClusterSnapshot, queue: Iterable[Job], placement: st
         return decisions, None
     found = shadow(head.spec, snapshot, decisions, ends, placement)
     if found is None:  # it fits no schedulable node even when all is free: nothing to hold
-        return decisions + _plain(jobs, pool, placement), None
+        return decisions + _plain(jobs, fit_now), None
     start, promised = found
     outside = _without(snapshot, decisions, promised, ends, start)
+    fit_outside = ShrinkingPlacer(outside, placement)
     held: set[str] = set()
+    would_fit: dict[tuple[object, ...], bool] = {}  # shapes that fit now, until a start
     for job in jobs:
         if start < math.inf and own_end(job.spec, now) <= start:
-            chosen = place(job.spec, pool, placement)  # gone before the head starts
+            chosen = fit_now(job.spec)  # gone before the head starts
         else:
-            chosen = place(job.spec, outside, placement)
-            if chosen is None and place(job.spec, pool, placement) is not None:
-                held.add(job.id)
+            chosen = fit_outside(job.spec)
+            if chosen is None:
+                shape = fit_now.shape(job.spec)
+                if shape not in would_fit:
+                    would_fit[shape] = fit_now(job.spec) is not None
+                if would_fit[shape]:
+                    held.add(job.id)
         if chosen is None:
             continue
         pool.take(chosen)
         outside.take(chosen)
+        would_fit.clear()
         decisions.append(Start(job.id, chosen))
     return decisions, Reservation(head.id, start, promised, frozenset(held))
 
 
-def _plain(jobs: Iterable[Job], pool: FreePool, placement: str) -> list[Decision]:
+def _plain(jobs: Iterable[Job], fit: ShrinkingPlacer) -> list[Decision]:
     decisions: list[Decision] = []
     for job in jobs:
-        chosen = place(job.spec, pool, placement)
+        chosen = fit(job.spec)
         if chosen is not None:
-            pool.take(chosen)
+            fit.pool.take(chosen)
             decisions.append(Start(job.id, chosen))
     return decisions
+
 
 
 def _pool_after(snapshot: ClusterSnapshot, decisions: list[Decision]) -> FreePool:
