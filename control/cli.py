@@ -35,7 +35,8 @@ WATCH_PERIOD_S = 2.0
 FOLLOW_PERIOD_S = 0.5
 # Errors that mean "the master is not there to serve you now", like an unreachable one.
 UNAVAILABLE_CODES = frozenset({"shutting_down"})
-JOB_STATES = ("queued", "starting", "running", "finished", "failed", "cancelled", "active")
+JOB_STATES = ("queued", "starting", "running", "finished", "failed", "cancelled", "timeout",
+              "active")
 
 __all__ = ["UsageError", "build_parser", "main", "parse_deadline"]
 
@@ -209,10 +210,25 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--deadline", help="seconds from now (600, 90s, 10m, 2h, 1d) or an ISO "
                                       "time (2030-01-31T18:00, local unless it has a zone)")
     p.add_argument("--max-nodes", type=int, help="most nodes the job may span")
+    _time_arguments(p)
     p.add_argument("--workdir")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("job_command", nargs=argparse.REMAINDER,
                    help="-- followed by the command to run")
+
+
+def _time_arguments(p: argparse.ArgumentParser) -> None:
+    """Slurm's --time, --signal and a --grace of its own (docs/configuration.md)."""
+    p.add_argument("-t", "--time", metavar="TIME",
+                   help="time limit, Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                        "D-HH:MM:SS; at the limit the job is stopped and ends 'timeout' "
+                        "(default: the master's default_time_limit_s)")
+    p.add_argument("--signal", metavar="[B:]SIG[@SECONDS]",
+                   help="send SIG (USR1, SIGUSR1 or a number) SECONDS (default 60) before the "
+                        "time limit; B: only to the job's leader process, not its children")
+    p.add_argument("--grace", type=float, metavar="SECONDS",
+                   help="SIGTERM-to-SIGKILL grace when the job is stopped (capped by the "
+                        "master's max_grace_s; default its stop_grace_s)")
 
 
 def _job_id(p: argparse.ArgumentParser, _: Any) -> None:

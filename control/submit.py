@@ -123,6 +123,45 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             job[key] = value
     if args.deadline is not None:
         job["deadline"] = parse_deadline(args.deadline, time.time())
+    job.update(time_options(args))
+    return job
+
+
+MAX_TIME_LIMIT_S = 366 * 86400  # JobSpec.time_limit_s's bound
+MAX_GRACE_S = 3600.0  # JobSpec.grace_s's bound
+
+
+def time_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--time, --signal and --grace as spec fields (time_limit_s, warning, grace_s)."""
+    from shared.slurmtime import format_time, parse_signal, parse_time
+
+    job: dict[str, Any] = {}
+    text = getattr(args, "time", None)
+    if text is not None:
+        try:
+            seconds = parse_time(text)
+        except ValueError as exc:
+            raise UsageError(f"--time: {exc}") from None
+        if seconds is None:
+            raise UsageError(f"--time {text!r}: a job cannot ask for no limit; leave --time "
+                             "out for the master's default (default_time_limit_s)")
+        if seconds > MAX_TIME_LIMIT_S:
+            raise UsageError(f"--time {text!r} ({format_time(seconds)}) is longer than the "
+                             f"longest limit, {format_time(MAX_TIME_LIMIT_S)}")
+        job["time_limit_s"] = seconds
+    text = getattr(args, "signal", None)
+    if text is not None:
+        try:
+            warning = parse_signal(text)
+        except ValueError as exc:
+            raise UsageError(f"--signal: {exc}") from None
+        job["warning"] = {"signal": warning.signal, "seconds": warning.seconds,
+                          "batch_only": warning.batch_only}
+    grace = getattr(args, "grace", None)
+    if grace is not None:
+        if not 0 <= grace <= MAX_GRACE_S:
+            raise UsageError(f"--grace {grace:g}: must be 0 to {MAX_GRACE_S:g} seconds")
+        job["grace_s"] = grace
     return job
 
 

@@ -158,6 +158,7 @@ def show_job(result: dict[str, Any]) -> str:
         ("Started", _fmt_time(j["start_time"])), ("Ended", _fmt_time(j["end_time"])),
         ("Queued", _fmt_seconds(j["queued_s"])), ("Exit code", j["exit_code"]),
         ("Signal", j["signal"]), ("Reason", j["reason"]), ("Attempts", j["attempts"]),
+        ("Time limit", time_limit(j)),
     )]
     for a in j["placement"]:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={_cpus(a['gpus'])} "
@@ -179,6 +180,21 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {dash(e['node']):<10} "
                      f"{detail}".rstrip())
     return "\n".join(lines)
+
+
+def time_limit(j: dict[str, Any]) -> str | None:
+    """A job's limit as Slurm prints it, its warning and grace, and when a running job
+    reaches it; None (printed "-") without a limit."""
+    if j.get("time_limit_s") is None:
+        return None
+    from shared.slurmtime import format_time
+
+    parts = [f"warning {j['warning']}"] if j.get("warning") else []
+    if j.get("grace_s") is not None:
+        parts.append(f"grace {j['grace_s']:g}s")
+    if j.get("time_limit_at") is not None:
+        parts.append(f"reached at {_fmt_time(j['time_limit_at'])}")
+    return format_time(j["time_limit_s"]) + (f" ({', '.join(parts)})" if parts else "")
 
 
 def show_usage(usage: list[dict[str, Any]] | None,

@@ -24,10 +24,10 @@ from control.client import RpcError, Unreachable
 
 log = logging.getLogger("trellis.demo")
 
-ENDED = ("finished", "failed", "cancelled")
+ENDED = ("finished", "failed", "cancelled", "timeout")
 # Journal rows that add nothing a reader of the timeline needs: the running/ended rows tell it.
 QUIET = frozenset({"submitted", "placed", "part_started", "part_exited", "cancel_requested",
-                   "launch_failed", "metric", "queued"})
+                   "launch_failed", "metric", "queued", "stop_requested"})
 
 
 @dataclass
@@ -180,6 +180,11 @@ class Narrator:
         elif kind == "failed":
             say(scene, f"{name} FAILED: exit {detail.get('exit_code')} "
                        f"signal {detail.get('signal')} {detail.get('reason', '')}".rstrip(), at)
+        elif kind == "timeout":
+            say(scene, f"{name} stopped at its time limit: {detail.get('reason', '')}", at)
+        elif kind == "warned":
+            say(scene, f"{name} warned with {detail.get('signal')} "
+                       f"{detail.get('seconds')} s before its time limit", at)
         elif kind == "cancelled":
             what = "replica retired" if job.get("kind") == "inference" else "cancelled"
             say(scene, f"{name}: {what}", at)

@@ -43,6 +43,9 @@ log = logging.getLogger("trellis.master")
 # Keys a SIGHUP applies to the running master; every other change needs a restart.
 RELOADABLE = frozenset({"log_level", "stop_grace_s", "node_grace_s", "command_timeout_s",
                         "allowed_users", "allow_root_jobs"})
+# Time limits (masterd/features/timelimits.py): a new maximum opens or closes waiting jobs'
+# time_limit gates; a new default applies to later submissions.
+RELOADABLE |= {"default_time_limit_s", "max_time_limit_s", "max_grace_s"}
 DRAIN_TIMEOUT_S = 10.0
 STATUS_PERIOD_S = 5.0
 # Exit status of a master that lost the leadership (EX_TEMPFAIL): its supervisor starts it
@@ -55,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trellis-masterd",
         description="Trellis master: schedules jobs on GPU nodes and serves the admin RPC.",
         epilog="Signals: SIGHUP reloads log_level, stop_grace_s, node_grace_s, "
-               "command_timeout_s, allowed_users and allow_root_jobs; SIGTERM drains and "
-               "exits. Metrics: GET /metrics on the listen port.",
+               "command_timeout_s, allowed_users, allow_root_jobs, default_time_limit_s, "
+               "max_time_limit_s and max_grace_s; SIGTERM drains and exits. Metrics: GET "
+               "/metrics on the listen port.",
     )
     p.add_argument("-c", "--config", help="TOML configuration file ([master] section)")
     p.add_argument("--listen-host", help="address to listen on (overrides the config)")
@@ -241,6 +245,7 @@ class MasterDaemon:
                 master.config = self.config
                 for session in master.sessions.values():
                     session.timeout_s = self.config.command_timeout_s
+                master.events.config_changed.emit()
         self.notifier.ready(self.describe() if master else "starting")
         return True
 

@@ -35,6 +35,7 @@ from shared.messages import (
     JobStarted,
     PrepareJob,
     ReadLog,
+    SignalJob,
     StartJob,
     StopJob,
     utilisation_band,
@@ -280,6 +281,9 @@ class NodeAgent:
         if isinstance(cmd, ForgetJob):
             self.runner.forget(cmd.job_id)
             return {}
+        if isinstance(cmd, SignalJob):
+            return {"delivered": self.runner.send_signal(cmd.job_id, cmd.signal,
+                                                         cmd.leader_only)}
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
 
     async def _read_log(self, cmd: ReadLog, id_: int) -> None:

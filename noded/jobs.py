@@ -317,6 +317,27 @@ class JobRunner:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, sig)
 
+    def send_signal(self, job_id: str, name: str, leader_only: bool = False) -> bool:
+        """Send signal ``name`` (SIGUSR1, ...) to a running part: its whole process group,
+        or only its leader process (Slurm's --signal B:). False if it no longer runs."""
+        part = self.parts.get(job_id)
+        if part is None or part.state != "running":
+            return False
+        sig = signal.Signals[name]
+        pgid = _child_pid(part.dir)
+        if pgid is None:
+            return False
+        try:
+            if leader_only:
+                os.kill(pgid, sig)
+            else:
+                os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return False
+        log.info("job=%s sent %s to %s", job_id, name,
+                 "its leader process" if leader_only else "its process group")
+        return True
+
     def forget(self, job_id: str) -> None:
         part = self.parts.get(job_id)
         if part is not None and part.state != "exited":

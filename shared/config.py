@@ -106,6 +106,12 @@ class MasterConfig:
     node_grace_s: float = bounded(30.0, min=0.1, max=86400)
     command_timeout_s: float = bounded(15.0, min=0.1, max=3600)
     stop_grace_s: float = bounded(10.0, min=0, max=3600)
+    # Time limits (Slurm's --time): the limit written into a job submitted without one (0:
+    # none), the longest a job may have (0: no maximum; a longer one waits, gate time_limit),
+    # and the longest SIGTERM-to-SIGKILL grace a stop gives (a job's --grace is capped to it).
+    default_time_limit_s: int = bounded(0, min=0, max=366 * 86400)
+    max_time_limit_s: int = bounded(0, min=0, max=366 * 86400)
+    max_grace_s: float = bounded(300.0, min=0, max=3600)
     # A job nodes refuse to start this many times fails instead of being retried.
     max_start_failures: int = bounded(3, min=1, max=1000)
     # Unix users jobs may run as; empty means any user that exists, except root.
@@ -167,6 +173,10 @@ class MasterConfig:
     retry_s: float = bounded(2.0, min=0.1, max=600)
 
     def __post_init__(self) -> None:
+        if 0 < self.max_time_limit_s < self.default_time_limit_s:
+            raise ValueError(f"default_time_limit_s ({self.default_time_limit_s}) exceeds "
+                             f"max_time_limit_s ({self.max_time_limit_s}): every job without "
+                             "a limit would wait forever")
         if self.store and not self.store.startswith(("postgresql://", "postgres://")):
             raise ValueError(f"store must be a postgresql:// URL or empty (SQLite in "
                              f"state_dir), got {self.store.split('://')[0]!r}")

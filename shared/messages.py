@@ -2,15 +2,15 @@
 
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
 ``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
-Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``read_log``
-(answered with a :class:`LogData` body).
+Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``signal_job``,
+``read_log`` (answered with a :class:`LogData` body).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.model import NAME_PATTERN, JobSpec, NodeAllocation, NodeInventory
+from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.schema import bounded
 
 
@@ -235,6 +235,16 @@ class LogData:
         if self.offset + len(self.data) > self.size:
             raise ValueError(f"data ends at {self.offset + len(self.data)}, past the log's "
                              f"size {self.size}")
+@dataclass(frozen=True)
+class SignalJob:
+    """Send a signal to a running job part (its time limit's warning, Slurm's --signal): to
+    every process of the job's process group, or with ``leader_only`` to its leader (the
+    batch shell) alone. The answer's ``delivered`` is false when the part no longer runs."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    signal: str = bounded(pattern="|".join(SIGNAL_NAMES))
+    # Only the job's leader process (the batch shell), not its process group.
+    leader_only: bool = False
 
 
 # What a job may report on its metrics channel (noded/metrics_channel.py): lower-case names.
@@ -317,6 +327,7 @@ NODE_COMMANDS = {
 # fields named in their docstrings).
 NODE_COMMAND_REPLIES = {
     "read_log": LogData,
+    "signal_job": SignalJob,
 }
 
 

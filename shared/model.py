@@ -163,6 +163,9 @@ class WarnSignal:
 
     signal: str = bounded(pattern="|".join(SIGNAL_NAMES))
     seconds: int = bounded(60, min=0, max=86400)
+    # Only the job's leader process (the batch shell: Slurm's ``B:``) gets it, not its
+    # children; otherwise every process of the job's process group.
+    batch_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ model decides; a Preempt stops the job's parts (``node_exited`` with SIGTERM) so
 re-queues it. Events created by a pass at the same instant (zero stop delay) form the next
 batch of that instant, followed by another pass.
 
+Time limits: a job whose spec has ``time_limit_s`` gets a LIMIT event at its start + limit
+(masterd.core.timelimits, as the master's timer); if it still runs then, the core stops it
+(``core.stop`` into ``timeout``, its parts exiting with SIGTERM at that instant) and it ends
+``timeout``, counted apart from finished and failed jobs.
+
 Node failure: ``core.node_down``; every job with a part on the node loses that part
 (``node_exited`` with SIGKILL), the core asks for its other parts to be stopped (SIGTERM) and
 marks it failed; the simulator then resubmits it as a new attempt (id ``<id>-r<k>``, submitted
@@ -27,6 +32,7 @@ from typing import Protocol
 
 from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import SchedulingCore
+from masterd.core.timelimits import deadlines, stop_reason
 from shared.model import Job, JobKind, JobSpec, JobState, NodeInventory, Placement, QosClass
 from sim.metrics import fragmentation
 from sim.truth import (
@@ -44,8 +50,9 @@ log = logging.getLogger("trellis.sim.engine")
 # Event kinds; the number is also the order of events within one instant. CALL carries a
 # callable (an extension's periodic work, e.g. sim/soda.py) returning whether it changed
 # anything that a scheduling pass should see.
-EXIT, STOP, FAIL, RECOVER, START, ARRIVAL, SAMPLE, CALL = range(8)
-_SCHEDULING_EVENTS = frozenset({EXIT, STOP, FAIL, RECOVER, START, ARRIVAL})
+# A job's exit at the very instant of its limit wins over the limit (EXIT comes first).
+EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL, SAMPLE, CALL = range(9)
+_SCHEDULING_EVENTS = frozenset({EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL})
 
 
 class SimulationError(RuntimeError):
@@ -107,7 +114,7 @@ class JobRecord:
     lat11: float  # true latency alone on one GPU (Eq. 16's denominator)
     first_start: float | None = None
     end: float | None = None
-    state: str = "pending"  # finished | failed | rejected | unfinished
+    state: str = "pending"  # finished | failed | timeout | cancelled | rejected | unfinished
     run_time: float = 0.0  # summed over attempts
     attempts: int = 0
     preemptions: int = 0
@@ -115,6 +122,13 @@ class JobRecord:
     gpus_used: int = 0
     nodes_used: int = 0
     reason: str = ""
+    # When it was first the first job of the queue after a pass (the job a backfill
+    # reservation protects), None if never: the head-of-queue wait is measured over these.
+    head_since: float | None = None
+
+    @property
+    def at_head(self) -> bool:
+        return self.head_since is not None
 
     @property
     def jct(self) -> float | None:
@@ -310,6 +324,8 @@ class Simulator:
                     happened = self._on_arrival(self.workload.jobs[payload])  # type: ignore[index]
                 elif kind == STOP:
                     happened = self._on_stop(*payload)  # type: ignore[misc]
+                elif kind == LIMIT:
+                    happened = self._on_limit(*payload)  # type: ignore[misc]
                 elif kind == START:
                     happened = self._on_start(*payload)  # type: ignore[misc]
                 elif kind == FAIL:
@@ -387,6 +403,11 @@ class Simulator:
     def _schedule(self, now: float) -> None:
         decisions = self.core.schedule(now)
         self.passes += 1
+        queue = self.core.queue()
+        if queue:
+            head = self._record_of.get(queue[0].id)  # (an extension's own jobs have none)
+            if head is not None and head.head_since is None:
+                head.head_since = now
         for decision in decisions:
             if isinstance(decision, Start):
                 self._launch(decision.job_id, decision.placement, now)
@@ -420,6 +441,10 @@ class Simulator:
     def _begin(self, job_id: str, now: float) -> None:
         for node in self._placements[job_id].nodes:
             self.core.node_started(job_id, node, now)
+        job = self.core.jobs[job_id]
+        stop_at = deadlines(job.spec, now).stop_at
+        if stop_at is not None:
+            self._push(stop_at, LIMIT, (job_id, job.attempts))
         record = self._record_of[job_id]
         if record.first_start is None:
             record.first_start = now
@@ -549,6 +574,21 @@ class Simulator:
         self._settle(job_id, transition)
         return True
 
+    def _on_limit(self, job_id: str, attempt: int) -> bool:
+        """A job reached its time limit: stopped through the core into ``timeout``."""
+        job = self.core.jobs.get(job_id)
+        if (job is None or job.state is not JobState.RUNNING or job.attempts != attempt
+                or job.stopping):
+            return False  # ended, re-queued or being stopped already
+        _, nodes = self.core.stop(job_id, JobState.TIMEOUT, stop_reason(job.spec), self.now)
+        self._end_run(job_id, self.now)
+        transition = None
+        for node in nodes:
+            transition, _ = self.core.node_exited(job_id, node, None, int(signal.SIGTERM),
+                                                  self.now)
+        self._settle(job_id, transition)
+        return True
+
     def _on_fail(self, node: str) -> bool:
         if node in self._down:
             return False  # overlapping outages: already down
@@ -605,6 +645,11 @@ class Simulator:
         elif job.state is JobState.CANCELLED:
             record.end = self.now
             record.state = "cancelled"
+            self._done += 1
+        elif job.state is JobState.TIMEOUT:
+            record.end = self.now
+            record.state = "timeout"
+            record.reason = job.reason
             self._done += 1
 
     # -- observation ---------------------------------------------------------------------

@@ -37,6 +37,23 @@ def mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def head_waits(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """Jobs that were ever at the head of the queue after a pass (the jobs a backfill
+    reservation protects): how many, how many never started, and the mean, p99 and max of
+    their wait (submission to first start, ``*_s``) and of their time at the head (from first
+    being the head to the first start, ``at_head_*_s``: the part a backfill rule decides;
+    the rest is the backlog ahead of them)."""
+    heads = [r for r in records if r.head_since is not None]
+    started = [r for r in heads if r.first_start is not None]
+    waits = [r.first_start - r.submit for r in started]  # type: ignore[operator]
+    at_head = [r.first_start - r.head_since for r in started]  # type: ignore[operator]
+    return {"jobs": len(heads), "never_started": len(heads) - len(started),
+            "avg_s": mean(waits), "p99_s": percentile(waits, 99),
+            "max_s": max(waits) if waits else None,
+            "at_head_avg_s": mean(at_head), "at_head_p99_s": percentile(at_head, 99),
+            "at_head_max_s": max(at_head) if at_head else None}
+
+
 def scheduled(records: Iterable[JobRecord]) -> list[JobRecord]:
     """Jobs the scheduler was given (rejected-as-unsatisfiable ones never were)."""
     return [r for r in records if r.state != "rejected"]
@@ -155,6 +172,7 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "finished": states["finished"],
         "rejected": states["rejected"],
         "failed": states["failed"],
+        "timeout": states["timeout"],
         "unfinished": states["unfinished"],
         "qos_pct": qos_guarantee(tasks),
         "qos_pct_by_class": qos_by_class(records),

@@ -105,6 +105,10 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
         "reason": job.reason,
         "attempts": job.attempts,
         **placement,
+        # When a running job reaches its time limit (start + limit), else None.
+        "time_limit_at": (job.start_time + job.spec.time_limit_s
+                          if job.start_time is not None and job.spec.time_limit_s is not None
+                          and not job.state.terminal else None),
     }
 
 
@@ -217,7 +221,8 @@ class Rpc:
         return {"jobs": [job_view(job) for job in jobs]}
 
     @returns("`job`: the job's [job view](#job-view) (queued jobs end `cancelled` at once; "
-             "running ones are stopped: SIGTERM, SIGKILL after `stop_grace_s`).",
+             "running ones are stopped: SIGTERM, SIGKILL after the job's grace: its "
+             "`grace_s`, else `stop_grace_s`, at most `max_grace_s`).",
              ("unknown_job", "job_finished", "forbidden"))
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         """Cancel a queued or running job."""

@@ -112,15 +112,42 @@ def place(spec: JobSpec, pool: FreePool, placement: str) -> Placement | None:
     return pack(spec, pool)
 
 
+class ShrinkingPlacer:
+    """``place`` on a pool that only shrinks (jobs are taken from it, nothing is given back),
+    remembering the shapes that did not fit: such a shape cannot fit later in the same pass,
+    so a backfill scan over a queue of thousands costs one placement try per shape, not per
+    job. The shape is every field placement reads."""
+
+    def __init__(self, pool: FreePool, placement: str) -> None:
+        self.pool = pool
+        self.placement = placement
+        self._misfits: set[tuple[object, ...]] = set()
+
+    @staticmethod
+    def shape(spec: JobSpec) -> tuple[object, ...]:
+        return (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes,
+                spec.gpu_milli)
+
+    def __call__(self, spec: JobSpec) -> Placement | None:
+        shape = self.shape(spec)
+        if shape in self._misfits:
+            return None
+        chosen = place(spec, self.pool, self.placement)
+        if chosen is None:
+            self._misfits.add(shape)
+        return chosen
+
+
 def start_in_order(snapshot: ClusterSnapshot, ordered: Iterable[Job], placement: str,
                    backfill: bool) -> list[Decision]:
     """Start jobs in the given order, each placed by ``placement``; the first that does not
     fit stops the rest, unless ``backfill`` lets later ones use what it cannot (what FIFO,
     SJF and QSSF share once they have ordered their queue)."""
     pool = FreePool(snapshot)
+    placer = ShrinkingPlacer(pool, placement)
     decisions: list[Decision] = []
     for job in ordered:
-        chosen = place(job.spec, pool, placement)
+        chosen = placer(job.spec)
         if chosen is None:
             if backfill:
                 continue

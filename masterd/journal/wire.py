@@ -14,6 +14,7 @@ from typing import Any
 
 from shared.model import Job, JobSpec, Placement
 from shared.schema import encode
+from shared.slurmtime import format_signal
 
 # Views are packed and sent, never changed: these parts are shared between responses.
 NO_PLACEMENT_VIEW: dict[str, Any] = {"nodes": [], "placement": []}
@@ -31,6 +32,11 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "memory_mib": spec.memory_mib,
         "command": list(spec.command),
+        # Time limit in seconds (None: none), its warning ("[B:]SIG@SECONDS") and the grace
+        # the job asked for (None: the master's stop_grace_s).
+        "time_limit_s": spec.time_limit_s,
+        "warning": None if spec.warning is None else format_signal(spec.warning),
+        "grace_s": spec.grace_s,
     }
 
 

@@ -109,6 +109,10 @@ def _no_core_plan(job: Job, alloc: NodeAllocation) -> CorePlan | None:
     return None
 
 
+def _as_submitted(spec: JobSpec) -> JobSpec:
+    return spec
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
@@ -122,6 +126,13 @@ class MasterEvents:
     # The tuning plan of one part of a job being launched (None: pin it as placed).
     core_plan: Provider[[Job, NodeAllocation], CorePlan | None] = field(
         default_factory=lambda: Provider("core_plan", _no_core_plan))
+    # The spec a checked submission is journalled with: the master's defaults written into
+    # what the submission left open (the time limit feature: default_time_limit_s). Return
+    # the spec itself when nothing changes.
+    spec_defaults: Provider[[JobSpec], JobSpec] = field(
+        default_factory=lambda: Provider("spec_defaults", _as_submitted))
+    # SIGHUP applied a new configuration (read it with FeatureContext.config).
+    config_changed: Signal[[]] = field(default_factory=lambda: Signal("config_changed"))
     # A submission was journalled and joined the queue (before any pass can see it): an
     # admission feature may close a gate on it here (JobActions.set_gate).
     job_submitted: Signal[[Job]] = field(default_factory=lambda: Signal("job_submitted"))

@@ -21,6 +21,7 @@ from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
+from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
 
@@ -37,6 +38,7 @@ class Features:
     estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
     logs: JobLogs  # jobs' output, relayed from their nodes (trellisctl logs)
+    timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -59,5 +61,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
-                        power=PowerManager(ctx), logs=JobLogs(ctx))
+                        power=PowerManager(ctx), logs=JobLogs(ctx),
+                        timelimits=TimeLimits(ctx))
     return features, policy

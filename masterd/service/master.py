@@ -22,6 +22,7 @@ from masterd.core.cluster import AllocationError
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
+from masterd.core.timelimits import grace_for
 from masterd.journal.helios import load_power, save_power
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
@@ -248,6 +249,9 @@ class Master:
         concurrent duplicate is refused while the journal writes it."""
         seq = self._seq
         self._seq += 1
+        completed = self.events.spec_defaults(spec)  # e.g. the default time limit
+        if completed is not spec:
+            spec, wire_spec = completed, None  # the client's map no longer decodes to it
         if job_id is None:
             job_id = f"{spec.name[:44]}-{seq}"
         if job_id in self.core.jobs:
@@ -651,9 +655,14 @@ class Master:
         return await session.request(type_, body, timeout_s)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
+        job = self.core.jobs.get(job_id)
+        config = self.config
+        # The job's own --grace, else stop_grace_s; capped by max_grace_s.
+        grace = (grace_for(job.spec, config.stop_grace_s, config.max_grace_s) if job
+                 else min(config.stop_grace_s, config.max_grace_s))
         try:
             await self._command(node, "stop_job", StopJob(
-                job_id=job_id, grace_s=self.config.stop_grace_s, reason=reason[:256]))
+                job_id=job_id, grace_s=grace, reason=reason[:256]))
         except CommandFailed as exc:
             # The node will report the job when it reconnects; reconciliation stops it then.
             log.warning("job=%s node=%s stop not delivered: %s", job_id, node, exc.message)

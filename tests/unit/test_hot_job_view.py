@@ -28,6 +28,11 @@ def reference(job: Job) -> dict[str, Any]:
         "id": job.id, "name": spec.name, "state": job.state.value, "kind": spec.kind.value,
         "tenant": spec.tenant, "user": spec.user, "qos": spec.qos.value, "gpus": spec.gpus,
         "cpus": spec.cpus, "memory_mib": spec.memory_mib, "command": list(spec.command),
+        "time_limit_s": spec.time_limit_s,
+        "warning": None if spec.warning is None else
+        f"{'B:' if spec.warning.batch_only else ''}{spec.warning.signal[3:]}"
+        f"@{spec.warning.seconds}",
+        "grace_s": spec.grace_s,
         "submit_time": job.submit_time, "start_time": job.start_time,
         "end_time": job.end_time, "queued_s": job.queued_seconds,
         "exit_code": job.exit_code, "signal": job.signal, "reason": job.reason,
@@ -37,6 +42,9 @@ def reference(job: Job) -> dict[str, Any]:
             {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus),
              "memory_mib": a.memory_mib} for a in placement.allocations
         ] if placement else [],
+        "time_limit_at": job.start_time + spec.time_limit_s
+        if job.start_time is not None and spec.time_limit_s is not None
+        and not job.state.terminal else None,
     }
 
 
@@ -125,3 +133,18 @@ def test_no_placement_view_is_the_shared_empty_part() -> None:
     wire = WireCache()
     job = Job(id="j1", spec=SPEC, submit_time=0.0)
     assert wire.placement_view(job) is NO_PLACEMENT_VIEW
+
+
+def test_a_time_limited_job_shows_its_limit_warning_grace_and_deadline() -> None:
+    from shared.model import WarnSignal
+
+    spec = replace(SPEC, time_limit_s=3600, grace_s=5.0,
+                   warning=WarnSignal("SIGUSR1", 120, batch_only=True))
+    job = Job(id="j1", spec=spec, submit_time=5.0)
+    view = check(job, WireCache())
+    assert (view["time_limit_s"], view["warning"], view["grace_s"], view["time_limit_at"]) == (
+        3600, "B:USR1@120", 5.0, None)
+    job.state, job.placement, job.start_time = JobState.RUNNING, FIRST, 100.0
+    assert check(job, WireCache())["time_limit_at"] == 3700.0
+    job.state, job.end_time = JobState.TIMEOUT, 3700.0
+    assert check(job, WireCache())["time_limit_at"] is None
