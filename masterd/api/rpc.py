@@ -12,9 +12,11 @@ from masterd.api.genie import method_table as genie_methods
 from masterd.api.helios import job_extras as helios_job_extras
 from masterd.api.helios import method_table as helios_methods
 from masterd.api.inference import method_table as inference_methods
+from masterd.api.lifecycle import method_table as lifecycle_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
 from masterd.core.scheduler import JobError
+from masterd.core.waiting import WaitExplainer
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
 from masterd.service.bulk import BatchRefused, Refusal
@@ -101,9 +103,20 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "signal": job.signal,
         "reason": job.reason,
+        # Why a queued job waits (a wait reason, docs/protocol.md#why-a-job-waits; "" for
+        # other jobs) and who holds it ("", "user" or "admin").
+        "wait": job.wait,
+        "held": job.held,
         "attempts": job.attempts,
         **placement,
     }
+
+
+def explained(view: dict[str, Any], job: Job, waits: WaitExplainer) -> dict[str, Any]:
+    """A queued job's view with why it waits, as computed now (``wait`` and ``reason``)."""
+    if job.state is JobState.QUEUED:
+        view["wait"], view["reason"] = waits.why(job)
+    return view
 
 
 class Rpc:
@@ -130,6 +143,8 @@ class Rpc:
         # Liquid's resource model.
         self.methods.update(liquid_methods(master))
         self.methods.update(helios_methods(master))  # QSSF's estimator, energy saving
+        # Holds, releases and updates (masterd.features.holds).
+        self.methods.update(lifecycle_methods(master.features.controls, self._view))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -156,6 +171,11 @@ class Rpc:
         if job is None:
             raise JobError("unknown_job", f"job {job_id!r} does not exist")
         return job
+
+    def _view(self, job: Job) -> dict[str, Any]:
+        """A job's view with why it waits, when it waits."""
+        return explained(job_view(job, self._wire_for(job)), job,
+                         WaitExplainer(self.master.core))
 
     def _wire_for(self, job: Job) -> WireCache | None:
         """The per-job wire cache, unless the job is no longer in memory (a cancel can end
@@ -230,6 +250,7 @@ class Rpc:
         """Jobs in the master's memory: every queued and active one, and the newest
         ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``)."""
         out = []
+        waits: WaitExplainer | None = None  # made once per listing, if a queued job is listed
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
         pool = (self.master.core.active_jobs().values()
@@ -245,7 +266,11 @@ class Rpc:
                 continue
             if p.node and not (job.placement and p.node in job.placement.nodes):
                 continue
-            out.append(job_view(job, self.master.journal.wire))
+            view = job_view(job, self.master.journal.wire)
+            if job.state is JobState.QUEUED:
+                waits = waits or WaitExplainer(self.master.core)
+                explained(view, job, waits)
+            out.append(view)
             if len(out) >= p.limit:
                 break
         return {"jobs": out}
@@ -259,7 +284,7 @@ class Rpc:
         job = await self._job(p.id)
         events = await self.master.journal.call(Store.events, job.id)
         return {
-            "job": job_view(job, self._wire_for(job)),
+            "job": self._view(job),
             "events": [
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shared.dependency import format_dependency
 from shared.model import Job, JobSpec, Placement
 from shared.schema import encode
 
@@ -31,6 +32,11 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "memory_mib": spec.memory_mib,
         "command": list(spec.command),
+        "priority": spec.priority,
+        # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none)
+        # and the array it is a task of ({id, index}, or nil).
+        "after": format_dependency(spec.after),
+        "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
     }
 
 

@@ -13,10 +13,12 @@ from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
+from masterd.features.dependencies import Dependencies
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.helios.estimator import DurationEstimator
 from masterd.features.helios.power import PowerManager
+from masterd.features.holds import JobControls
 from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.netpartition import NetPartitions
@@ -35,6 +37,10 @@ class Features:
     liquid: LiquidResources  # Liquid's usage journal, resource model and post phases
     estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
+    # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
+    # a restore resolves dependencies before holds close their gates.
+    dependencies: Dependencies
+    controls: JobControls
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -57,5 +63,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
-                        power=PowerManager(ctx))
+                        power=PowerManager(ctx), dependencies=Dependencies(ctx),
+                        controls=JobControls(ctx))
     return features, policy
