@@ -47,7 +47,8 @@ def parse_dependency(text: str) -> tuple[Dependency, ...]:
             raise DependencyError(f"dependency {text!r} has an empty term (two commas in a "
                                   "row, or one at an end)")
         kind, colon, rest = term.partition(":")
-        if not colon:
+        if not colon and term.lower() not in _UNSUPPORTED and term.lower() not in \
+                DEPENDENCY_TYPES:
             # Slurm's oldest form: a bare job id waits for it to end, however.
             kind, rest = "afterany", term
         kind = kind.strip().lower()
