@@ -189,7 +189,10 @@ class Rpc:
 
     @returns("`job`: the new job's [job view](#job-view), state `queued`.",
              ("unknown_user", "user_refused", "unsatisfiable", "invalid_job", "duplicate_job",
-              "not_leader"))
+              "not_leader", "forbidden",
+              # A dependency (`after`) naming no known job or array, closing a cycle, or an
+              # aftercorr without a task to pair with (masterd.core.dependencies).
+              "unknown_dependency", "dependency_cycle", "invalid_dependency"))
     async def submit(self, p: SubmitParams, params: dict[str, Any]) -> dict[str, Any]:
         """Submit one job; journalled before the reply. ``id`` makes a retry idempotent."""
         # The job map as sent decodes to exactly this spec (it just did), so it serves as the
