@@ -11,7 +11,7 @@
 * At submission and at update: a client may use ``urgent``/``prior`` only if the master's
   ``qos_urgent_users``/``qos_prior_users`` list it, and may not raise a priority above 0.
 
-The caller is the authenticated principal of the RPC being served (``masterd.api.caller``);
+The caller is the authenticated principal of the RPC being served (``masterd.runtime.caller``);
 in-process calls and open loopback access are an admin's.
 """
 
@@ -21,11 +21,11 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from masterd.api.caller import caller, is_admin, owns
 from masterd.core.permissions import priority_refusal, qos_refusal, update_refusal
 from masterd.core.scheduler import JobError
 from masterd.journal.dependencies import look_up
 from masterd.journal.store import Store
+from masterd.runtime.caller import caller, is_admin, owns
 from masterd.runtime.context import FeatureContext
 from shared.auth import Principal
 from shared.model import Job, JobSpec, JobState, QosClass, WaitReason
