@@ -165,3 +165,25 @@ def test_the_rules_themselves() -> None:
     assert qos_refusal(QosClass.URGENT, "a", ["*"], []) is None
     assert qos_refusal(QosClass.PRIOR, "a", [], ["b"]) is not None
     assert qos_refusal(QosClass.NORMAL, "a", [], []) is None
+
+
+def test_holds_and_updates_survive_a_restart(tmp_path: Path) -> None:
+    async def before(master: Master, rpc: Rpc) -> None:
+        master.core.set_drained("n1", True)
+        await as_(ALICE, lambda: rpc.call("submit", {"job": job(), "id": "kept"}))
+        await as_(ADMIN, lambda: rpc.call("hold", {"id": "kept"}))
+        await as_(ALICE, lambda: rpc.call("update", {"id": "kept", "priority": -7}))
+
+    async def after(master: Master, rpc: Rpc) -> None:
+        kept = master.core.jobs["kept"]
+        assert (kept.held, kept.wait) == ("admin", "held")
+        assert kept.spec.priority == -7
+        assert "kept" not in [j.id for j in master.core.queue()]
+        error = await refused(ALICE, lambda: rpc.call("release", {"id": "kept"}))
+        assert error.code == "forbidden"
+        await as_(ADMIN, lambda: rpc.call("release", {"id": "kept"}))
+        assert kept.held == "" and not kept.gates
+        assert "kept" in [j.id for j in master.core.queue()] or kept.state.value == "starting"
+
+    scenario(tmp_path, before)
+    scenario(tmp_path, after)
