@@ -230,18 +230,23 @@ def test_restore_closes_gates_again_and_settles_what_changed(tmp_path: Path) -> 
             await master.submit(spec("wait-a", "afterok:a"), "wait-a")
             await master.submit(spec("wait-b", "afterok:b"), "wait-b")
             await master.submit(spec("wait-c", "afterok:wait-b"), "wait-c")
-            await until("a and b launched", lambda: {"a", "b"} <= set(launched(sessions)))
+            await master.submit(spec("x"), "x")
+            await master.submit(spec("wait-x", "afterok:x"), "wait-x")
+            await until("a, b and x launched",
+                        lambda: {"a", "b", "x"} <= set(launched(sessions)))
             await started(master, "n1", "a")
             await settle(master)
         finally:
             await master.close()
-        # While the master is down, its journal learns that b failed (as a master killed
-        # between journalling b's end and acting on it would leave it).
+        # While the master is down, its journal learns that b failed and x finished (as a
+        # master killed between journalling their ends and acting on them leaves it).
         store = Store(tmp_path / "master.db")
-        b = store.load_job("b")
-        assert b is not None
-        b.state, b.exit_code, b.end_time = JobState.FAILED, 1, clock.now
-        store.update_jobs([b], [])
+        for job_id, state, code in (("b", JobState.FAILED, 1), ("x", JobState.FINISHED, 0)):
+            ended = store.load_job(job_id)
+            assert ended is not None
+            ended.state, ended.exit_code, ended.end_time = state, code, clock.now
+            ended.node_states = {}
+            store.update_jobs([ended], [])
         store.close()
 
     asyncio.run(first_run())
@@ -258,6 +263,10 @@ def test_restore_closes_gates_again_and_settles_what_changed(tmp_path: Path) -> 
                         lambda: master.core.jobs["wait-b"].state is JobState.CANCELLED)
             await until("wait-c cancelled",
                         lambda: master.core.jobs["wait-c"].state is JobState.CANCELLED)
+            # x finished while the master was down: wait-x goes, journalled as satisfied.
+            await until("wait-x launched", lambda: "wait-x" in launched(sessions))
+            assert [d["status"] for d in events(master, "wait-x", "dependency")] == [
+                "waiting", "satisfied"]
             await exited(master, "n1", "a", 0)
             await until("wait-a launched", lambda: "wait-a" in launched(sessions))
         finally:
