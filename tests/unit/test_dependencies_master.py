@@ -162,6 +162,8 @@ def test_arrays_afterok_and_aftercorr(tmp_path: Path) -> None:
             array_id = first[0].id
             assert {j.spec.array.id for j in first} == {array_id}  # type: ignore[union-attr]
             assert [j.spec.array.index for j in first] == [0, 1, 2]  # type: ignore[union-attr]
+            stored = master.store.load_job(first[2].id)  # journalled under that id too
+            assert stored is not None and stored.spec.array == ArrayTask(array_id, 2)
             # A second array given ids, each task waiting for its own index of the first.
             second = await master.submit_many(
                 [spec(f"post_{i}", f"aftercorr:{array_id}", ArrayTask("post", i))
