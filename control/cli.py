@@ -213,6 +213,13 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     _time_arguments(p)
     p.add_argument("--workdir")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("-d", "--after", "--dependency", dest="after", metavar="DEPENDENCY",
+                   help="start only after other jobs, Slurm's syntax: afterok:ID[:ID...] "
+                        "(and afterany, afternotok, aftercorr for arrays); terms separated "
+                        "by ',' must all hold. An array's id means the whole array")
+    p.add_argument("--priority", type=int,
+                   help="order among otherwise equal jobs, higher first (default 0; only "
+                        "admins may go above 0)")
     p.add_argument("job_command", nargs=argparse.REMAINDER,
                    help="-- followed by the command to run")
 
@@ -229,6 +236,13 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, metavar="SECONDS",
                    help="SIGTERM-to-SIGKILL grace when the job is stopped (capped by the "
                         "master's max_grace_s; default its stop_grace_s)")
+
+
+def _update(p: argparse.ArgumentParser, _: Any) -> None:
+    p.add_argument("job_id", help="job id")
+    p.add_argument("--qos", choices=("urgent", "prior", "normal"), help="new QoS class")
+    p.add_argument("--time", help="new time limit: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]")
+    p.add_argument("--priority", type=int, help="new priority")
 
 
 def _job_id(p: argparse.ArgumentParser, _: Any) -> None:
@@ -301,6 +315,10 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "events": ("the master's journal of events", _events),
     "submit": ("submit a job, or many (--array, a file of jobs)", _submit),
     "cancel": ("cancel a job", _job_id),
+    "hold": ("keep a queued job from starting until released", _job_id),
+    "release": ("let a held job start again", _job_id),
+    "update": ("change a job's QoS, time limit or priority (users may only lower them)",
+               _update),
     "show": ("describe a job", _job_id),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
@@ -456,7 +474,36 @@ def submit(client: MasterClient, args: argparse.Namespace) -> tuple[Any, str]:
     result = client.call("submit_many", many)
     done = [j["id"] for j in result["jobs"]]
     shown = ", ".join(done) if len(done) <= 4 else f"{done[0]}, {done[1]} ... {done[-1]}"
-    return result, f"submitted {len(done)} jobs: {shown}"
+    array = result["jobs"][0].get("array") if args.array else None
+    named = f" (array {array['id']})" if array else ""
+    return result, f"submitted {len(done)} jobs{named}: {shown}"
+
+
+def control(client: MasterClient, args: argparse.Namespace) -> tuple[Any, str]:
+    """hold, release and update: one call each, the job's view back."""
+    cmd = args.command
+    params: dict[str, Any] = {"id": args.job_id}
+    if cmd == "update":
+        if args.time is not None:
+            from shared.slurmtime import parse_time_limit
+
+            try:
+                params["time_limit_s"] = parse_time_limit(args.time)
+            except ValueError as exc:
+                raise UsageError(f"--time: {exc}") from None
+        if args.qos is not None:
+            params["qos"] = args.qos
+        if args.priority is not None:
+            params["priority"] = args.priority
+        if len(params) == 1:
+            raise UsageError("update needs at least one of --qos, --time, --priority")
+    job = client.call(cmd, params)["job"]
+    if cmd == "hold":
+        return {"job": job}, f"{job['id']} is held ({job['held']})"
+    if cmd == "release":
+        return {"job": job}, f"{job['id']} is released ({job['state']})"
+    return {"job": job}, (f"{job['id']} updated: qos {job['qos']}, priority "
+                          f"{job['priority']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -484,6 +531,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
     elif cmd == "submit":
         result, text = submit(client, args)
+    elif cmd in ("hold", "release", "update"):
+        result, text = control(client, args)
     elif cmd in ("cancel", "show"):
         result = client.call("cancel" if cmd == "cancel" else "job", {"id": args.job_id})
         if cmd == "cancel":

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # Options that set a JobSpec field of the same name.
 SPEC_OPTIONS = ("name", "kind", "gpus", "cpus", "memory_mib", "gpu_model", "user", "tenant",
                 "qos", "model_type", "model_family", "model_params_m", "batch", "iterations",
-                "workdir", "max_nodes", "gpu_milli")
+                "workdir", "max_nodes", "gpu_milli", "priority")
 MAX_ARRAY = 10_000  # jobs in one submission (Slurm's default MaxArraySize is 1001)
 MAX_INDEX = 4_000_000
 ARRAY_INDEX_ENV = "TRELLIS_ARRAY_INDEX"
@@ -123,6 +123,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             job[key] = value
     if args.deadline is not None:
         job["deadline"] = parse_deadline(args.deadline, time.time())
+    if args.after is not None:
+        job["after"] = dependency_wire(args.after)
     job.update(time_options(args))
     return job
 
@@ -165,6 +167,17 @@ def time_options(args: argparse.Namespace) -> dict[str, Any]:
     return job
 
 
+def dependency_wire(text: str, where: str = "--after") -> list[dict[str, Any]]:
+    """Slurm's ``--dependency`` syntax as the job spec's ``after`` list."""
+    from shared.dependency import DependencyError, parse_dependency
+
+    try:
+        terms = parse_dependency(text)
+    except DependencyError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    return [{"type": t.type, "jobs": list(t.jobs)} for t in terms]
+
+
 def _env_items(items: list[str]) -> dict[str, str]:
     env = {}
     for item in items:
@@ -189,6 +202,8 @@ def _complete(job: dict[str, Any], env: dict[str, str], where: str) -> dict[str,
     if isinstance(command, str):
         raise UsageError(f"{where}command must be a list of words, e.g. [\"python3\", "
                          "\"train.py\"]")
+    if isinstance(job.get("after"), str):  # Slurm's syntax, on the command line or in a file
+        job["after"] = dependency_wire(job["after"], f"{where}after")
     job.setdefault("name", os.path.basename(str(command[0])).replace(".", "-")[:63] or "job")
     if "user" not in job:
         import getpass
@@ -256,7 +271,9 @@ def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list
 def expand_array(job: dict[str, Any], base_id: str | None, indices: list[int]
                  ) -> tuple[list[dict[str, Any]], list[str | None]]:
     """One job per index: name and id end in ``_INDEX``, the environment carries the index
-    and the array's size."""
+    and the array's size, and the spec its array task: the array's id is ``--id`` when
+    given, else the master names the array after its first task (the name only groups the
+    tasks until then)."""
     jobs: list[dict[str, Any]] = []
     ids: list[str | None] = []
     count = str(len(indices))
@@ -264,6 +281,7 @@ def expand_array(job: dict[str, Any], base_id: str | None, indices: list[int]
     for index in indices:
         suffix = f"_{index}"
         env = {**job.get("env", {}), ARRAY_INDEX_ENV: str(index), ARRAY_COUNT_ENV: count}
-        jobs.append({**job, "name": name[:63 - len(suffix)] + suffix, "env": env})
+        jobs.append({**job, "name": name[:63 - len(suffix)] + suffix, "env": env,
+                     "array": {"id": base_id or name, "index": index}})
         ids.append(None if base_id is None else base_id + suffix)
     return jobs, ids

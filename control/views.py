@@ -54,11 +54,12 @@ def show_jobs_wide(jobs: list[dict[str, Any]]) -> str:
              " ".join(f"{a['node']}:g{','.join(map(str, a['gpus'])) or '-'}"
                       f":c{_cpus(a['cpus'])}" for a in j["placement"]) or "-",
              _fmt_time(j["submit_time"]), _fmt_time(j["start_time"]), _fmt_time(j["end_time"]),
-             _fmt_seconds(j["queued_s"]), str(j["attempts"]), _exit(j), j["reason"] or "-"]
+             _fmt_seconds(j["queued_s"]), str(j["attempts"]), _exit(j), dash(j.get("wait")),
+             j["reason"] or "-"]
             for j in jobs]
     return render_table(["ID", "NAME", "STATE", "KIND", "TENANT", "USER", "QOS", "GPUS", "CPUS",
                          "MEM MIB", "PLACEMENT", "SUBMITTED", "STARTED", "ENDED", "QUEUED",
-                         "ATTEMPTS", "EXIT", "REASON"], rows)
+                         "ATTEMPTS", "EXIT", "WAIT", "REASON"], rows)
 
 
 def _cpus(cpus: list[int]) -> str:
@@ -160,6 +161,7 @@ def show_job(result: dict[str, Any]) -> str:
         ("Signal", j["signal"]), ("Reason", j["reason"]), ("Attempts", j["attempts"]),
         ("Time limit", time_limit(j)),
     )]
+    lines += _lifecycle(j)
     for a in j["placement"]:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={_cpus(a['gpus'])} "
                      f"cpus={_cpus(a['cpus'])}")
@@ -195,6 +197,23 @@ def time_limit(j: dict[str, Any]) -> str | None:
     if j.get("time_limit_at") is not None:
         parts.append(f"reached at {_fmt_time(j['time_limit_at'])}")
     return format_time(j["time_limit_s"]) + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _lifecycle(j: dict[str, Any]) -> list[str]:
+    """Why it waits, who holds it, what it depends on, its priority and array: the lines
+    that say something (a plain job shows none of them)."""
+    lines = []
+    if j.get("wait"):
+        lines.append(f"{'Waits:':<12}{j['wait']} ({j['reason'] or '-'})")
+    if j.get("held"):
+        lines.append(f"{'Held:':<12}by {'an admin' if j['held'] == 'admin' else 'its user'}")
+    if j.get("after"):
+        lines.append(f"{'After:':<12}{j['after']}")
+    if j.get("priority"):
+        lines.append(f"{'Priority:':<12}{j['priority']}")
+    if j.get("array"):
+        lines.append(f"{'Array:':<12}{j['array']['id']} task {j['array']['index']}")
+    return lines
 
 
 def show_usage(usage: list[dict[str, Any]] | None,

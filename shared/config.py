@@ -148,6 +148,10 @@ class MasterConfig:
     tls_node_cns: tuple[str, ...] = bounded(default_factory=tuple, max_len=10_000)
     # Clients may submit jobs, each only as the Unix user named by its identity.
     clients_may_submit: bool = False
+    # Clients (by credential name; "*": every client) that may submit or update jobs of QoS
+    # urgent, and of prior; admins always may.
+    qos_urgent_users: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000)
+    qos_prior_users: tuple[str, ...] = bounded(default_factory=lambda: ("*",), max_len=100_000)
     # Hostile-peer limits: a request (headers and body) or a node frame must arrive within
     # request_timeout_s of its first byte; a node must say hello within hello_timeout_s.
     request_timeout_s: float = bounded(10.0, min=0.05, max=3600)

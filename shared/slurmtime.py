@@ -133,3 +133,19 @@ def parse_signal(text: str) -> SignalSpec:
 def format_signal(spec: SignalSpec | WarnSignal) -> str:
     """Back to ``[B:]SIG@SECONDS`` (the name without ``SIG``, as Slurm prints it)."""
     return f"{'B:' if spec.batch_only else ''}{spec.signal[3:]}@{spec.seconds}"
+
+
+MAX_TIME_LIMIT_S = 366 * 86400  # JobSpec.time_limit_s's bound
+
+
+def parse_time_limit(text: str) -> int:
+    """A limit a job asks for (``submit --time``, ``update --time``): seconds in one of
+    :func:`parse_time`'s forms, neither "no limit" nor beyond :data:`MAX_TIME_LIMIT_S`."""
+    seconds = parse_time(text)
+    if seconds is None:
+        raise ValueError(f"{text!r} means no time limit; a job cannot ask for none (leave the "
+                         "option out for the master's default_time_limit_s)")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise ValueError(f"{text!r} ({format_time(seconds)}) is longer than the longest limit, "
+                         f"{format_time(MAX_TIME_LIMIT_S)}")
+    return seconds

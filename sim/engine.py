@@ -30,10 +30,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
 from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
-from shared.model import Job, JobKind, JobSpec, JobState, NodeInventory, Placement, QosClass
+from shared.model import (
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    NodeInventory,
+    Placement,
+    QosClass,
+    WaitReason,
+)
 from sim.metrics import fragmentation
 from sim.truth import (
     JobTruth,
@@ -251,6 +261,9 @@ class Simulator:
         self._queued: set[str] = set()  # core job ids waiting in the core's queue
         self._busy = 0  # nodes with at least one job
         self.busy_nodes: list[tuple[float, int]] = [(0.0, 0)]
+        # Dependencies (JobSpec.after) by workload job id, resolved by the master's own code.
+        self.dependencies = DependencyBook()
+        self._facts = _SimFacts(self)
 
     # -- event heap ----------------------------------------------------------------------
     def _push(self, time: float, kind: int, payload: object) -> None:
@@ -382,18 +395,62 @@ class Simulator:
         self.records[job.id] = record
         self._truth_of[job.id] = truth
         self._spec_of[job.id] = spec
+        if spec.array is not None:
+            self.dependencies.add_task(job.id, spec.array)
         reason = self.core.unsatisfiable(spec)
         if reason is not None:
             record.state = "rejected"
             record.reason = reason
             self._done += 1
             log.debug("job_rejected job=%s reason=%s", job.id, reason)
+            self._dependency_ended(job.id, JobState.FAILED)
+            return False
+        unknown = [t for term in spec.after for t in term.jobs
+                   if self._facts.state(t) is None and self._facts.array(t) is None]
+        if unknown:
+            # As the master refuses a submission naming an id it does not know.
+            record.state = "rejected"
+            record.reason = (f"dependency names {unknown[0]}, which no job submitted before it "
+                             "has")
+            self._done += 1
+            self._dependency_ended(job.id, JobState.FAILED)
             return False
         self._record_of[job.id] = record
         self._submit(Job(id=job.id, spec=spec, submit_time=self.now,
                          annotations=dict(job.annotations)))
         self._queued.add(job.id)
+        if spec.after:
+            self._resolve(job.id, first=True)
         return True
+
+    # -- dependencies (masterd.core.dependencies, as the master's feature drives it) ------
+    def _resolve(self, job_id: str, first: bool = False) -> None:
+        """Close, open or cancel a queued job's dependency gate by its verdict now."""
+        job = self.core.jobs.get(job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            self.dependencies.settle(job_id)
+            return
+        verdict = resolve(job.spec.after, job.spec.array, self._facts)
+        gate = WaitReason.DEPENDENCY.value
+        if verdict.status is Status.WAITING:
+            self.core.set_gate(job_id, gate, verdict.sentence)
+            if job_id not in self.dependencies.waiting:
+                self.dependencies.wait(job_id, job.spec.after)
+            return
+        self.dependencies.settle(job_id)
+        if verdict.status is Status.SATISFIED:
+            if not first:
+                self.core.set_gate(job_id, gate, None)
+            return
+        transition, _ = self.core.cancel(job_id, self.now, verdict.sentence)
+        self._settle(job_id, transition)
+
+    def _dependency_ended(self, record_id: str, state: JobState) -> None:
+        """A workload job ended for good: resolve the jobs that wait for it again."""
+        spec = self._spec_of.get(record_id)
+        task = spec.array if spec is not None else None
+        for dependent in self.dependencies.ended(record_id, task, state):
+            self._resolve(dependent)
 
     def _submit(self, job: Job) -> None:
         if self.annotator is not None:
@@ -627,6 +684,7 @@ class Simulator:
             self._done += 1
             if self.annotator is not None and job.start_time is not None:
                 self.annotator.finished(job, self.now - job.start_time)
+            self._dependency_ended(record.id, JobState.FINISHED)
         elif job.state is JobState.FAILED:
             if record.retries < self.config.max_retries:
                 record.retries += 1
@@ -640,17 +698,22 @@ class Simulator:
                 record.state = "failed"
                 record.reason = job.reason
                 self._done += 1
+                self._dependency_ended(record.id, JobState.FAILED)
         elif job.state is JobState.QUEUED:
             self._queued.add(job_id)  # preempted (or its start failed): back in the queue
         elif job.state is JobState.CANCELLED:
             record.end = self.now
             record.state = "cancelled"
+            record.reason = job.reason
+            self._queued.discard(job_id)
             self._done += 1
+            self._dependency_ended(record.id, JobState.CANCELLED)
         elif job.state is JobState.TIMEOUT:
             record.end = self.now
             record.state = "timeout"
             record.reason = job.reason
             self._done += 1
+            self._dependency_ended(record.id, JobState.TIMEOUT)
 
     # -- observation ---------------------------------------------------------------------
     def _note_busy(self, t: float, change: int) -> None:
@@ -726,6 +789,33 @@ class Simulator:
             busy_nodes=self.busy_nodes,
             total_nodes=len(self.inventories),
         )
+
+
+_RECORD_STATES = {"finished": JobState.FINISHED, "failed": JobState.FAILED,
+                  "rejected": JobState.FAILED, "cancelled": JobState.CANCELLED}
+
+
+class _SimFacts:
+    """What dependencies see of workload jobs: each record's outcome (a rejected job counts
+    as failed), or its attempt's state while it is pending."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+
+    def state(self, job_id: str) -> JobState | None:
+        record = self._sim.records.get(job_id)
+        if record is None:
+            return None
+        ended = _RECORD_STATES.get(record.state)
+        if ended is not None:
+            return ended
+        job = self._sim.core.jobs.get(job_id)
+        if job is not None and not job.state.terminal:
+            return job.state
+        return JobState.QUEUED  # between attempts (resubmitted after a node failure)
+
+    def array(self, array_id: str) -> ArrayTasks | None:
+        return self._sim.dependencies.arrays.get(array_id)
 
 
 def simulate(

@@ -35,8 +35,9 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # Methods each non-admin role may call; admins may call everything. A method missing here is
 # admin-only, so a new operator-level RPC is protected until someone decides otherwise.
 CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "job", "nodes",
-                            "place", "placement", "release", "report_load", "services"}
-                           | {"logs"})
+                            "place", "placement", "release", "report_load", "services",
+                            # Their own jobs only (masterd.features.holds checks the owner).
+                            "hold", "update", "logs"})
 NODE_METHODS = frozenset({"ping"})
 
 

@@ -38,7 +38,7 @@ from masterd.service.master import Master
 from shared import protocol
 from shared.config import MasterConfig
 from shared.messages import NODE_COMMAND_REPLIES, NODE_COMMANDS, NODE_EVENTS
-from shared.model import Job, JobSpec
+from shared.model import Job, JobSpec, WaitReason
 from shared.schema import Bounds, decode
 from shared.views import JobView, PlacementPart
 
@@ -343,6 +343,7 @@ def render() -> str:
     out += fields_table(PlacementPart, links)
     out += ["An example, a queued job:", "", "| key | value |", "| --- | --- |"]
     out += [f"| `{k}` | `{v!r}` |" for k, v in sample_job_view().items()]
+    out += why_a_job_waits()
     out += ["", "## Error codes", "",
             "Every error code raised in the master's code (`masterd/`, `shared/`), its HTTP "
             "status, and the methods that list it. Any method may answer with the general "
@@ -369,6 +370,52 @@ def render() -> str:
             out += ["Answered with an `ack` whose body is:", ""]
             out += fields_table(NODE_COMMAND_REPLIES[kind], links)
     return "\n".join(out).rstrip() + "\n"
+
+
+def member_comments(cls: type[enum.Enum]) -> dict[str, str]:
+    """The comment beside each member of an enum (``NAME = "value"  # comment``)."""
+    comments: dict[str, str] = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = re.match(r"\s+([A-Z_]+)\s*=\s*\"[^\"]*\"\s*#\s*(.*)", line)
+        if match:
+            comments[match.group(1)] = match.group(2).strip()
+    return comments
+
+
+def why_a_job_waits() -> list[str]:
+    """The wait-reason vocabulary (shared.model.WaitReason) and how a reason is chosen
+    (masterd.core.waiting)."""
+    notes = member_comments(WaitReason)
+    out = ["", "## Why a job waits", "",
+           "A queued job's view carries `wait`, one code of this vocabulary shared by every "
+           "policy, and `reason`, a sentence. `jobs` and `job` compute them when asked "
+           "(`masterd.core.waiting`); the first that applies wins: a closed admission gate "
+           "(`held`, `dependency`, `time_limit`, `quota`: the job is kept from the policy "
+           "altogether), the policy's own note from its last pass (`policy`), the head job's "
+           "reservation (`reserved`), no placement fitting the free resources now (`no_fit`), "
+           "a reservation holding what it fits (`reserved`), else `priority`. Jobs that are not "
+           "queued have `wait` = `\"\"`.", "",
+           "| wait | meaning | example reason |", "| --- | --- | --- |"]
+    examples = {
+        WaitReason.HELD: "held by its user (trellisctl release train-4 lets it go)",
+        WaitReason.DEPENDENCY: "waits for afterok:prep-3 (running)",
+        WaitReason.TIME_LIMIT: "its time limit exceeds the master's maximum",
+        WaitReason.QUOTA: "its tenant is at its cap",
+        WaitReason.NO_FIT: "no node has 4 free GPUs of A100 now",
+        WaitReason.PRIORITY: "behind 12 jobs the policy orders first",
+        WaitReason.RESERVED: "resources reserved from 14:05 on gpu-3",
+        WaitReason.POLICY: "waiting: large:A100 reclaims it from b3",
+    }
+    for reason in WaitReason:
+        out.append(f"| `{reason.value}` | {prose(notes.get(reason.name, ''))} | "
+                   f"{examples.get(reason, '')} |")
+    out += ["", "A job whose dependency can never be satisfied is not left waiting: it ends "
+            "`cancelled` with the reason naming the term (`dependency afterok:prep-3 can "
+            "never be satisfied: prep-3 failed`). Journal events (`events`) record each step: "
+            "`dependency` (`after`, `status` = `waiting`, `satisfied` or `never`, `reason`), "
+            "`held` and `released` (`by` = `user` or `admin`, `who`), `updated` (each changed "
+            "field as `[old, new]`, `by`, `who`)."]
+    return out
 
 
 def undocumented(methods: Mapping[str, tuple[type, Callable[..., Any]]]) -> list[str]:

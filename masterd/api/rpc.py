@@ -12,11 +12,13 @@ from masterd.api.genie import method_table as genie_methods
 from masterd.api.helios import job_extras as helios_job_extras
 from masterd.api.helios import method_table as helios_methods
 from masterd.api.inference import method_table as inference_methods
+from masterd.api.lifecycle import method_table as lifecycle_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
 from masterd.api.logs import method_table as logs_methods
 from masterd.api.visibility import check_owner, only_user
 from masterd.core.scheduler import JobError
+from masterd.core.waiting import WaitExplainer
 from masterd.journal.store import EventRow, Store
 from masterd.journal.wire import NO_PLACEMENT_VIEW, WireCache, placement_view, spec_view
 from masterd.service.bulk import BatchRefused, Refusal
@@ -103,6 +105,10 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "signal": job.signal,
         "reason": job.reason,
+        # Why a queued job waits (a wait reason, docs/protocol.md#why-a-job-waits; "" for
+        # other jobs) and who holds it ("", "user" or "admin").
+        "wait": job.wait,
+        "held": job.held,
         "attempts": job.attempts,
         **placement,
         # When a running job reaches its time limit (start + limit), else None.
@@ -110,6 +116,13 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
                           if job.start_time is not None and job.spec.time_limit_s is not None
                           and not job.state.terminal else None),
     }
+
+
+def explained(view: dict[str, Any], job: Job, waits: WaitExplainer) -> dict[str, Any]:
+    """A queued job's view with why it waits, as computed now (``wait`` and ``reason``)."""
+    if job.state is JobState.QUEUED:
+        view["wait"], view["reason"] = waits.why(job)
+    return view
 
 
 class Rpc:
@@ -137,6 +150,8 @@ class Rpc:
         self.methods.update(liquid_methods(master))
         self.methods.update(helios_methods(master))  # QSSF's estimator, energy saving
         self.methods.update(logs_methods(master))  # jobs' output, relayed from their nodes
+        # Holds, releases and updates (masterd.features.holds).
+        self.methods.update(lifecycle_methods(master.features.controls, self._view))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -164,6 +179,11 @@ class Rpc:
             raise JobError("unknown_job", f"job {job_id!r} does not exist")
         return job
 
+    def _view(self, job: Job) -> dict[str, Any]:
+        """A job's view with why it waits, when it waits."""
+        return explained(job_view(job, self._wire_for(job)), job,
+                         WaitExplainer(self.master.core))
+
     def _wire_for(self, job: Job) -> WireCache | None:
         """The per-job wire cache, unless the job is no longer in memory (a cancel can end
         and forget it at once): caching its view would bring back what forgetting dropped."""
@@ -176,7 +196,10 @@ class Rpc:
 
     @returns("`job`: the new job's [job view](#job-view), state `queued`.",
              ("unknown_user", "user_refused", "unsatisfiable", "invalid_job", "duplicate_job",
-              "not_leader"))
+              "not_leader", "forbidden",
+              # A dependency (`after`) naming no known job or array, closing a cycle, or an
+              # aftercorr without a task to pair with (masterd.core.dependencies).
+              "unknown_dependency", "dependency_cycle", "invalid_dependency"))
     async def submit(self, p: SubmitParams, params: dict[str, Any]) -> dict[str, Any]:
         """Submit one job; journalled before the reply. ``id`` makes a retry idempotent."""
         # The job map as sent decodes to exactly this spec (it just did), so it serves as the
@@ -241,6 +264,7 @@ class Rpc:
         credential sees its own user's jobs only."""
         out = []
         user = only_user()  # a client lists its own user's jobs only
+        waits: WaitExplainer | None = None  # made once per listing, if a queued job is listed
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
         pool = (self.master.core.active_jobs().values()
@@ -258,7 +282,11 @@ class Rpc:
                 continue
             if p.node and not (job.placement and p.node in job.placement.nodes):
                 continue
-            out.append(job_view(job, self.master.journal.wire))
+            view = job_view(job, self.master.journal.wire)
+            if job.state is JobState.QUEUED:
+                waits = waits or WaitExplainer(self.master.core)
+                explained(view, job, waits)
+            out.append(view)
             if len(out) >= p.limit:
                 break
         return {"jobs": out}
@@ -274,7 +302,7 @@ class Rpc:
         check_owner(job, "see")
         events = await self.master.journal.call(Store.events, job.id)
         return {
-            "job": job_view(job, self._wire_for(job)),
+            "job": self._view(job),
             "events": [
                 {"time": e.time, "node": e.node, "kind": e.kind, "detail": e.detail}
                 for e in events

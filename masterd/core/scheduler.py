@@ -206,6 +206,10 @@ class SchedulingCore:
         in it (see :meth:`blocked`)."""
         return QueueView(self._ordered, self._queued)
 
+    def noted(self, job_id: str) -> bool:
+        """Whether a queued job's reason is the policy's note from the last pass."""
+        return job_id in self._noted
+
     def blocked(self) -> Mapping[str, Job]:
         """Queued jobs an admission gate keeps from the policy, read-only and not copied."""
         return MappingProxyType(self._blocked)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shared.dependency import format_dependency
 from shared.model import Job, JobSpec, Placement
 from shared.schema import encode
 from shared.slurmtime import format_signal
@@ -37,6 +38,11 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "time_limit_s": spec.time_limit_s,
         "warning": None if spec.warning is None else format_signal(spec.warning),
         "grace_s": spec.grace_s,
+        "priority": spec.priority,
+        # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none)
+        # and the array it is a task of ({id, index}, or nil).
+        "after": format_dependency(spec.after),
+        "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
     }
 
 

@@ -159,6 +159,9 @@ class JobActions:
     # does: at once if queued, else its parts are stopped (SIGTERM, SIGKILL after the
     # job's grace) and it ends so once they exited. Journalled before it returns.
     stop: Callable[[str, JobState, str], Awaitable[Job]] | None = None
+    # (job): a queued job's spec was replaced (its priority or QoS changed): move it to its
+    # place in the queue (SchedulingCore.reorder).
+    reorder: Callable[[str], None] = lambda job: None
 
 
 @dataclass(frozen=True)

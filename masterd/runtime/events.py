@@ -15,11 +15,11 @@ CPU allocator's launch plan); unanswered, it gives its default.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from masterd.core.scheduler import Transition
+from masterd.core.scheduler import JobError, Transition
 from shared.messages import CorePlan, JobMetric
 from shared.model import Job, JobSpec, NodeAllocation
 
@@ -87,6 +87,41 @@ class Check(Generic[P]):
             fn(*args, **kwargs)
 
 
+class AsyncCheck(Generic[P]):
+    """Like :class:`Check` for coroutine subscribers: awaited in order, the first exception
+    reaches the caller (a look-up that failed must refuse, not pass silently)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._subscribers: list[Callable[P, Awaitable[None]]] = []
+
+    def subscribe(self, fn: Callable[P, Awaitable[None]]) -> None:
+        self._subscribers.append(fn)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        for fn in self._subscribers:
+            await fn(*args, **kwargs)
+
+
+class Screen(Generic[P]):
+    """A check of a whole submission: every subscriber returns the jobs it refuses, by index
+    (index -> JobError), and the caller gets them all (the first per index wins)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._subscribers: list[Callable[P, Mapping[int, JobError]]] = []
+
+    def subscribe(self, fn: Callable[P, Mapping[int, JobError]]) -> None:
+        self._subscribers.append(fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> dict[int, JobError]:
+        refused: dict[int, JobError] = {}
+        for fn in self._subscribers:
+            for index, error in fn(*args, **kwargs).items():
+                refused.setdefault(index, error)
+        return refused
+
+
 class Provider(Generic[P, R]):
     """A question one feature answers; ``default`` answers while none does."""
 
@@ -121,8 +156,23 @@ def _name(fn: Any) -> str:
 class MasterEvents:
     """Everything a feature can hear from the master, and the two ways it can answer."""
 
+    # A submission (one job, or a submit_many batch) is about to be checked: (specs, the ids
+    # given, None where the master names the job). An asynchronous look-up the checks below
+    # need is done here (the journal's record of jobs no longer in memory); raise JobError
+    # to refuse the whole submission.
+    preparing: AsyncCheck[[Sequence[JobSpec], Sequence[str | None]]] = field(
+        default_factory=lambda: AsyncCheck("preparing"))
     # A submission is being accepted: raise JobError to refuse it (before it is journalled).
     submitting: Check[[JobSpec]] = field(default_factory=lambda: Check("submitting"))
+    # The submission as a whole, after each job's `submitting`: (specs, ids given) -> the
+    # jobs refused, by index (what depends on other jobs: dependencies, cycles).
+    screening: Screen[[Sequence[JobSpec], Sequence[str | None]]] = field(
+        default_factory=lambda: Screen("screening"))
+    # The jobs of an accepted submission have their ids, before they are journalled: (the
+    # jobs, whether each id was given). A feature may replace a job's spec here (array
+    # tasks the master names take their array's id from the first of them).
+    reserved: Signal[[Sequence[Job], Sequence[bool]]] = field(
+        default_factory=lambda: Signal("reserved"))
     # The tuning plan of one part of a job being launched (None: pin it as placed).
     core_plan: Provider[[Job, NodeAllocation], CorePlan | None] = field(
         default_factory=lambda: Provider("core_plan", _no_core_plan))

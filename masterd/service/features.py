@@ -13,10 +13,12 @@ from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
+from masterd.features.dependencies import Dependencies
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.helios.estimator import DurationEstimator
 from masterd.features.helios.power import PowerManager
+from masterd.features.holds import JobControls
 from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
@@ -39,6 +41,10 @@ class Features:
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
     logs: JobLogs  # jobs' output, relayed from their nodes (trellisctl logs)
     timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
+    # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
+    # a restore resolves dependencies before holds close their gates.
+    dependencies: Dependencies
+    controls: JobControls
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -62,5 +68,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
-                        timelimits=TimeLimits(ctx))
+                        timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
+                        controls=JobControls(ctx))
     return features, policy

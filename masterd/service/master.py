@@ -151,7 +151,8 @@ class Master:
                 preempt=self.preempt, drop_queued=self.drop_queued,
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
-                post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop),
+                post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop,
+                reorder=self.core.reorder),
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state),
             tasks=self.tasks,
@@ -292,8 +293,12 @@ class Master:
                      wire_spec: dict[str, Any] | None = None) -> Job:
         """``wire_spec``: a map that decodes to ``spec`` (the one the client sent), kept as
         the spec's wire form instead of encoding the spec again."""
+        await self.events.preparing((spec,), (job_id,))
         self._check_new(spec, job_id)
+        for refusal in self.events.screening((spec,), (job_id,)).values():
+            raise refusal
         seq, job = self._reserve(spec, job_id, wire_spec)
+        self.events.reserved.emit((job,), (job_id is not None,))
         try:
             await self.journal.submit(seq, job)
         except Exception as exc:
@@ -321,7 +326,12 @@ class Master:
                 refusals.append(Refusal(index, "invalid_params", str(exc)))
             if job_id is not None:
                 seen.add(job_id)
-        return refusals
+        # What depends on the batch as a whole (dependencies between its jobs, cycles).
+        refused = {r.index for r in refusals}
+        screened = [Refusal(index, exc.code, str(exc))
+                    for index, exc in self.events.screening(specs, ids).items()
+                    if index not in refused]
+        return sorted(refusals + screened, key=lambda r: r.index) if screened else refusals
 
     async def submit_many(self, specs: Sequence[JobSpec],
                           ids: Sequence[str | None] | None = None,
@@ -336,11 +346,13 @@ class Master:
             raise JobError("not_leader", "this master no longer leads; retry on the leader")
         ids = list(ids) if ids is not None else [None] * len(specs)
         wires = list(wire_specs) if wire_specs is not None else [None] * len(specs)
+        await self.events.preparing(specs, ids)
         refusals = self.batch_refusals(specs, ids)
         if refusals:
             raise BatchRefused(refusals, len(specs))
         reserved = [self._reserve(spec, job_id, wire)
                     for spec, job_id, wire in zip(specs, ids, wires, strict=True)]
+        self.events.reserved.emit([job for _, job in reserved], [i is not None for i in ids])
         chosen = [job_id for job_id in ids if job_id is not None]
         try:
             # Ended jobs the master forgot keep their ids in the journal: one look for all.

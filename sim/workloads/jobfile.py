@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shared.dependency import DependencyError, parse_dependency
 from shared.model import JobKind, JobSpec, NodeInventory
 from shared.schema import SchemaError, decode
 from sim.truth import TruthParams
@@ -36,7 +37,8 @@ INT_FIELDS = ("gpus", "cpus", "memory_mib", "batch", "iterations", "max_nodes", 
 FLOAT_FIELDS = ("model_params_m",)
 TIME_FIELDS = ("submit", "deadline")
 STR_FIELDS = ("name", "user", "tenant", "kind", "qos", "gpu_model", "model_type", "model_family")
-KNOWN = frozenset(INT_FIELDS + FLOAT_FIELDS + TIME_FIELDS + STR_FIELDS + ("duration", "id"))
+KNOWN = frozenset(INT_FIELDS + FLOAT_FIELDS + TIME_FIELDS + STR_FIELDS
+                  + ("duration", "id", "after"))
 
 
 @dataclass
@@ -119,7 +121,14 @@ def _row_to_job(
         if "duration_gpus" in values else None
     )
     job_id = str(values.pop("id", "")).strip() or None
+    after = str(values.pop("after", "")).strip()
     data: dict[str, Any] = {}
+    if after:  # Slurm's --dependency syntax, read as trellisctl submit --after reads it
+        try:
+            data["after"] = [{"type": t.type, "jobs": list(t.jobs)}
+                             for t in parse_dependency(after)]
+        except DependencyError as exc:
+            raise RowError(f"column after: {exc}") from None
     for key, value in values.items():
         if key in INT_FIELDS:
             data[key] = _number(value, key, integer=True)

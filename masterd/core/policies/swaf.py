@@ -227,11 +227,13 @@ class SwafPolicy:
         stale: list[_Entry] = []
         for job in queue:
             entry = get(job.id)
-            # The same record, not re-queued since: nothing about it changed (Job.spec and
-            # submit_time are never reassigned on a queued job; a re-queue bumps the priority).
+            # The same record with the same spec, not re-queued since: nothing about it
+            # changed (submit_time is never reassigned on a queued job; a re-queue bumps the
+            # priority; trellisctl update replaces the spec, e.g. its QoS class).
             if (
                 entry is not None
                 and entry.job is job
+                and entry.spec is job.spec
                 and entry.requeue_priority == job.requeue_priority
             ):
                 continue

@@ -1,0 +1,142 @@
+"""Why a queued job waits, for every policy: one (WaitReason, sentence) per job from one
+vocabulary (``shared.model.WaitReason``, documented in docs/protocol.md).
+
+In this order, the first that applies:
+
+1. an admission gate is closed (held, dependency, time_limit, quota): that gate and its
+   sentence, as the core keeps them (``Job.wait``/``Job.reason``);
+2. the policy's own note from its last pass (SODA's arrays: "waiting: large:A100 reclaims it
+   from ..."; a Liquid batch window; the profiler's shape): ``policy``;
+3. the job is the head job the policy reserves resources for (EASY backfill):
+   ``reserved``, "resources reserved from 14:05 on gpu-3";
+4. no node holds the job's shape with the resources free now: ``no_fit``, "no node has 4
+   free GPUs of A100 now";
+5. it fits the free resources, yet a reservation for the head job holds them: ``reserved``;
+6. otherwise other jobs come first in the policy's order: ``priority``, "behind 12 jobs the
+   policy orders first" (SWAF's own order where the policy gives one, else the queue's).
+
+Computed when shown, not per pass: :class:`WaitExplainer` is built once per listing and
+computes queue positions, the free pool and the reservation once, and each shape's fit once,
+so a listing of thousands of queued jobs stays cheap. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from masterd.core.placement import FreePool, pack
+from masterd.core.profiling import unwrap
+from masterd.core.scheduler import SchedulingCore
+from shared.model import Job, JobSpec, JobState, WaitReason
+
+_Shape = tuple[int, str | None, int, int, int | None]
+
+
+class WaitExplainer:
+    def __init__(self, core: SchedulingCore) -> None:
+        self.core = core
+        self.policy = unwrap(core.policy)
+        self._positions: dict[str, int] | None = None
+        self._pool: FreePool | None = None
+        self._fits: dict[_Shape, str | None] = {}
+        self._reservation = reservation_of(self.policy)
+
+    def why(self, job: Job) -> tuple[str, str]:
+        """(wait reason, sentence) of a queued job; ("", its reason) for any other job."""
+        if job.state is not JobState.QUEUED:
+            return "", job.reason
+        if job.gates:
+            return job.wait, job.reason
+        if job.reason and self.core.noted(job.id):
+            return WaitReason.POLICY.value, job.reason
+        held = self._reservation
+        if held is not None and held[0] == job.id:
+            return WaitReason.RESERVED.value, (f"resources reserved from {_clock(held[1])} on "
+                                               f"{', '.join(held[2]) or 'its nodes'}")
+        misfit = self._misfit(job.spec)
+        if misfit is not None:
+            return WaitReason.NO_FIT.value, misfit
+        if held is not None:
+            return WaitReason.RESERVED.value, (f"the resources it fits are reserved for job "
+                                               f"{held[0]} from {_clock(held[1])}")
+        ahead = self._position(job.id)
+        if ahead == 0:
+            return WaitReason.PRIORITY.value, ("first in the policy's order; the next "
+                                               "scheduling pass starts it")
+        return WaitReason.PRIORITY.value, (f"behind {ahead} job{'s' if ahead != 1 else ''} "
+                                           "the policy orders first")
+
+    # -- the parts computed once per listing ---------------------------------------------------
+    def _position(self, job_id: str) -> int:
+        if self._positions is None:
+            self._positions = {}
+            order = getattr(self.policy, "waiting_order", None)
+            ranked: list[str] = []
+            if callable(order):
+                # The policy's own order (SWAF's waiting allowance), where it gives one.
+                ranked = [choice.job_id for choice in order()]
+            queue = [job.id for job in self.core.queue()]
+            seen = set(ranked)
+            ranked += [job_id for job_id in queue if job_id not in seen]
+            self._positions = {job_id: i for i, job_id in enumerate(ranked)}
+        return self._positions.get(job_id, len(self._positions))
+
+    def _misfit(self, spec: JobSpec) -> str | None:
+        """Why no placement of the job fits the free resources now (None: one does)."""
+        if spec.gpu_milli is not None:
+            return None  # a share of a GPU: the policy decides who shares with whom
+        key: _Shape = (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes)
+        if key in self._fits:
+            return self._fits[key]
+        if self._pool is None:
+            self._pool = FreePool(self.core.snapshot())
+        pool = self._pool
+        why = None
+        if pack(spec, pool) is None:
+            why = _sentence(spec, pool)
+        self._fits[key] = why
+        return why
+
+
+def _sentence(spec: JobSpec, pool: FreePool) -> str:
+    nodes = pool.nodes_for(spec)
+    model = f" of {spec.gpu_model}" if spec.gpu_model else ""
+    memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
+    if not nodes:
+        return f"no node{model} is up and schedulable now"
+    if spec.gpus:
+        if max(len(pool.views[n].inventory.gpus) for n in nodes) < spec.gpus:
+            return (f"the free GPUs{model} do not make up {spec.gpus} in a shape of the job "
+                    "now (it spans nodes)")
+        if max(pool.free_gpu_count(n) for n in nodes) < spec.gpus:
+            return f"no node has {spec.gpus} free GPUs{model} now"
+        return f"no node has {spec.gpus} free GPUs{model} with {spec.cpus} free cores{memory} now"
+    return f"no node has {spec.cpus} free cores{memory} now"
+
+
+def _clock(moment: float) -> str:
+    return time.strftime("%H:%M", time.localtime(moment))
+
+
+def reservation_of(policy: Any) -> tuple[str, float, Sequence[str]] | None:
+    """The head job's reservation, if the policy keeps one after its pass (EASY backfill):
+    ``policy.reservation`` with ``job_id``, ``start`` (when, seconds since the epoch) and
+    ``nodes`` (or a ``placement``), or None."""
+    found = getattr(policy, "reservation", None)
+    if callable(found):
+        found = found()
+    if found is None:
+        return None
+    job_id = getattr(found, "job_id", None)
+    start = getattr(found, "start", None)
+    if start is None:
+        start = getattr(found, "start_time", None)
+    nodes = getattr(found, "nodes", None)
+    if nodes is None:
+        placement = getattr(found, "placement", None)
+        nodes = placement.nodes if placement is not None else ()
+    if not isinstance(job_id, str) or not isinstance(start, int | float):
+        return None
+    return job_id, float(start), tuple(nodes)
