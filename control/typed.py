@@ -132,6 +132,20 @@ class Calls:
         return RpcCall("undrain", {"node": name}, lambda r: str(_field(r, "status")))
 
     @staticmethod
+    def hold(job_id: str) -> RpcCall[JobView]:
+        return RpcCall("hold", {"id": job_id}, _view("JobView", "job"))
+
+    @staticmethod
+    def release(job_id: str) -> RpcCall[JobView]:
+        return RpcCall("release", {"id": job_id}, _view("JobView", "job"))
+
+    @staticmethod
+    def update(job_id: str, qos: str | None = None, time_limit_s: int | None = None,
+               priority: int | None = None) -> RpcCall[JobView]:
+        return RpcCall("update", _given(id=job_id, qos=qos, time_limit_s=time_limit_s,
+                                        priority=priority), _view("JobView", "job"))
+
+    @staticmethod
     def events(after: int = 0, limit: int | None = None, job: str | None = None,
                tail: int | None = None) -> RpcCall[EventPage]:
         return RpcCall("events", _given(after=after, limit=limit, job=job, tail=tail),
@@ -188,6 +202,19 @@ class TypedCalls:
         """Place jobs on a drained node again; returns its status."""
         return self._run(Calls.undrain(name))
 
+    def hold(self, job_id: str) -> JobView:
+        """Keep a queued job from starting until it is released."""
+        return self._run(Calls.hold(job_id))
+
+    def release(self, job_id: str) -> JobView:
+        """Let a held job be scheduled again."""
+        return self._run(Calls.release(job_id))
+
+    def update(self, job_id: str, qos: str | None = None, time_limit_s: int | None = None,
+               priority: int | None = None) -> JobView:
+        """Change a job's QoS class, time limit or priority (a user may only lower them)."""
+        return self._run(Calls.update(job_id, qos, time_limit_s, priority))
+
     def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                tail: int | None = None) -> EventPage:
         """Journal rows after cursor ``after`` (or the newest ``tail``), oldest first."""
@@ -233,6 +260,16 @@ class AsyncTypedCalls:
 
     async def undrain(self, name: str) -> str:
         return await self._run(Calls.undrain(name))
+
+    async def hold(self, job_id: str) -> JobView:
+        return await self._run(Calls.hold(job_id))
+
+    async def release(self, job_id: str) -> JobView:
+        return await self._run(Calls.release(job_id))
+
+    async def update(self, job_id: str, qos: str | None = None,
+                     time_limit_s: int | None = None, priority: int | None = None) -> JobView:
+        return await self._run(Calls.update(job_id, qos, time_limit_s, priority))
 
     async def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                      tail: int | None = None) -> EventPage:

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shared.model import GpuInfo
+from shared.model import ArrayTask, GpuInfo
 from shared.schema import decode
 
 V = TypeVar("V")
@@ -51,8 +51,20 @@ class JobView:
     memory_mib: int
     # ... and its command.
     command: tuple[str, ...]
+    # Its time limit in seconds (nil: none) ...
+    time_limit_s: int | None = None
+    # ... the warning it asked for before the limit, as Slurm writes it ("[B:]SIG@SECONDS") ...
+    warning: str | None = None
+    # ... and its SIGTERM-to-SIGKILL grace (nil: the master's stop_grace_s).
+    grace_s: float | None = None
+    # Its priority among otherwise equal jobs (higher first).
+    priority: int = 0
+    # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none).
+    after: str = ""
+    # The array it is a task of, and its index there.
+    array: ArrayTask | None = None
     # When it was submitted (seconds since the epoch) ...
-    submit_time: float
+    submit_time: float = 0.0
     # ... started (every part running) ...
     start_time: float | None = None
     # ... and ended.
@@ -65,12 +77,18 @@ class JobView:
     signal: int | None = None
     # Why it is where it is: why a queued job waits, why a job failed or was stopped.
     reason: str = ""
+    # Why a queued job waits ([why a job waits](#why-a-job-waits); "" for other jobs).
+    wait: str = ""
+    # Who holds it back: "" (nobody), "user" or "admin" (trellisctl hold).
+    held: str = ""
     # Times it was placed (a retry or a re-queue after preemption places it again).
     attempts: int = 0
     # The nodes it runs (or ran) on ...
     nodes: tuple[str, ...] = ()
     # ... and what it holds on each.
     placement: tuple[PlacementPart, ...] = ()
+    # When a running job reaches its time limit (its start + its limit), else nil.
+    time_limit_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,12 @@ def test_every_typed_call_against_a_real_master(make_cluster) -> None:
     assert isinstance(node, NodeDetail) and node.jobs[0].id == long.id
     page = client.events(job=long.id)
     assert page.events and page.last >= page.events[-1].seq
+    held = client.submit(spec("sdk-held", 0))
+    # A held job waits (typed view: wait and held); lowering its priority is anyone's right.
+    view = client.hold(held.id)
+    assert (view.held, view.wait) in {("admin", "held"), ("user", "held")}
+    assert client.update(held.id, priority=-5).priority == -5
+    assert client.release(held.id).held == ""
     assert client.drain(nodes[0].name) == "drained"
     assert client.undrain(nodes[0].name) == "ready"
     assert client.cancel(long.id).id == long.id
