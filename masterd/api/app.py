@@ -50,8 +50,9 @@ STATUS_OF = {"unknown_job": 404, "unknown_node": 404, "unknown_method": 404,
              # A master that lost leadership mid-request: the client retries the leader.
              "not_leader": 503,
              "unauthenticated": 401, "forbidden": 403,
-             # trellisctl logs: the node keeps no output of the job / is not connected.
-             "no_output": 404, "node_unreachable": 503}
+             # trellisctl logs: the node keeps no output of the job, is not connected, or
+             # serves as many reads as it takes.
+             "no_output": 404, "node_unreachable": 503, "busy": 503}
 SHUTTING_DOWN = ("the master is shutting down and accepts no new requests; retry once it "
                  "is back")
 
