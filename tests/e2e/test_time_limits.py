@@ -51,6 +51,16 @@ def test_warning_then_timeout(make_cluster, shared_dir: Path) -> None:
                        *trapping_job(shared_dir, "warned"))
     assert submitted["time_limit_s"] == 5 and submitted["warning"] == "USR1@3"
     job_id = submitted["id"]
+    # B: signals the batch shell only, not the child shell it started (which would say so).
+    shell_only = shared_dir / "shell-only"
+    child = shared_dir / "child.sh"
+    child.write_text(f"trap 'echo child >> {shell_only}' USR1\n"
+                     "while true; do sleep 0.2; done\n")
+    leader = shared_dir / "leader.sh"
+    leader.write_text(f"sh {child} &\ntrap 'echo leader >> {shell_only}' USR1\n"
+                      "while true; do wait; done\n")
+    batch = submit(cluster, "--time", "0:05", "--signal", "B:USR1@3", "--", "sh",
+                   str(leader))["id"]
     running = cluster.wait_for("it to run", lambda: (
         (found := job(cluster, job_id)["job"])["state"] == "running" and found), 30)
     assert running["time_limit_at"] == running["start_time"] + 5
@@ -72,8 +82,10 @@ def test_warning_then_timeout(make_cluster, shared_dir: Path) -> None:
     assert kinds.index("warned") < kinds.index("stop_requested") < kinds.index("timeout")
     warned = next(e for e in result["events"] if e["kind"] == "warned")
     assert warned["detail"]["signal"] == "SIGUSR1" and len(warned["detail"]["nodes"]) == 1
+    assert ended(cluster, batch)["job"]["state"] == "timeout"
+    assert shell_only.read_text().split() == ["leader"]
     code, listed, err = ctl(cluster, "jobs", "--state", "timeout")
-    assert code == 0 and [j["id"] for j in listed["jobs"]] == [job_id], err
+    assert code == 0 and {j["id"] for j in listed["jobs"]} == {job_id, batch}, err
 
 
 def test_a_restarted_master_stops_the_job_at_its_journalled_limit(

@@ -100,3 +100,15 @@ def test_many_jobs_due_at_once_each_come_once(count: int) -> None:
     assert due == [(f"j{i}", WARN) for i in range(count)] + [(f"j{i}", STOP)
                                                               for i in range(count)]
     assert schedule.pop_due(10.0) == []
+
+
+def test_a_default_above_the_maximum_is_refused_with_the_keys_named() -> None:
+    from shared.config import ConfigError, MasterConfig, load_config
+
+    with pytest.raises(ConfigError, match="default_time_limit_s \\(7200\\) exceeds "
+                                          "max_time_limit_s \\(3600\\)"):
+        load_config(MasterConfig, None, "master", default_time_limit_s=7200,
+                    max_time_limit_s=3600)
+    config = load_config(MasterConfig, None, "master", default_time_limit_s=600)
+    assert (config.default_time_limit_s, config.max_time_limit_s, config.max_grace_s) == (
+        600, 0, 300.0)
