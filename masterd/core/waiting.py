@@ -22,10 +22,11 @@ so a listing of thousands of queued jobs stays cheap. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
 from typing import Any
 
+from masterd.core.backfill import Reservation
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import SchedulingCore
@@ -52,15 +53,16 @@ class WaitExplainer:
         if job.reason and self.core.noted(job.id):
             return WaitReason.POLICY.value, job.reason
         held = self._reservation
-        if held is not None and held[0] == job.id:
-            return WaitReason.RESERVED.value, (f"resources reserved from {_clock(held[1])} on "
-                                               f"{', '.join(held[2]) or 'its nodes'}")
+        if held is not None and held.job_id == job.id:
+            return WaitReason.RESERVED.value, (f"resources reserved for it {_when(held.start)} "
+                                               f"on {', '.join(held.nodes) or 'its nodes'}")
         misfit = self._misfit(job.spec)
         if misfit is not None:
             return WaitReason.NO_FIT.value, misfit
-        if held is not None:
-            return WaitReason.RESERVED.value, (f"the resources it fits are reserved for job "
-                                               f"{held[0]} from {_clock(held[1])}")
+        if held is not None and job.id in held.held:
+            return WaitReason.RESERVED.value, (f"it fits now, but would still run when job "
+                                               f"{held.job_id}'s reservation begins "
+                                               f"({_when(held.start)})")
         ahead = self._position(job.id)
         if ahead == 0:
             return WaitReason.PRIORITY.value, ("first in the policy's order; the next "
@@ -116,27 +118,15 @@ def _sentence(spec: JobSpec, pool: FreePool) -> str:
     return f"no node has {spec.cpus} free cores{memory} now"
 
 
-def _clock(moment: float) -> str:
-    return time.strftime("%H:%M", time.localtime(moment))
+def _when(moment: float) -> str:
+    """When a reservation begins, as a person reads it."""
+    if math.isinf(moment):
+        return "once a running job without a time limit ends"
+    return "from " + time.strftime("%H:%M", time.localtime(moment))
 
 
-def reservation_of(policy: Any) -> tuple[str, float, Sequence[str]] | None:
-    """The head job's reservation, if the policy keeps one after its pass (EASY backfill):
-    ``policy.reservation`` with ``job_id``, ``start`` (when, seconds since the epoch) and
-    ``nodes`` (or a ``placement``), or None."""
+def reservation_of(policy: Any) -> Reservation | None:
+    """The head job's reservation, if the policy keeps one after its pass (EASY backfill's
+    ``policy.reservation``), or None."""
     found = getattr(policy, "reservation", None)
-    if callable(found):
-        found = found()
-    if found is None:
-        return None
-    job_id = getattr(found, "job_id", None)
-    start = getattr(found, "start", None)
-    if start is None:
-        start = getattr(found, "start_time", None)
-    nodes = getattr(found, "nodes", None)
-    if nodes is None:
-        placement = getattr(found, "placement", None)
-        nodes = placement.nodes if placement is not None else ()
-    if not isinstance(job_id, str) or not isinstance(start, int | float):
-        return None
-    return job_id, float(start), tuple(nodes)
+    return found if isinstance(found, Reservation) else None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from control.aclient import AsyncMasterClient
 from control.client import RpcError
 from demo.cluster import default_job_user
-from shared.model import JobKind, JobSpec
+from shared.model import Dependency, JobKind, JobSpec
 from shared.views import JobDetail, JobView, MasterInfo, NodeDetail
 
 USER = default_job_user()
@@ -44,12 +45,15 @@ def test_every_typed_call_against_a_real_master(make_cluster) -> None:
     assert isinstance(node, NodeDetail) and node.jobs[0].id == long.id
     page = client.events(job=long.id)
     assert page.events and page.last >= page.events[-1].seq
-    held = client.submit(spec("sdk-held", 0))
-    # A held job waits (typed view: wait and held); lowering its priority is anyone's right.
+    # Waiting for the long job, so it is still queued when held (nothing races the hold).
+    held = client.submit(replace(spec("sdk-held", 0),
+                                 after=(Dependency("afterany", (long.id,)),)))
+    assert (held.wait, held.after) == ("dependency", f"afterany:{long.id}")
     view = client.hold(held.id)
-    assert (view.held, view.wait) in {("admin", "held"), ("user", "held")}
+    assert (view.held, view.wait) == ("admin", "held")  # the cluster's client is an admin
     assert client.update(held.id, priority=-5).priority == -5
-    assert client.release(held.id).held == ""
+    released = client.release(held.id)
+    assert (released.held, released.wait) == ("", "dependency")
     assert client.drain(nodes[0].name) == "drained"
     assert client.undrain(nodes[0].name) == "ready"
     assert client.cancel(long.id).id == long.id

@@ -3,17 +3,12 @@ one reason of the shared vocabulary with a sentence."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policies.swaf import SwafPolicy
-from masterd.core.policy import Decision
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.waiting import WaitExplainer
-from shared.model import Job, JobState, QosClass, WaitReason
+from shared.model import JobState, QosClass, WaitReason
 from tests.unit.arrays_fixtures import gpu_node
 from tests.unit.arrays_fixtures import job as array_job
 from tests.unit.genie_support import job as genie_job
@@ -58,44 +53,36 @@ def test_cores_and_models_in_the_no_fit_sentence() -> None:
     assert reasons(core)["c2"] == ("no_fit", "no node has 2 free cores now")
 
 
-@dataclass
-class Reserved:
-    job_id: str
-    start: float
-    nodes: tuple[str, ...]
-
-
-class ReservingFifo(FifoPolicy):
-    """FIFO that reports a reservation for its blocked head, as EASY backfill does."""
-
-    def __init__(self) -> None:
-        super().__init__(backfill=False)
-        self.reservation: Reserved | None = None
-
-    def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
-               ) -> list[Decision]:
-        decisions = super().decide(snapshot, queue, now)
-        started = {d.job_id for d in decisions}
-        head = next((j for j in queue if j.id not in started), None)
-        self.reservation = Reserved(head.id, 7200.0, ("n1",)) if head else None
-        return decisions
-
-
-def test_a_reservation_for_the_head_job() -> None:
-    core = SchedulingCore(ReservingFifo())
-    core.node_up(inventory("n1", gpus=4, cpus=8))
-    core.submit(job("run", gpus=3, t=0))
+def test_easy_backfills_reservation_explains_the_head_and_the_jobs_held_for_it() -> None:
+    core = SchedulingCore(FifoPolicy(backfill="easy"))
+    core.node_up(inventory("n1", gpus=5, cpus=8))
+    core.submit(job("run", gpus=3, t=0, time_limit_s=3600))
     core.schedule(1)
-    core.submit(job("head", gpus=4, t=2))
-    core.submit(job("fits", gpus=1, t=3))
-    core.submit(job("wide", gpus=2, t=4))
-    core.schedule(5)
+    core.submit(job("head", gpus=5, t=2, time_limit_s=600))
+    core.submit(job("long", gpus=1, t=3))  # no limit: would outlast the reservation
+    core.submit(job("short", gpus=1, t=4, time_limit_s=60))  # ends before it: backfills
+    core.submit(job("wide", gpus=2, t=5, time_limit_s=60))
+    started = {d.job_id for d in core.schedule(5)}
+    assert started == {"short"}
     got = reasons(core)
     assert got["head"][0] == "reserved"
-    assert got["head"][1].startswith("resources reserved from ") and "on n1" in got["head"][1]
-    assert got["fits"][0] == "reserved"
-    assert got["fits"][1].startswith("the resources it fits are reserved for job head")
+    assert got["head"][1].startswith("resources reserved for it from ") and "on n1" in \
+        got["head"][1]
+    assert got["long"][0] == "reserved"
+    assert "job head's reservation begins" in got["long"][1]
     assert got["wide"][0] == "no_fit"
+
+
+def test_a_reservation_behind_a_job_without_a_limit_says_so() -> None:
+    core = SchedulingCore(FifoPolicy(backfill="easy"))
+    core.node_up(inventory("n1", gpus=4, cpus=8))
+    core.submit(job("endless", gpus=3, t=0))
+    core.schedule(1)
+    core.submit(job("head", gpus=4, t=2, time_limit_s=600))
+    core.schedule(3)
+    assert reasons(core)["head"] == (
+        "reserved", "resources reserved for it once a running job without a time limit ends "
+        "on n1")
 
 
 def test_soda_arrays_notes_are_the_policys_reason() -> None:
