@@ -128,6 +128,8 @@ def run(jobdir: Path) -> int:
         except InterruptedError:
             continue
     result: dict = {"time": time.time(), "log_bytes": log.written, "log_dropped": log.dropped}
+    if log.error:
+        result["log_error"] = log.error
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:
@@ -147,6 +149,7 @@ class LogRelay:
         self.cap = cap
         self.written = os.lseek(log_fd, 0, os.SEEK_END)
         self.dropped = 0
+        self.error = ""  # why the log stopped taking output early, if it did
         self._splice = hasattr(os, "splice")
         self._sink = -1  # /dev/null, once output is dropped
         os.set_blocking(pipe, False)
@@ -191,7 +194,7 @@ class LogRelay:
         """Move everything the pipe holds now; True at end of file (no writer left)."""
         while True:
             try:
-                if self.cap and self.written >= self.cap:
+                if self.error or (self.cap and self.written >= self.cap):
                     moved = self._discard()
                 else:
                     step = STEP if not self.cap else min(STEP, self.cap - self.written)
@@ -201,6 +204,13 @@ class LogRelay:
                         self._mark_cap()
             except BlockingIOError:
                 return False
+            except OSError as exc:
+                if self.error:  # even dropping failed: nothing more to try
+                    raise
+                # The log cannot take more (disk full, quota, I/O error): the job must not
+                # notice, and the shim must live to record its exit, so the rest is dropped.
+                self.error = exc.strerror or str(exc)
+                continue
             if moved == 0:
                 return True
 
@@ -237,7 +247,8 @@ class LogRelay:
         mib = self.cap / (1 << 20)
         note = (f"[trellis] this job's output reached the node's log cap of {mib:g} MiB "
                 "(log_max_mb); the rest is dropped, the job keeps running\n").encode()
-        os.write(self.log_fd, lead + note)
+        with contextlib.suppress(OSError):  # a full disk drops the note too
+            os.write(self.log_fd, lead + note)
 
 
 def main() -> int:
