@@ -129,28 +129,20 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return job
 
 
-MAX_TIME_LIMIT_S = 366 * 86400  # JobSpec.time_limit_s's bound
 MAX_GRACE_S = 3600.0  # JobSpec.grace_s's bound
 
 
 def time_options(args: argparse.Namespace) -> dict[str, Any]:
     """--time, --signal and --grace as spec fields (time_limit_s, warning, grace_s)."""
-    from shared.slurmtime import format_time, parse_signal, parse_time
+    from shared.slurmtime import parse_signal, parse_time_limit
 
     job: dict[str, Any] = {}
     text = getattr(args, "time", None)
     if text is not None:
         try:
-            seconds = parse_time(text)
+            job["time_limit_s"] = parse_time_limit(text)
         except ValueError as exc:
             raise UsageError(f"--time: {exc}") from None
-        if seconds is None:
-            raise UsageError(f"--time {text!r}: a job cannot ask for no limit; leave --time "
-                             "out for the master's default (default_time_limit_s)")
-        if seconds > MAX_TIME_LIMIT_S:
-            raise UsageError(f"--time {text!r} ({format_time(seconds)}) is longer than the "
-                             f"longest limit, {format_time(MAX_TIME_LIMIT_S)}")
-        job["time_limit_s"] = seconds
     text = getattr(args, "signal", None)
     if text is not None:
         try:

@@ -143,8 +143,8 @@ def parse_time_limit(text: str) -> int:
     :func:`parse_time`'s forms, neither "no limit" nor beyond :data:`MAX_TIME_LIMIT_S`."""
     seconds = parse_time(text)
     if seconds is None:
-        raise ValueError(f"{text!r} means no time limit; a job cannot ask for none (leave the "
-                         "option out for the master's default_time_limit_s)")
+        raise ValueError(f"{text!r} means no time limit, and a job cannot ask for no limit; "
+                         "leave the option out for the master's default (default_time_limit_s)")
     if seconds > MAX_TIME_LIMIT_S:
         raise ValueError(f"{text!r} ({format_time(seconds)}) is longer than the longest limit, "
                          f"{format_time(MAX_TIME_LIMIT_S)}")
