@@ -317,8 +317,11 @@ class Rpc:
              "`cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` (ids) and "
              "`gpu_detail` (each GPU's inventory and `utilization_pct`).")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
-        """Every registered node with its status and free resources."""
+        """Every registered node with its status and free resources. A client credential
+        sees the ids of its own user's jobs only (the free resources show what others hold)."""
         out = []
+        user = only_user()
+        jobs = self.master.core.jobs
         for view in self.master.core.cluster.views():
             inv = view.inventory
             util = self.master.gpu_util.get(view.name, {})
@@ -334,7 +337,8 @@ class Rpc:
                 "cpus_free": len(view.free_cpus),
                 "memory_mib": inv.memory_mib,
                 "memory_free_mib": view.free_memory_mib,
-                "jobs": self.master.core.cluster.jobs_on(view.name),
+                "jobs": [j for j in self.master.core.cluster.jobs_on(view.name)
+                         if user is None or (j in jobs and jobs[j].spec.user == user)],
                 "gpu_detail": [
                     dict(dataclasses.asdict(g), utilization_pct=(
                         util[g.index].utilization_pct if g.index in util else None))
