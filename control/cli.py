@@ -36,6 +36,7 @@ FOLLOW_PERIOD_S = 0.5
 # Errors that mean "the master is not there to serve you now", like an unreachable one.
 UNAVAILABLE_CODES = frozenset({"shutting_down"})
 JOB_STATES = ("queued", "starting", "running", "finished", "failed", "cancelled", "timeout",
+              "node_lost",
               "active")
 
 __all__ = ["UsageError", "build_parser", "main", "parse_deadline"]

@@ -24,7 +24,7 @@ from control.client import RpcError, Unreachable
 
 log = logging.getLogger("trellis.demo")
 
-ENDED = ("finished", "failed", "cancelled", "timeout")
+ENDED = ("finished", "failed", "cancelled", "timeout", "node_lost")
 # Journal rows that add nothing a reader of the timeline needs: the running/ended rows tell it.
 QUIET = frozenset({"submitted", "placed", "part_started", "part_exited", "cancel_requested",
                    "launch_failed", "metric", "queued", "stop_requested"})

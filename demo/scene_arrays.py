@@ -18,7 +18,7 @@ from demo.stage import SceneResult, SceneTimeout, Stage
 
 SCENE = "arrays"
 ETL_S = 4.0
-ENDS = ("finished", "failed", "cancelled", "timeout", "preempted")
+ENDS = ("finished", "failed", "cancelled", "timeout", "node_lost", "preempted")
 
 
 def gpus_in_use(events: Iterable[dict[str, Any]], upto_seq: int) -> int:

@@ -52,6 +52,8 @@ class JobState(enum.StrEnum):
     CANCELLED = "cancelled"
     # Stopped at its time limit (JobSpec.time_limit_s): ended, but neither failed nor finished.
     TIMEOUT = "timeout"
+    # Its node died (or a GPU it used failed) and it may not be requeued.
+    NODE_LOST = "node_lost"
 
     @property
     def terminal(self) -> bool:
@@ -59,7 +61,7 @@ class JobState(enum.StrEnum):
 
 
 _TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.CANCELLED,
-                       JobState.TIMEOUT})
+                       JobState.TIMEOUT, JobState.NODE_LOST})
 
 
 class WaitReason(enum.StrEnum):
@@ -350,6 +352,9 @@ class Job:
     # The state a job being stopped ends in once its parts have exited (cancelled, timeout),
     # "" for the ordinary exit rules. Journalled: a restarted master still ends it so.
     end_as: str = ""
+    # Times the job was requeued after a failure (its node lost, a GPU fallen off the bus);
+    # with the job id it names an incarnation: a node runs only the newest. Journalled.
+    restarts: int = 0
     # The admission gates that keep this queued job from the policy (a WaitReason value ->
     # the sentence); see SchedulingCore.set_gate. Not journalled: the features that set
     # them set them again on restore.

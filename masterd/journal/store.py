@@ -93,7 +93,8 @@ class EventRow:
 
 # The scalar parts of a job's row data, in one getter.
 _SCALARS = ("start_time", "end_time", "exit_code", "signal", "reason", "attempts",
-            "requeue_priority", "stopping", "start_failures", "held", "wait", "end_as")
+            "requeue_priority", "stopping", "start_failures", "held", "wait", "end_as",
+            "restarts")
 _scalars_of = operator.attrgetter(*_SCALARS)
 
 
@@ -147,6 +148,7 @@ def _job_from_row(row: sqlite3.Row) -> Job:
         held=data.get("held", ""),
         wait=data.get("wait", ""),
         end_as=data.get("end_as", ""),
+        restarts=data.get("restarts", 0),
     )
 
 

@@ -68,12 +68,13 @@ def test_unplaced_job_rows_match_a_full_encoding_of_the_job() -> None:
         return {name: getattr(j, name) for name in (
             "start_time", "end_time", "exit_code", "signal", "reason", "attempts",
             "node_states", "requeue_priority", "stopping", "start_failures", "held", "wait",
-            "end_as")}
+            "end_as", "restarts")}
 
     variants = [{}, {"attempts": 1}, {"stopping": True}, {"start_failures": 1},
                 {"reason": "no node has 8 free GPUs"}, {"end_time": 12.5, "exit_code": 1},
                 {"end_time": 12.0, "exit_code": 0, "signal": 9}, {"requeue_priority": 2},
-                {"held": "user", "wait": "held"}, {"end_as": "timeout"}]
+                {"held": "user", "wait": "held"}, {"end_as": "timeout"},
+                {"restarts": 2}]
     for _ in range(2):  # second round: from the cache
         for fields in variants:
             j = job("cache-probe")
