@@ -321,13 +321,13 @@ NODE_COMMANDS = {
     "start_job": StartJob,
     "stop_job": StopJob,
     "forget_job": ForgetJob,
+    "signal_job": SignalJob,
     "read_log": ReadLog,
 }
 # Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
 # fields named in their docstrings).
 NODE_COMMAND_REPLIES = {
     "read_log": LogData,
-    "signal_job": SignalJob,
 }
 
 

@@ -52,6 +52,12 @@ class WaitExplainer:
             return job.wait, job.reason
         if job.reason and self.core.noted(job.id):
             return WaitReason.POLICY.value, job.reason
+        code, sentence = self._why_placed(job)
+        # What brought it back to the queue (preempted, a start that failed) stays first.
+        return code, f"{job.reason}; {sentence}" if job.reason else sentence
+
+    def _why_placed(self, job: Job) -> tuple[str, str]:
+        """Why a job the policy sees, with no note of its own, did not start."""
         held = self._reservation
         if held is not None and held.job_id == job.id:
             return WaitReason.RESERVED.value, (f"resources reserved for it {_when(held.start)} "

@@ -146,7 +146,8 @@ class JobControls:
         if not is_admin(principal):
             assert principal is not None
             cfg = self.ctx.config()
-            why = update_refusal(old, changes, getattr(cfg, "default_time_limit_s", None))
+            # (A job's spec holds its limit: the master's default is written in at submission.)
+            why = update_refusal(old, changes)
             if why is None and "qos" in changes:
                 why = qos_refusal(changes["qos"], principal.name, cfg.qos_urgent_users,
                                   cfg.qos_prior_users)
