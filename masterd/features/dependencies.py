@@ -145,7 +145,8 @@ class Dependencies:
         if not any(spec.after or spec.array is not None for spec in specs):
             return {}
         found = refusals(Batch(specs, ids), self.facts, self._waits_for)
-        return {i: JobError(code, f"job {specs[i].name}: {why}")
+        # The id the user chose names the job best; without one, its name.
+        return {i: JobError(code, f"job {ids[i] or specs[i].name}: {why}")
                 for i, (code, why) in found.items()}
 
     def _waits_for(self, job_id: str) -> list[str]:
