@@ -142,6 +142,8 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         # In the state directory, not a private temporary one: a job re-adopted after a
         # restart keeps its progress channel, and a daemon killed with -9 leaves nothing in /tmp.
         progress_dir=str(Path(config.state_dir) / "gpu-progress"),
+        # Emulated Xids for tests and the demo (noded.gpu.emulated.write_fault).
+        fault_dir=str(Path(config.state_dir) / "gpu-faults"),
     )
     return open_backend(gpu.backend, emulated)
 

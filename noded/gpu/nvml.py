@@ -515,7 +515,7 @@ class NvmlGpuBackend:
         # trusted until the operator looks.
         reason = f"{xid_reason(xid)} on an unidentified GPU"
         for i in range(len(dev.handles)):
-            self._health.mark_unhealthy(i, reason)
+            self._health.mark_unhealthy(i, reason, xid=xid)
 
     def _event_index(self, dev: _Devices, device: Any) -> int | None:
         nv = self._nvml
