@@ -111,9 +111,14 @@ class NodeLoss:
         node_lost_s from now."""
         now = self.ctx.clock()
         delay = self.ctx.config().node_lost_s
-        for view in self.ctx.core.nodes():
-            self.silent_since.setdefault(view.name, now)
-            self._arm(view.name, 0.0 if view.name in self.down else delay)
+        # The journalled nodes, and any a restored job names (a node the journal lost
+        # track of still holds that job's part).
+        nodes = {view.name for view in self.ctx.core.nodes()} | set(self.down)
+        for job in self.ctx.core.active_jobs().values():
+            nodes.update(job.node_states)
+        for node in sorted(nodes):
+            self.silent_since.setdefault(node, now)
+            self._arm(node, 0.0 if node in self.down else delay)
 
     def returned(self, node: str) -> None:
         """The node said hello: whatever happened, it is back."""
