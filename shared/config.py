@@ -236,6 +236,12 @@ class GpuConfig:
     # Emulated GPUs: the window and least interval of the progress-rate utilisation meter.
     rate_window_s: float = bounded(10.0, min=0.001, max=3600)
     min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
+    # A command that returns a GPU out of service to service when it exits 0 (run for each
+    # such GPU every health_check_s, killed after health_check_timeout_s; {index} and
+    # {uuid} in its arguments are replaced). Empty: only trellisctl gpu reset returns one.
+    health_check: tuple[str, ...] = bounded(default_factory=tuple, max_len=256)
+    health_check_s: float = bounded(60.0, min=0.1, max=86400)
+    health_check_timeout_s: float = bounded(30.0, min=0.1, max=3600)
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,9 @@ class GpuBackend(Protocol):
 
     def job_ended(self, job_id: str) -> None: ...
 
-    def recover(self, index: int) -> None:
-        """Operator's word that GPU ``index`` is fine again; reported by the next poll_health."""
+    def recover(self, index: int, reason: str = "recovered by operator") -> None:
+        """Operator's word (or a passed health check's) that GPU ``index`` is fine again;
+        reported by the next poll_health."""
         ...
 
     def close(self) -> None: ...

@@ -332,11 +332,11 @@ class EmulatedGpuBackend:
                 self._lost.add(index)
         return took
 
-    def recover(self, index: int) -> None:
+    def recover(self, index: int, reason: str = "recovered by operator") -> None:
         self._check_index(index)
         with self._lock:
             self._lost.discard(index)
-        self._health.recover(index, "recovered by operator")
+        self._health.recover(index, reason)
 
     # -- jobs --------------------------------------------------------------------------------
 
