@@ -2,11 +2,12 @@
 
 Slurm's model (SlurmdTimeout, JobRequeue, MaxBatchRequeue), in three steps from the moment
 the master loses a node's session (a closed connection, or a heartbeat that went
-unanswered: within 1.5 × ``node_heartbeat_s`` of the node falling silent):
+unanswered: 1.5 × ``node_heartbeat_s`` after the last data came from the node):
 
 1. After ``node_grace_s`` the node is ``unreachable`` (the master's own timer): nothing new
    is placed there, its jobs are kept, a short glitch costs nothing.
-2. After ``node_lost_s`` (counted from the same moment) it is ``down``: the ``node_down``
+2. ``node_lost_s`` after the node fell silent (the session's close, or the last data of a
+   session the heartbeat ended) it is ``down``: the ``node_down``
    row (and the ``nodes_down`` table's row) is journalled first. Then every job with a live
    part there is settled by masterd/core/failures.py: requeued if it may be (its
    ``TRELLIS_REQUEUE``, else ``requeue_default``) and has not been requeued
@@ -81,13 +82,15 @@ class NodeLoss:
         return DOWN if node in self.down else None
 
     # -- timers --------------------------------------------------------------------------
-    def disconnected(self, node: str) -> None:
-        self.silent_since[node] = self.ctx.clock()
-        self._arm(node, self.ctx.config().node_lost_s)
+    def disconnected(self, node: str, since: float) -> None:
+        """The session ended; the node has been silent since ``since`` (earlier than now
+        when a heartbeat, not a closed connection, ended it)."""
+        self.silent_since[node] = since
+        lost_s = self.ctx.config().node_lost_s
+        if lost_s > 0:
+            self._arm(node, since + lost_s - self.ctx.clock())
 
     def _arm(self, node: str, delay: float) -> None:
-        if delay <= 0 and node not in self.down:
-            return  # node_lost_s = 0: a silent node keeps its jobs
         self._disarm(node)
         try:
             loop = asyncio.get_running_loop()
@@ -118,7 +121,10 @@ class NodeLoss:
             nodes.update(job.node_states)
         for node in sorted(nodes):
             self.silent_since.setdefault(node, now)
-            self._arm(node, 0.0 if node in self.down else delay)
+            if node in self.down:
+                self._arm(node, 0.0)
+            elif delay > 0:  # node_lost_s = 0: a silent node keeps its jobs
+                self._arm(node, delay)
 
     def returned(self, node: str) -> None:
         """The node said hello: whatever happened, it is back."""

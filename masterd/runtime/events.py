@@ -216,8 +216,10 @@ class MasterEvents:
     # An event a node pushed that the master does not handle itself (node, decoded body).
     node_event: AsyncSignal[[str, Any]] = field(
         default_factory=lambda: AsyncSignal("node_event"))
-    # A node's session ended (node): it is disconnected, unreachable after node_grace_s.
-    node_disconnected: Signal[[str]] = field(
+    # A node's session ended (node, when it fell silent: the moment the session closed,
+    # or when the last data came for a session the heartbeat ended): it is disconnected,
+    # unreachable after node_grace_s.
+    node_disconnected: Signal[[str, float]] = field(
         default_factory=lambda: Signal("node_disconnected"))
     # The status of a node without a session when a feature knows better than
     # "disconnected"/"unreachable" (the node loss feature: "down"); None: the master's own.

@@ -943,7 +943,8 @@ class Master:
         loop = asyncio.get_running_loop()
         self._grace[name] = loop.call_later(self.config.node_grace_s, self._mark_unreachable,
                                             name)
-        self.events.node_disconnected.emit(name)
+        # Silent since: the heartbeat noticed it only after a period without any data.
+        self.events.node_disconnected.emit(name, self.clock() - session.silent_s)
 
     def _mark_unreachable(self, name: str) -> None:
         self._grace.pop(name, None)

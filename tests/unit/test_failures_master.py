@@ -311,3 +311,24 @@ async def test_gpu_reset_refusals_and_the_return_to_service(tmp_path: Path) -> N
         assert "gpu_returned" in kinds(again)
     finally:
         await again.close()
+
+
+async def test_silence_counts_from_the_last_data_a_heartbeat_saw(tmp_path: Path) -> None:
+    """A session the heartbeat ended had been silent 1.5 heartbeats already: node_lost_s
+    counts from then, on the master's real timer."""
+    import time as wall
+
+    master, sessions = make_master(tmp_path, Clock(), NODES, node_grace_s=0.5,
+                                   node_lost_s=0.6, node_heartbeat_s=0.4)
+    try:
+        job = await master.submit(spec("train", gpus=4, max_nodes=1))
+        [node] = await running(master, sessions, job.id)
+        sessions[node].silent_s = 0.6  # as the app sets it: 1.5 x node_heartbeat_s
+        began = wall.monotonic()
+        disconnect(master, sessions, node)
+        await until("the node down", lambda: master.node_status(node) == "down", 5)
+        assert wall.monotonic() - began < 0.5  # the whole node_lost_s had passed already
+        await until("the requeue", lambda: job.restarts == 1)
+        assert master.features.nodeloss.silent_since[node] == master.clock() - 0.6
+    finally:
+        await master.close()
