@@ -288,8 +288,12 @@ async def test_gpu_reset_refusals_and_the_return_to_service(tmp_path: Path) -> N
         disconnect(master, sessions, "g2")
         await refused({"node": "g2", "index": 0}, "node_unreachable", "node g2 is disconnected")
         assert not sessions["g1"].commands("reset_gpu")
-        answer = await rpc.call("gpu_reset", {"node": "g1", "index": 1})
-        assert answer["healthy"] and answer["was"]["xid"] == 48
+        # Through the SDK's typed call (control/typed.py), which reads the fault it was.
+        from control.typed import Calls
+
+        typed = Calls.gpu_reset("g1", 1)
+        answer = await rpc.call(typed.method, typed.params)
+        assert answer["healthy"] and typed.read(answer)["xid"] == 48
         [reset] = sessions["g1"].commands("reset_gpu")
         assert reset.index == 1 and healthy(master, "g1", 1)
         assert master.features.gpufaults.of("g1", 1) is None
