@@ -952,7 +952,10 @@ class Master:
             return
         self.unreachable.add(name)
         jobs = self.core.cluster.jobs_on(name)
-        log.warning("node=%s unreachable; keeping its jobs=%d until it returns", name, len(jobs))
+        lost_s = self.config.node_lost_s
+        log.warning("node=%s unreachable; keeping its jobs=%d %s", name, len(jobs),
+                    f"until it is lost ({lost_s:g} s of silence)" if lost_s
+                    else "until it returns")
 
     # -- operator actions ----------------------------------------------------------------
     async def set_drained(self, name: str, drained: bool) -> None:
