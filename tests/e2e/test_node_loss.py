@@ -125,3 +125,25 @@ def test_a_fatal_xid_requeues_the_job_until_the_gpu_is_reset(make_cluster,
     assert job(cluster, "next")["placement"][0]["gpus"] == [gpu]
     kinds = [e["kind"] for e in client.call("events", {"tail": 200})["events"]]
     assert "gpu_fault" in kinds and "gpu_reset" in kinds
+
+
+def test_a_passing_health_check_returns_the_gpu(make_cluster, shared_dir: Path) -> None:
+    ok = shared_dir / "gpu-ok"
+    cluster: LocalCluster = make_cluster(nodes=1, gpus_per_node=2, node_sections={"gpu": {
+        "health_check": ["test", "-e", str(ok)], "health_check_s": 0.3}})
+    node = cluster.node_name(1)
+    client = cluster.client()
+
+    def unhealthy() -> list[int]:
+        return client.call("node", {"node": node})["node"]["gpus_unhealthy"]  # type: ignore[no-any-return]
+
+    write_fault(cluster.root / node / "gpu-faults", 0, 48)
+    cluster.wait_for("GPU 0 out of service", lambda: unhealthy() == [0])
+    # The check fails while the operator's condition does not hold: the GPU stays out.
+    cluster.wait_for("a few checks", lambda: "health check failed" in cluster.log(node))
+    assert unhealthy() == [0]
+    ok.touch()
+    cluster.wait_for("GPU 0 back in service", lambda: unhealthy() == [], 30)
+    rows = [e for e in client.call("events", {"tail": 100})["events"]
+            if e["kind"] == "gpu_returned"]
+    assert rows and rows[0]["detail"]["reason"] == "health check passed"
