@@ -221,8 +221,20 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--priority", type=int,
                    help="order among otherwise equal jobs, higher first (default 0; only "
                         "admins may go above 0)")
+    _requeue_arguments(p)
     p.add_argument("job_command", nargs=argparse.REMAINDER,
                    help="-- followed by the command to run")
+
+
+def _requeue_arguments(p: argparse.ArgumentParser) -> None:
+    """Slurm's --requeue/--no-requeue (docs/jobs.md: when a node is lost)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--requeue", dest="requeue", action="store_const", const=True,
+                   help="if its node is lost or a GPU of it fails, queue the job again in "
+                        "its place (it sees $TRELLIS_RESTART_COUNT; default: the master's "
+                        "requeue_default)")
+    g.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
+                   help="if its node is lost or a GPU of it fails, end the job node_lost")
 
 
 def _time_arguments(p: argparse.ArgumentParser) -> None:
@@ -323,6 +335,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "show": ("describe a job", _job_id),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
+    "gpu": ("return a GPU that is out of service to service (gpu reset NODE INDEX)",
+            lambda p, c: _failures().add_gpu(p, c)),
     "undrain": ("place jobs on a node again", _node_name),
     "completion": ("print a bash completion script (completion bash), or job ids / node "
                    "names (completion words jobs|nodes)", _completion),
@@ -341,6 +355,12 @@ def _helios() -> Any:
     from control import helios
 
     return helios
+
+
+def _failures() -> Any:
+    from control import failures
+
+    return failures
 
 
 def fetch_view(client: MasterClient, args: argparse.Namespace) -> tuple[Any, str]:
@@ -545,6 +565,8 @@ def run(args: argparse.Namespace) -> int:
     elif cmd in ("drain", "undrain"):
         result = client.call(cmd, {"node": args.node})
         text = f"node {result['node']} is {result['status']}"
+    elif cmd == "gpu":
+        result, text = _failures().run_gpu(client, args)
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

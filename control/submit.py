@@ -130,6 +130,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 MAX_GRACE_S = 3600.0  # JobSpec.grace_s's bound
+# --requeue/--no-requeue travel in the job's environment (masterd/core/failures.py says why).
+REQUEUE_ENV = "TRELLIS_REQUEUE"
 
 
 def time_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -234,6 +236,8 @@ def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list
             raise UsageError(f"{args.file}: a job description must be a table/object")
     overrides = _overrides(args)
     env = _env_items(args.env)
+    if getattr(args, "requeue", None) is not None:  # --requeue / --no-requeue
+        env[REQUEUE_ENV] = "1" if args.requeue else "0"
     if listed is None:
         jobs = [{**defaults, **overrides}]
         ids: list[str | None] = [args.id]

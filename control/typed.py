@@ -146,6 +146,11 @@ class Calls:
                                         priority=priority), _view("JobView", "job"))
 
     @staticmethod
+    def gpu_reset(node: str, index: int) -> RpcCall[dict[str, Any] | None]:
+        return RpcCall("gpu_reset", {"node": node, "index": index},
+                       lambda r: _field(r, "was"))
+
+    @staticmethod
     def events(after: int = 0, limit: int | None = None, job: str | None = None,
                tail: int | None = None) -> RpcCall[EventPage]:
         return RpcCall("events", _given(after=after, limit=limit, job=job, tail=tail),
@@ -215,6 +220,11 @@ class TypedCalls:
         """Change a job's QoS class, time limit or priority (a user may only lower them)."""
         return self._run(Calls.update(job_id, qos, time_limit_s, priority))
 
+    def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
+        """(Admins) return a GPU out of service to service; returns the fault it was held
+        out for (``{xid, reason, fatal, since}``), or None when only its node held it."""
+        return self._run(Calls.gpu_reset(node, index))
+
     def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                tail: int | None = None) -> EventPage:
         """Journal rows after cursor ``after`` (or the newest ``tail``), oldest first."""
@@ -270,6 +280,9 @@ class AsyncTypedCalls:
     async def update(self, job_id: str, qos: str | None = None,
                      time_limit_s: int | None = None, priority: int | None = None) -> JobView:
         return await self._run(Calls.update(job_id, qos, time_limit_s, priority))
+
+    async def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
+        return await self._run(Calls.gpu_reset(node, index))
 
     async def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                      tail: int | None = None) -> EventPage:

@@ -96,6 +96,8 @@ def show_nodes_wide(nodes: list[dict[str, Any]]) -> str:
 
 
 def show_node(result: dict[str, Any], wide: bool = False) -> str:
+    from control import failures
+
     n = result["node"]
     lines = [
         f"{'Node:':<10}{n['name']} ({n['status']}) address {n['address']}",
@@ -116,15 +118,17 @@ def show_node(result: dict[str, Any], wide: bool = False) -> str:
     header = ["GPU", "UTIL", "HEALTH", "JOB"]
     gpu_rows = []
     for g in n["gpu_detail"]:
-        row = [str(g["index"]), _util(g.get("utilization_pct")),
-               "ok" if g["healthy"] else "unhealthy", g.get("job") or "-"]
+        row = [str(g["index"]), _util(g.get("utilization_pct")), failures.health(g),
+               g.get("job") or "-"]
         if wide:
             row += [g["uuid"], g["model"], str(g["memory_mib"]), str(g["numa_node"]),
                     g.get("pci_bus_id") or "-"]
         gpu_rows.append(row)
     if wide:
         header += ["UUID", "MODEL", "MEM MIB", "NUMA", "PCI"]
-    lines += ["", render_table(header, gpu_rows), ""]
+    lines += ["", render_table(header, gpu_rows)]
+    lines += failures.fault_lines(n["name"], n["gpu_detail"])
+    lines.append("")
     job_rows = [[j["id"], j["state"], j["tenant"], j["user"], j["qos"],
                  ",".join(map(str, j["gpus"])) or "-", _cpus(j["cpus"]), str(j["memory_mib"])]
                 for j in result["jobs"]]
@@ -159,6 +163,7 @@ def show_job(result: dict[str, Any]) -> str:
         ("Started", _fmt_time(j["start_time"])), ("Ended", _fmt_time(j["end_time"])),
         ("Queued", _fmt_seconds(j["queued_s"])), ("Exit code", j["exit_code"]),
         ("Signal", j["signal"]), ("Reason", j["reason"]), ("Attempts", j["attempts"]),
+        ("Restarts", j.get("restarts", 0)),
         ("Time limit", time_limit(j)),
     )]
     lines += _lifecycle(j)

@@ -35,6 +35,7 @@ from shared.messages import (
     JobStarted,
     PrepareJob,
     ReadLog,
+    ResetGpu,
     SignalJob,
     StartJob,
     StopJob,
@@ -284,6 +285,8 @@ class NodeAgent:
         if isinstance(cmd, SignalJob):
             return {"delivered": self.runner.send_signal(cmd.job_id, cmd.signal,
                                                          cmd.leader_only)}
+        if isinstance(cmd, ResetGpu):
+            return {"recovered": await self._reset_gpu(cmd.index)}
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
 
     async def _read_log(self, cmd: ReadLog, id_: int) -> None:
@@ -351,7 +354,19 @@ class NodeAgent:
         log.log(logging.INFO if event.healthy else logging.WARNING,
                 "gpu=%d healthy=%s reason=%s", event.index, event.healthy, event.reason)
         await self._send("gpu_health", encode(GpuHealth(
-            index=event.index, healthy=event.healthy, reason=event.reason[:512])))
+            index=event.index, healthy=event.healthy, reason=event.reason[:512],
+            xid=None if event.healthy else event.xid)))
+
+    async def _reset_gpu(self, index: int) -> bool:
+        """An operator returns GPU ``index`` to service (trellisctl gpu reset): the backend
+        forgets its fault, and the health event that follows says so to the master."""
+        held = index in self._unhealthy
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.gpus.recover, index)
+        except ValueError as exc:  # no such GPU here
+            raise ProtocolError("unknown_gpu", str(exc)) from None
+        log.warning("gpu=%d returned to service by an operator (held out: %s)", index, held)
+        return held
 
     def _gpu_holders(self) -> dict[int, str]:
         return {

@@ -269,6 +269,8 @@ class JobRunner:
             "NPROC_PER_NODE": str(max(1, len(alloc.gpus))),
             "OMP_NUM_THREADS": str(max(1, len(alloc.cpus))),
             "TRELLIS_JOB_ID": part.job_id,
+            # Times the job was requeued after a failure: 0 on its first run.
+            "TRELLIS_RESTART_COUNT": str(prep.restarts),
             "TRELLIS_NODE": self.node,
             "TRELLIS_CPUS": ",".join(str(c) for c in alloc.cpus),
         })

@@ -31,6 +31,7 @@ from noded.enforcer import ContentionEnforcer, running_jobs
 from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
+from noded.gpu.healthcheck import GpuHealthCheck
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.joblogs import LogReader
 from noded.jobs import JobRunner
@@ -142,6 +143,8 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         # In the state directory, not a private temporary one: a job re-adopted after a
         # restart keeps its progress channel, and a daemon killed with -9 leaves nothing in /tmp.
         progress_dir=str(Path(config.state_dir) / "gpu-progress"),
+        # Emulated Xids for tests and the demo (noded.gpu.emulated.write_fault).
+        fault_dir=str(Path(config.state_dir) / "gpu-faults"),
     )
     return open_backend(gpu.backend, emulated)
 
@@ -188,6 +191,12 @@ class NodeDaemon:
                                               self.runner.is_running,
                                               config.job_metrics_interval_s)
         self.runner.env_providers.append(self.metrics_channel.job_env)
+        # [gpu] health_check: GPUs out of service return when the operator's check passes.
+        self.health_check: GpuHealthCheck | None = None
+        if config.gpu.health_check:
+            self.health_check = GpuHealthCheck(
+                config.gpu.health_check, config.gpu.health_check_s,
+                config.gpu.health_check_timeout_s, self.gpus, self.agent.unhealthy_gpus)
         gpus, _ = self.gpus.inventory()
         self.metrics = NodeMetrics(config.name, self.agent, self.runner,
                                    {g.index: g.uuid for g in gpus})
@@ -295,6 +304,8 @@ class NodeDaemon:
         channel = loop.create_task(self.metrics_channel.run(stop))
         usage = loop.create_task(self.usage.run(stop))
         sweeps = loop.create_task(self.logs.run_sweeps(stop))
+        checks = (loop.create_task(self.health_check.run(stop))
+                  if self.health_check is not None else None)
         try:
             if self.config.metrics_port:
                 metrics = await serve_metrics(self.metrics, self.config.metrics_host,
@@ -315,6 +326,8 @@ class NodeDaemon:
             channel.cancel()
             usage.cancel()
             sweeps.cancel()
+            if checks is not None:
+                checks.cancel()
             for task in background:
                 task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -104,6 +104,15 @@ class MasterConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     # A node silent for this long is marked unreachable: nothing new is placed there.
     node_grace_s: float = bounded(30.0, min=0.1, max=86400)
+    # Node loss (Slurm's SlurmdTimeout, 300 s): a node silent this long (counted from the
+    # same moment as node_grace_s, so at least that) is down, and each job with a part
+    # there is requeued or ends node_lost; 0: never (a silent node keeps its jobs).
+    node_lost_s: float = bounded(300.0, min=0, max=30 * 86400)
+    # Whether a job that does not say (TRELLIS_REQUEUE, submit --requeue/--no-requeue) is
+    # requeued after its node is lost or its GPU fails (Slurm's JobRequeue) ...
+    requeue_default: bool = True
+    # ... and at most how many times (Slurm's MaxBatchRequeue); then it ends node_lost.
+    max_requeues: int = bounded(5, min=0, max=1_000_000)
     command_timeout_s: float = bounded(15.0, min=0.1, max=3600)
     stop_grace_s: float = bounded(10.0, min=0, max=3600)
     # Time limits (Slurm's --time): the limit written into a job submitted without one (0:
@@ -177,6 +186,11 @@ class MasterConfig:
     retry_s: float = bounded(2.0, min=0.1, max=600)
 
     def __post_init__(self) -> None:
+        if 0 < self.node_lost_s < self.node_grace_s:
+            raise ValueError(f"node_lost_s ({self.node_lost_s:g}) is shorter than node_grace_s "
+                             f"({self.node_grace_s:g}): a node is marked unreachable before "
+                             "it is declared lost, so node_lost_s must be at least "
+                             "node_grace_s (or 0: never)")
         if 0 < self.max_time_limit_s < self.default_time_limit_s:
             raise ValueError(f"default_time_limit_s ({self.default_time_limit_s}) exceeds "
                              f"max_time_limit_s ({self.max_time_limit_s}): every job without "
@@ -222,6 +236,12 @@ class GpuConfig:
     # Emulated GPUs: the window and least interval of the progress-rate utilisation meter.
     rate_window_s: float = bounded(10.0, min=0.001, max=3600)
     min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
+    # A command that returns a GPU out of service to service when it exits 0 (run for each
+    # such GPU every health_check_s, killed after health_check_timeout_s; {index} and
+    # {uuid} in its arguments are replaced). Empty: only trellisctl gpu reset returns one.
+    health_check: tuple[str, ...] = bounded(default_factory=tuple, max_len=256)
+    health_check_s: float = bounded(60.0, min=0.1, max=86400)
+    health_check_timeout_s: float = bounded(30.0, min=0.1, max=3600)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu_health``,
 ``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``signal_job``,
-``read_log`` (answered with a :class:`LogData` body).
+``read_log`` (answered with a :class:`LogData` body), ``reset_gpu``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ class GpuHealth:
     index: int = bounded(min=0, max=1023)
     healthy: bool = True
     reason: str = bounded("", max_len=512)
+    # The Xid that took the GPU out of service (shared/xid.py says what it means); nil for a
+    # return to service and for faults without one (NVML lost the device, reset required).
+    xid: int | None = bounded(None, min=0, max=1 << 31)
 
 
 CONTENTION_ACTIONS = r"mba|cores|restore_mba|restore_cores"
@@ -160,6 +163,9 @@ class PrepareJob:
     nnodes: int = bounded(1, min=1)
     # Set when the job's core count is tuned on the node; None pins the allocation as is.
     cores: CorePlan | None = None
+    # Times the job was requeued after a failure (its node lost, a GPU failed): the job
+    # sees it as TRELLIS_RESTART_COUNT. With the job id it names the incarnation.
+    restarts: int = bounded(0, min=0, max=1 << 31)
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,15 @@ class LogData:
         if self.offset + len(self.data) > self.size:
             raise ValueError(f"data ends at {self.offset + len(self.data)}, past the log's "
                              f"size {self.size}")
+@dataclass(frozen=True)
+class ResetGpu:
+    """An operator returns a GPU to service (trellisctl gpu reset): the node clears the
+    fault its health tracking holds, so the GPU reports healthy again. The answer's
+    ``recovered`` is false when the node held no fault on it."""
+
+    index: int = bounded(min=0, max=1023)
+
+
 @dataclass(frozen=True)
 class SignalJob:
     """Send a signal to a running job part (its time limit's warning, Slurm's --signal): to
@@ -323,6 +338,8 @@ NODE_COMMANDS = {
     "forget_job": ForgetJob,
     "signal_job": SignalJob,
     "read_log": ReadLog,
+    "signal_job": SignalJob,
+    "reset_gpu": ResetGpu,
 }
 # Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
 # fields named in their docstrings).

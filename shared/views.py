@@ -37,7 +37,7 @@ class JobView:
 
     # The job's id (NAME-SEQ unless the submission chose it).
     id: str
-    # queued, starting, running, finished, failed, cancelled or timeout.
+    # queued, starting, running, finished, failed, cancelled, timeout or node_lost.
     state: str
     # The spec's name, kind, tenant, user and QoS class ([job spec](#job-spec)) ...
     name: str
@@ -83,6 +83,9 @@ class JobView:
     held: str = ""
     # Times it was placed (a retry or a re-queue after preemption places it again).
     attempts: int = 0
+    # Times it was requeued after its node was lost or a GPU of it failed (the job sees it
+    # as TRELLIS_RESTART_COUNT).
+    restarts: int = 0
     # The nodes it runs (or ran) on ...
     nodes: tuple[str, ...] = ()
     # ... and what it holds on each.
@@ -123,6 +126,9 @@ class GpuView(GpuInfo):
     utilization_pct: float | None = None
     # (`node` only) the job holding it.
     job: str | None = None
+    # (`node` only) why it is out of service, nil while in service: `{xid, reason, fatal,
+    # since}` (`trellisctl gpu reset` returns it).
+    fault: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,7 @@ class NodeView:
     """A node as `nodes` shows it."""
 
     name: str
-    # ready, drained, disconnected, unreachable, or a power state.
+    # ready, drained, disconnected, unreachable, down (lost: node_lost_s), or a power state.
     status: str
     address: str
     gpu_model: str | None

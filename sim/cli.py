@@ -231,6 +231,7 @@ def sim_config(args: argparse.Namespace, seed: int) -> SimConfig:
         start_delay=args.start_delay,
         preempt_keeps_progress=args.preempt_keeps_progress,
         max_retries=args.max_retries,
+        requeue_default=not getattr(args, "no_requeue", False),
         failures=failures,
         sample_interval=args.sample_interval,
     )
@@ -427,8 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-repair-hours", type=float, help="hours a failed node stays down")
     run.add_argument("--outage", action="append", metavar="NODE:START_H:DURATION_H",
                      help="planned failure of one node (repeatable)")
-    run.add_argument("--max-retries", type=int, default=3,
-                     help="resubmissions of a job killed by a node failure")
+    run.add_argument("--max-requeues", "--max-retries", dest="max_retries", type=int,
+                     default=3, help="requeues of a job whose node failed (the master's "
+                                     "max_requeues); then it ends node_lost")
+    run.add_argument("--no-requeue", action="store_true",
+                     help="jobs that do not ask (TRELLIS_REQUEUE) are not requeued after a "
+                          "node failure (the master's requeue_default = false)")
     run.add_argument("--start-delay", type=float, default=0.0,
                      help="seconds from a Start decision to the job running")
     run.add_argument("--preempt-keeps-progress", action="store_true",

@@ -14,10 +14,14 @@ Time limits: a job whose spec has ``time_limit_s`` gets a LIMIT event at its sta
 (``core.stop`` into ``timeout``, its parts exiting with SIGTERM at that instant) and it ends
 ``timeout``, counted apart from finished and failed jobs.
 
-Node failure: ``core.node_down``; every job with a part on the node loses that part
-(``node_exited`` with SIGKILL), the core asks for its other parts to be stopped (SIGTERM) and
-marks it failed; the simulator then resubmits it as a new attempt (id ``<id>-r<k>``, submitted
-at the failure instant) up to ``max_retries`` times. Recovery: ``core.node_up``.
+Node failure: ``core.node_down``, and every job with a part on the node is settled by the
+master's own rules (masterd/core/failures.py, as masterd/features/nodeloss.py applies them
+when a node is declared lost): requeued if it may be (its ``TRELLIS_REQUEUE``, else
+``requeue_default``) and has been requeued fewer than ``max_retries`` (the master's
+``max_requeues``) times, else ended ``node_lost``. The lost part counts as exited, the other
+parts are stopped (SIGTERM) at the same instant, and a requeued job goes back to its own
+place in the queue (``SchedulingCore.requeue``) with its restart count one higher; its work
+so far is lost. Recovery: ``core.node_up``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
+from masterd.core.failures import RequeueRules, jobs_on_node, node_lost_cause, verdict
 from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
@@ -103,7 +108,10 @@ class SimConfig:
     start_delay: float = 0.0  # Start decision -> job running on its nodes
     stop_delay: float = 0.0  # Preempt decision -> parts exited
     preempt_keeps_progress: bool = False  # False: a preempted job restarts from scratch
-    max_retries: int = 3  # resubmissions of a job killed by a node failure
+    # Requeues of a job hit by a node failure (the master's max_requeues), and whether a job
+    # that does not say (TRELLIS_REQUEUE) is requeued at all (its requeue_default).
+    max_retries: int = 3
+    requeue_default: bool = True
     failures: FailureConfig | None = None  # random failures of every node
     outages: tuple[Outage, ...] = ()  # planned failures of named nodes
     sample_interval: float | None = None  # seconds; None picks ~500 samples over arrivals
@@ -124,7 +132,8 @@ class JobRecord:
     lat11: float  # true latency alone on one GPU (Eq. 16's denominator)
     first_start: float | None = None
     end: float | None = None
-    state: str = "pending"  # finished | failed | timeout | cancelled | rejected | unfinished
+    # finished | failed | timeout | cancelled | node_lost | rejected | unfinished
+    state: str = "pending"
     run_time: float = 0.0  # summed over attempts
     attempts: int = 0
     preemptions: int = 0
@@ -264,6 +273,7 @@ class Simulator:
         # Dependencies (JobSpec.after) by workload job id, resolved by the master's own code.
         self.dependencies = DependencyBook()
         self._facts = _SimFacts(self)
+        self._versions = 0  # EXIT events' run versions (see _reprice)
 
     # -- event heap ----------------------------------------------------------------------
     def _push(self, time: float, kind: int, payload: object) -> None:
@@ -557,7 +567,10 @@ class Simulator:
         if speed == run.speed and run.finish != math.inf:
             return
         run.speed = speed
-        run.version += 1
+        # Unique over every run of every job: a requeued or preempted job runs again under
+        # the same id, and its earlier run's pending EXIT must not match the new run.
+        self._versions += 1
+        run.version = self._versions
         run.finish = max(now, run.startup_end) + run.work_left / speed
         self._push(run.finish, EXIT, (run.job_id, run.version))
 
@@ -651,18 +664,33 @@ class Simulator:
             return False  # overlapping outages: already down
         self.core.node_down(node)
         self._down.add(node)
-        for job_id in sorted(self._node_jobs[node]):
-            job = self.core.jobs[job_id]
+        rules = RequeueRules(self.config.requeue_default, self.config.max_retries)
+        cause = node_lost_cause(node, 0.0)
+        # The master's order and rules (masterd/features/nodeloss.py), with the loss at
+        # once: a replay has no silence to wait out.
+        for job in jobs_on_node(self.core.active_jobs().values(), node):
+            job_id = job.id
             self._end_run(job_id, self.now)
-            transition, to_stop = self.core.node_exited(
-                job_id, node, None, int(signal.SIGKILL), self.now
-            )
-            for other in to_stop:
-                transition, _ = self.core.node_exited(
-                    job_id, other, None, int(signal.SIGTERM), self.now
-                )
-            if job.state is JobState.FAILED:
-                job.reason = f"node {node} failed"
+            requeued = False
+            if job.stopping:  # being preempted or stopped already: that end stands
+                transition = None
+                others = [n for n, s in job.node_states.items() if s != "exited"]
+            else:
+                found = verdict(job, cause, rules)
+                requeued = found.requeue
+                if requeued:
+                    transition, others = self.core.requeue(job_id, found.reason, self.now)
+                else:
+                    transition, others = self.core.stop(job_id, JobState.NODE_LOST,
+                                                        found.reason, self.now)
+            lost, _ = self.core.node_exited(job_id, node, None, int(signal.SIGKILL), self.now)
+            transition = transition or lost
+            for other in others:
+                if other != node:
+                    transition, _ = self.core.node_exited(
+                        job_id, other, None, int(signal.SIGTERM), self.now)
+            if requeued:
+                self._record_of[job_id].retries += 1
             self._settle(job_id, transition)
         log.debug("node_failed node=%s t=%g", node, self.now)
         return True
@@ -686,21 +714,20 @@ class Simulator:
                 self.annotator.finished(job, self.now - job.start_time)
             self._dependency_ended(record.id, JobState.FINISHED)
         elif job.state is JobState.FAILED:
-            if record.retries < self.config.max_retries:
-                record.retries += 1
-                retry_id = f"{record.id}-r{record.retries}"
-                self._record_of[retry_id] = record
-                self._submit(Job(id=retry_id, spec=self._spec_of[record.id],
-                                 submit_time=self.now, annotations=dict(job.annotations)))
-                self._queued.add(retry_id)
-            else:
-                record.end = self.now
-                record.state = "failed"
-                record.reason = job.reason
-                self._done += 1
-                self._dependency_ended(record.id, JobState.FAILED)
+            record.end = self.now
+            record.state = "failed"
+            record.reason = job.reason
+            self._done += 1
+            self._dependency_ended(record.id, JobState.FAILED)
+        elif job.state is JobState.NODE_LOST:
+            record.end = self.now
+            record.state = "node_lost"
+            record.reason = job.reason
+            self._done += 1
+            self._dependency_ended(record.id, JobState.NODE_LOST)
         elif job.state is JobState.QUEUED:
-            self._queued.add(job_id)  # preempted (or its start failed): back in the queue
+            # Preempted, its start failed, or requeued after a node failure: queued again.
+            self._queued.add(job_id)
         elif job.state is JobState.CANCELLED:
             record.end = self.now
             record.state = "cancelled"
@@ -792,7 +819,8 @@ class Simulator:
 
 
 _RECORD_STATES = {"finished": JobState.FINISHED, "failed": JobState.FAILED,
-                  "rejected": JobState.FAILED, "cancelled": JobState.CANCELLED}
+                  "rejected": JobState.FAILED, "cancelled": JobState.CANCELLED,
+                  "node_lost": JobState.NODE_LOST, "timeout": JobState.TIMEOUT}
 
 
 class _SimFacts:

@@ -173,6 +173,7 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "rejected": states["rejected"],
         "failed": states["failed"],
         "timeout": states["timeout"],
+        "node_lost": states["node_lost"],
         "unfinished": states["unfinished"],
         "qos_pct": qos_guarantee(tasks),
         "qos_pct_by_class": qos_by_class(records),

@@ -233,6 +233,8 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
             worker.cancel()
         if session is not None:
             session.close()
+            if isinstance(ws.exception(), TimeoutError):  # the heartbeat: no pong came
+                session.silent_s = 1.5 * master.config.node_heartbeat_s
             master.node_disconnected(session)
     return ws
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from masterd.service.leader import Leadership
     from masterd.service.master import Master
 
-NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable", "powering_down",
+NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable", "down", "powering_down",
                  "powered_down", "powering_up")
 PENDING_QUEUES = ("active", "requeued")
 ARRAY_FAMILIES = ("cpu", "small", "large")
@@ -174,6 +174,48 @@ def pending_jobs(queue: Sequence[Job], now: float) -> Iterator[Metric]:
         value=max(0.0, now - oldest) if oldest is not None else 0.0)
 
 
+class FailureCollector(Collector):
+    """Node loss and GPU faults (masterd.features.nodeloss, masterd.features.gpufaults):
+    GPUs out of service per node, read at scrape time, and what failures did to jobs."""
+
+    def __init__(self, master: Master) -> None:
+        self.master = master
+
+    def collect(self) -> Iterator[Metric]:
+        master = self.master
+        loss, faults = master.features.nodeloss, master.features.gpufaults
+        out = GaugeMetricFamily(
+            "trellis_node_gpus_out_of_service",
+            "GPUs of a node out of service (a fault its node reported: an Xid, a lost "
+            "device), until trellisctl gpu reset or the node's health check returns them.",
+            labels=["node"])
+        for view in master.core.cluster.views():
+            out.add_metric([view.name], sum(1 for g in view.inventory.gpus if not g.healthy))
+        yield out
+        kinds = CounterMetricFamily("trellis_gpu_faults",
+                                    "GPU faults nodes reported, by kind: fatal (the jobs on "
+                                    "the GPU were stopped) or other.", labels=["kind"])
+        kinds.add_metric(["fatal"], faults.fatal_faults)
+        kinds.add_metric(["other"], faults.other_faults)
+        yield kinds
+        yield CounterMetricFamily("trellis_nodes_lost",
+                                  "Nodes declared down after node_lost_s of silence.",
+                                  value=loss.nodes_lost)
+        requeued = CounterMetricFamily(
+            "trellis_jobs_requeued", "Jobs requeued after a failure, by cause (node_lost: "
+            "their node was lost; gpu_failure: a GPU they used had a fatal fault).",
+            labels=["cause"])
+        requeued.add_metric(["node_lost"], loss.requeued)
+        requeued.add_metric(["gpu_failure"], faults.requeued)
+        yield requeued
+        ended = CounterMetricFamily(
+            "trellis_jobs_lost", "Jobs ended node_lost (not requeued: --no-requeue, "
+            "requeue_default = false, or max_requeues reached), by cause.", labels=["cause"])
+        ended.add_metric(["node_lost"], loss.ended)
+        ended.add_metric(["gpu_failure"], faults.ended)
+        yield ended
+
+
 class LeadershipCollector(Collector):
     """Leader election among masters sharing a PostgreSQL journal (one master on SQLite
     always leads, at epoch 0); served by the leader and by standbys alike."""
@@ -266,6 +308,7 @@ class MasterMetrics:
             registry=self.registry)
         self.registry.register(MasterStateCollector(master, version, clock))
         self.registry.register(LeadershipCollector(master.leadership))
+        self.registry.register(FailureCollector(master))
         self._scheduler_metrics(master, clock)
 
     def _scheduler_metrics(self, master: Master, clock: Callable[[], float]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from masterd.api.failures import method_table as failure_methods
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
 from masterd.api.helios import job_extras as helios_job_extras
@@ -110,6 +111,8 @@ def job_view(job: Job, wire: WireCache | None = None) -> dict[str, Any]:
         "wait": job.wait,
         "held": job.held,
         "attempts": job.attempts,
+        # Times it was requeued after its node was lost or a GPU of it failed.
+        "restarts": job.restarts,
         **placement,
         # When a running job reaches its time limit (start + limit), else None.
         "time_limit_at": (job.start_time + job.spec.time_limit_s
@@ -152,6 +155,8 @@ class Rpc:
         self.methods.update(logs_methods(master))  # jobs' output, relayed from their nodes
         # Holds, releases and updates (masterd.features.holds).
         self.methods.update(lifecycle_methods(master.features.controls, self._view))
+        # GPUs returned to service (masterd.features.gpufaults).
+        self.methods.update(failure_methods(master.features.gpufaults))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -313,9 +318,9 @@ class Rpc:
         }
 
     @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "
-             "`unreachable`), `address`, `gpu_model`, `gpus`, `gpus_free`, `gpus_unhealthy`, "
-             "`cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` (ids) and "
-             "`gpu_detail` (each GPU's inventory and `utilization_pct`).")
+             "`unreachable`, `down`), `address`, `gpu_model`, `gpus`, `gpus_free`, "
+             "`gpus_unhealthy`, `cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` "
+             "(ids) and `gpu_detail` (each GPU's inventory and `utilization_pct`).")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
         """Every registered node with its status and free resources. A client credential
         sees the ids of its own user's jobs only (the free resources show what others hold)."""
@@ -360,7 +365,8 @@ class Rpc:
         await self.master.set_drained(p.node, False)
         return {"node": p.node, "status": self.master.node_status(p.node)}
 
-    @returns("`node`: as one entry of `nodes`, each GPU with its holder `job`; `jobs`: the "
+    @returns("`node`: as one entry of `nodes`, each GPU with its holder `job` and, out of "
+             "service, its `fault` (`{xid, reason, fatal, since}`); `jobs`: the "
              "job parts placed there (`id`, `state`, `tenant`, `user`, `qos`, `gpus`, "
              "`cpus`, `memory_mib`); `rdt`: `{cat, mba, mbm, mba_mbps}`; once the node "
              "reported them, `partition` (SODA's network partition) and `memory_bandwidth` "
@@ -387,8 +393,10 @@ class Rpc:
                              "user": job.spec.user, "qos": job.spec.qos.value,
                              "gpus": list(alloc.gpus), "cpus": list(alloc.cpus),
                              "memory_mib": alloc.memory_mib})
+        faults = self.master.features.gpufaults
         for gpu in found["gpu_detail"]:
             gpu["job"] = holder.get(gpu["index"])
+            gpu["fault"] = faults.of(p.node, gpu["index"])  # out of service: why, since when
         view = self.master.core.cluster.node(p.node)
         assert view is not None
         reply = {"node": found, "jobs": jobs, "rdt": dataclasses.asdict(view.inventory.rdt)}

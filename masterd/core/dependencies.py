@@ -34,7 +34,8 @@ from shared.model import ArrayTask, Dependency, JobSpec, JobState
 
 # How an ended job's state reads in a sentence ("prep-3 failed").
 _ENDED_AS = {JobState.FINISHED: "finished", JobState.FAILED: "failed",
-             JobState.CANCELLED: "was cancelled", JobState.TIMEOUT: "timed out"}
+             JobState.CANCELLED: "was cancelled", JobState.TIMEOUT: "timed out",
+             JobState.NODE_LOST: "was lost with its node"}
 
 
 class Status(enum.Enum):

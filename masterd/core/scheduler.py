@@ -42,6 +42,9 @@ class Transition:
     job_id: str
     state: JobState
     reason: str = ""
+    # The journal row's kind when it is not the state's name ("requeued": queued again
+    # after a failure, SchedulingCore.requeue).
+    event: str = ""
 
 
 class QueueView(Sequence[Job]):
@@ -395,6 +398,8 @@ class SchedulingCore:
         self.cluster.release(job.id)
         stopping = job.stopping
         job.stopping = False
+        if job.end_as == JobState.QUEUED.value:
+            return self._requeue(job)
         if job.end_as:
             # Stopped to end so (cancelled, timeout), however its parts exited.
             job.state = JobState(job.end_as)
@@ -460,6 +465,42 @@ class SchedulingCore:
         job.end_as = end_as.value
         job.stopping = True
         return None, [n for n, s in job.node_states.items() if s != "exited"]
+
+    def requeue(self, job_id: str, reason: str, now: float
+                ) -> tuple[Transition | None, list[str]]:
+        """Take a starting or running job off its nodes and queue it again once its parts,
+        stopped on the nodes returned, have exited (its node was lost, a GPU of it failed).
+        It goes back to the place its own key gives it (its priority and submission time:
+        not the head-of-array place of a preempted job), with ``restarts`` one higher.
+        Journalled through ``end_as`` = queued, so a restarted master still requeues it.
+        A queued job is left as it is; a job being stopped already keeps the end it was
+        given (a cancel stands, a preempted job goes to the head of its array)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        if job.state.terminal:
+            raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
+        if job.state is JobState.QUEUED:
+            return None, []
+        live = [n for n, s in job.node_states.items() if s != "exited"]
+        if job.stopping:
+            return None, live
+        job.reason = reason
+        job.end_as = JobState.QUEUED.value
+        job.stopping = True
+        if not live:
+            return self._finish(job, now), []
+        return None, live
+
+    def _requeue(self, job: Job) -> Transition:
+        job.end_as = ""
+        job.placement = None
+        job.node_states = {}
+        job.start_time = None
+        job.exit_code = job.signal = None
+        job.restarts += 1
+        self._enqueue(job)
+        return Transition(job.id, JobState.QUEUED, job.reason, event="requeued")
 
     def lost_parts(self, node: str, reported: Iterable[str], now: float) -> list[Transition]:
         """A node re-registered without some jobs the master thought it ran: they ended unseen."""

@@ -162,6 +162,13 @@ class JobActions:
     # (job): a queued job's spec was replaced (its priority or QoS changed): move it to its
     # place in the queue (SchedulingCore.reorder).
     reorder: Callable[[str], None] = lambda job: None
+    # (job, lost nodes, reason, end state or None): take a job off its nodes after a
+    # failure. Its parts on the lost nodes count as exited, the others are stopped, and
+    # once they exited it is queued again (end state queued: SchedulingCore.requeue, its
+    # restarts + 1) or ends so (node_lost). None, or a job being stopped already: its end
+    # stands and only the lost parts are counted. Journalled before any node is told.
+    lose_parts: Callable[[str, Sequence[str], str, JobState | None],
+                         Awaitable[Job]] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,9 @@ class NodeCommands:
         lambda node, state, reason: _no_power())
     # node -> its power state, or None.
     power_state: Callable[[str], str | None] = lambda node: None
+    # (node, GPU index, healthy): set a GPU's health in the master's view of the node (a
+    # GPU returned to service by an operator) and ask for a pass.
+    gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
 
 
 async def _no_power() -> None:

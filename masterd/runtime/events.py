@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from masterd.core.scheduler import JobError, Transition
-from shared.messages import CorePlan, JobMetric
-from shared.model import Job, JobSpec, NodeAllocation
+from shared.messages import CorePlan, GpuHealth, JobMetric
+from shared.model import Job, JobSpec, NodeAllocation, NodeInventory
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -148,6 +148,14 @@ def _as_submitted(spec: JobSpec) -> JobSpec:
     return spec
 
 
+def _as_reported(inventory: NodeInventory) -> NodeInventory:
+    return inventory
+
+
+def _no_status(node: str) -> str | None:
+    return None
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
@@ -208,3 +216,19 @@ class MasterEvents:
     # An event a node pushed that the master does not handle itself (node, decoded body).
     node_event: AsyncSignal[[str, Any]] = field(
         default_factory=lambda: AsyncSignal("node_event"))
+    # A node's session ended (node, when it fell silent: the moment the session closed,
+    # or when the last data came for a session the heartbeat ended): it is disconnected,
+    # unreachable after node_grace_s.
+    node_disconnected: Signal[[str, float]] = field(
+        default_factory=lambda: Signal("node_disconnected"))
+    # The status of a node without a session when a feature knows better than
+    # "disconnected"/"unreachable" (the node loss feature: "down"); None: the master's own.
+    node_status: Provider[[str], str | None] = field(
+        default_factory=lambda: Provider("node_status", _no_status))
+    # The inventory the master takes from a node (its hello, or the journal on restore): a
+    # feature may hold GPUs out of service whatever the node says (GPU faults).
+    node_inventory: Provider[[NodeInventory], NodeInventory] = field(
+        default_factory=lambda: Provider("node_inventory", _as_reported))
+    # A node reported a GPU's health changed, and the master applied it (node, event).
+    gpu_health: AsyncSignal[[str, GpuHealth]] = field(
+        default_factory=lambda: AsyncSignal("gpu_health"))

@@ -16,6 +16,7 @@ from masterd.features.arrays.pools import ArrayPools
 from masterd.features.dependencies import Dependencies
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
+from masterd.features.gpufaults import GpuFaults
 from masterd.features.helios.estimator import DurationEstimator
 from masterd.features.helios.power import PowerManager
 from masterd.features.holds import JobControls
@@ -23,6 +24,7 @@ from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
+from masterd.features.nodeloss import NodeLoss
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
@@ -45,6 +47,10 @@ class Features:
     # a restore resolves dependencies before holds close their gates.
     dependencies: Dependencies
     controls: JobControls
+    # Failures: nodes silent for node_lost_s are down and their jobs requeued or ended;
+    # GPUs with faults held out of service (fatal ones stop their jobs) until returned.
+    nodeloss: NodeLoss
+    gpufaults: GpuFaults
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -69,5 +75,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
-                        controls=JobControls(ctx))
+                        controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
+                        gpufaults=GpuFaults(ctx))
     return features, policy

@@ -152,9 +152,10 @@ class Master:
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
                 post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop,
-                reorder=self.core.reorder),
+                reorder=self.core.reorder, lose_parts=self.lose_parts),
             nodes=NodeCommands(send=self._command, status=self.node_status,
-                               set_power=self.set_power, power_state=self.power_state),
+                               set_power=self.set_power, power_state=self.power_state,
+                               gpu_health=self.set_gpu_health),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
@@ -168,7 +169,7 @@ class Master:
     def restore(self) -> None:
         """Reload nodes and jobs from the journal (before serving)."""
         for inventory, drained, _ in self.store.load_nodes():
-            self.core.node_up(inventory)
+            self.core.node_up(self.events.node_inventory(inventory))
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
                 self.drained.add(inventory.name)
@@ -435,6 +436,46 @@ class Master:
             self.tasks.spawn(self._stop_part(job_id, node, reason))
         return job
 
+    async def lose_parts(self, job_id: str, lost: Sequence[str], reason: str,
+                         end_as: JobState | None) -> Job:
+        """Take a job off its nodes after a failure (see JobActions.lose_parts): its parts
+        on ``lost`` nodes count as exited (those nodes cannot answer), its other parts are
+        stopped, and once they exited the job is queued again (``end_as`` queued) or ends
+        ``end_as`` (node_lost). ``end_as`` None, or a job being stopped already: its end
+        stands, only the lost parts are counted. Journalled before any node is told."""
+        now = self.clock()
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        transition: Transition | None = None
+        stop_on: list[str] = []
+        events: list[tuple[Any, ...]] = []
+        if end_as is not None and not job.stopping:
+            if end_as is JobState.QUEUED:
+                transition, stop_on = self.core.requeue(job_id, reason, now)
+                kind = "requeue_requested"
+            else:
+                transition, stop_on = self.core.stop(job_id, end_as, reason, now)
+                kind = "stop_requested"
+            events.append((now, job_id, None, kind, {"end_as": end_as.value,
+                                                     "reason": reason,
+                                                     "restarts": job.restarts}))
+        else:
+            stop_on = [n for n, s in job.node_states.items() if s != "exited"]
+        for node in lost:
+            if job.node_states.get(node) in (None, "exited"):
+                continue
+            done, _ = self.core.node_exited(job_id, node, None, None, now)
+            events.append((now, job_id, node, "part_lost", {"reason": reason}))
+            transition = transition or done
+        await self._persist([job], events)
+        if transition is not None:
+            await self._record(transition)
+        for node in stop_on:
+            if node not in lost:
+                self.tasks.spawn(self._stop_part(job_id, node, reason))
+        return job
+
     # -- scheduling ----------------------------------------------------------------------
     def request_pass(self) -> None:
         """Schedule one pass soon; a burst of events costs one pass, not one each."""
@@ -491,14 +532,14 @@ class Master:
             detail = {"placement": [
                 {"node": a.node, "gpus": list(a.gpus), "cpus": list(a.cpus)}
                 for a in placement.allocations
-            ], "attempt": job.attempts}
+            ], "attempt": job.attempts, "restarts": job.restarts}
             await self._persist([job], [(now, job.id, None, "placed", detail)])
             nnodes = len(placement.allocations)
             spec = self.journal.wire.spec(job)  # encoded at submission, reused here
             prepares = [
                 self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.events.core_plan(job, a)), spec))
+                    cores=self.events.core_plan(job, a), restarts=job.restarts), spec))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -692,7 +733,10 @@ class Master:
         detail: dict[str, Any] = {"reason": transition.reason}
         if transition.state.terminal:
             detail.update(exit_code=job.exit_code, signal=job.signal)
-        await self._persist([job], [(self.clock(), job.id, node, transition.state.value, detail)])
+        if transition.event == "requeued":
+            detail["restarts"] = job.restarts
+        await self._persist([job], [(self.clock(), job.id, node,
+                                     transition.event or transition.state.value, detail)])
         if transition.state.terminal:
             self.journal.wire.forget(job.id)
         await self.events.job_transition.emit(job, transition)
@@ -721,6 +765,7 @@ class Master:
         if handle:
             handle.cancel()
         self.unreachable.discard(name)
+        inventory = self.events.node_inventory(inventory)
         self.core.node_up(inventory)
         if name in self.drained or name in self.power:
             self.core.cluster.set_schedulable(name, False)
@@ -857,24 +902,34 @@ class Master:
         else:
             await self.events.node_event.emit(node, body)
 
-    async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
+    def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
+        """Set one GPU's health in the core's view of ``node`` (see NodeCommands)."""
         view = self.core.cluster.node(node)
         if view is None:
             return
         gpus = tuple(
-            replace(g, healthy=event.healthy) if g.index == event.index else g
+            replace(g, healthy=healthy) if g.index == index else g
             for g in view.inventory.gpus
         )
         inventory: NodeInventory = replace(view.inventory, gpus=gpus)
         self.core.node_up(inventory)
-        if node in self.drained or node in self.unreachable or node in self.power:
+        if (node in self.drained or node in self.unreachable or node in self.power
+                or node not in self.sessions):
             self.core.cluster.set_schedulable(node, False)
+        self.request_pass()
+
+    async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
+        if self.core.cluster.node(node) is None:
+            return
+        self.set_gpu_health(node, event.index, event.healthy)
         level = logging.INFO if event.healthy else logging.WARNING
         log.log(level, "node=%s gpu=%d healthy=%s reason=%s", node, event.index, event.healthy,
                 event.reason)
         await self.journal.call(Store.update_jobs, [], [(
             self.clock(), None, node, "gpu_health",
-            {"gpu": event.index, "healthy": event.healthy, "reason": event.reason})])
+            {"gpu": event.index, "healthy": event.healthy, "reason": event.reason,
+             "xid": event.xid})])
+        await self.events.gpu_health.emit(node, event)
         self.request_pass()
 
     def node_disconnected(self, session: NodeSession) -> None:
@@ -888,6 +943,8 @@ class Master:
         loop = asyncio.get_running_loop()
         self._grace[name] = loop.call_later(self.config.node_grace_s, self._mark_unreachable,
                                             name)
+        # Silent since: the heartbeat noticed it only after a period without any data.
+        self.events.node_disconnected.emit(name, self.clock() - session.silent_s)
 
     def _mark_unreachable(self, name: str) -> None:
         self._grace.pop(name, None)
@@ -895,7 +952,10 @@ class Master:
             return
         self.unreachable.add(name)
         jobs = self.core.cluster.jobs_on(name)
-        log.warning("node=%s unreachable; keeping its jobs=%d until it returns", name, len(jobs))
+        lost_s = self.config.node_lost_s
+        log.warning("node=%s unreachable; keeping its jobs=%d %s", name, len(jobs),
+                    f"until it is lost ({lost_s:g} s of silence)" if lost_s
+                    else "until it returns")
 
     # -- operator actions ----------------------------------------------------------------
     async def set_drained(self, name: str, drained: bool) -> None:
@@ -956,4 +1016,7 @@ class Master:
             return power[0]
         if name in self.sessions:
             return "drained" if name in self.drained else "ready"
+        told = self.events.node_status(name)  # e.g. "down": declared lost (node loss)
+        if told is not None:
+            return told
         return "unreachable" if name in self.unreachable else "disconnected"

@@ -27,6 +27,10 @@ class NodeSession:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.closed = False
+        # How long the node had been silent when the session ended: 0 for a closed
+        # connection, 1.5 × node_heartbeat_s when the heartbeat ended it (no data for a
+        # heartbeat period, then no pong within half of one).
+        self.silent_s = 0.0
 
     async def request(self, type_: str, body: Any, timeout_s: float | None = None
                       ) -> dict[str, Any]:

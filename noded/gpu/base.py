@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shared.model import GpuInfo
 
+# Re-exported: the Xid catalogue (application, fatal and other Xids, names) lives in
+# shared/xid.py, shared with the master, which decides what a fault means for the job on it.
+from shared.xid import APPLICATION_XIDS as APPLICATION_XIDS
+from shared.xid import LOST_XIDS as LOST_XIDS
+from shared.xid import XID_NAMES as XID_NAMES
+from shared.xid import xid_reason as xid_reason
+
 if TYPE_CHECKING:
     from noded.gpu.emulated import EmulatedGpuConfig
 
@@ -38,42 +45,7 @@ TOPOLOGY_LEVELS = frozenset(
     }
 )
 
-# Xids the NVIDIA Kubernetes device plugin treats as application errors: the application
-# crashed or misbehaved, the GPU itself is fine, so they must not take a GPU out of service.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-# Names from NVIDIA's Xid catalogue, for messages operators read. Unknown Xids are still
-# reported, just without a name.
-XID_NAMES: dict[int, str] = {
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    68: "Video processor exception",
-    74: "NVLink Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context Switch Timeout Error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-}
-
-# Xids after which the device no longer answers at all (NVML then returns GPU_IS_LOST).
-LOST_XIDS = frozenset({79})
-
 GPU_IS_LOST = "GPU is lost"
-
-
-def xid_reason(xid: int) -> str:
-    name = XID_NAMES.get(xid)
-    return f"Xid {xid} ({name})" if name else f"Xid {xid}"
 
 
 class GpuBackendError(RuntimeError):
@@ -97,6 +69,9 @@ class GpuHealthEvent:
     uuid: str
     healthy: bool
     reason: str  # e.g. "Xid 79 (GPU has fallen off the bus)"
+    # The Xid that took the GPU out of service; None for other causes (NVML lost the
+    # device, a reset is required) and for a return to service.
+    xid: int | None = None
 
 
 Topology = tuple[tuple[int, ...], ...]
@@ -129,8 +104,9 @@ class GpuBackend(Protocol):
 
     def job_ended(self, job_id: str) -> None: ...
 
-    def recover(self, index: int) -> None:
-        """Operator's word that GPU ``index`` is fine again; reported by the next poll_health."""
+    def recover(self, index: int, reason: str = "recovered by operator") -> None:
+        """Operator's word (or a passed health check's) that GPU ``index`` is fine again;
+        reported by the next poll_health."""
         ...
 
     def close(self) -> None: ...

@@ -6,7 +6,10 @@ each PCIe switch, switches spread over NUMA nodes. Utilisation is not random: it
 jobs the daemon runs. A GPU held by a job with a live process reports ``busy_util`` (or the
 rate-driven figure from the job's progress file, see :mod:`noded.gpu.progress`), an idle GPU 0.
 Faults are injected with :meth:`EmulatedGpuBackend.inject_fault` and go through the same Xid
-filter and sticky health as the NVML backend.
+filter and sticky health as the NVML backend. A running daemon takes them from its fault
+directory (``fault_dir``, noded's STATE_DIR/gpu-faults): each file ``*.xid`` holding
+``INDEX XID`` is one Xid the "driver" raises on the next health poll, as a real driver's
+event would arrive; the file is removed once read (:func:`write_fault`).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class EmulatedGpuConfig:
     progress_dir: str | None = bounded(None, max_len=4096)
     rate_window_s: float = bounded(10.0, min=0.001, max=3600)
     min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
+    # Where Xid faults are dropped for a running daemon to raise (None: nowhere).
+    fault_dir: str | None = bounded(None, max_len=4096)
 
     def __post_init__(self) -> None:
         if not self.model.strip():
@@ -289,7 +294,30 @@ class EmulatedGpuBackend:
     def poll_health(self, timeout_ms: int = 0) -> list[GpuHealthEvent]:
         if timeout_ms < 0:
             raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        self._raise_dropped_faults()
         return self._health.take(timeout_ms / 1000.0)
+
+    def _raise_dropped_faults(self) -> None:
+        """Raise the Xids dropped in the fault directory (oldest first) and remove them."""
+        if self.config.fault_dir is None:
+            return
+        root = Path(self.config.fault_dir)
+        try:
+            dropped = sorted(root.glob("*.xid"), key=lambda p: p.stat().st_mtime_ns)
+        except OSError:
+            return  # the directory (or a file) vanished meanwhile: nothing to raise
+        for path in dropped:
+            try:
+                text = path.read_text()
+                path.unlink()
+            except OSError:
+                continue
+            try:
+                index, xid = (int(word) for word in text.split())
+                self.inject_fault(index, xid)
+            except ValueError as exc:
+                log.warning("gpu_fault_file_ignored file=%s content=%r error=%s", path.name,
+                            text[:64], exc)
 
     def inject_fault(self, index: int, xid: int) -> bool:
         """Raise Xid ``xid`` on GPU ``index`` as the driver would; returns whether it took the
@@ -304,11 +332,11 @@ class EmulatedGpuBackend:
                 self._lost.add(index)
         return took
 
-    def recover(self, index: int) -> None:
+    def recover(self, index: int, reason: str = "recovered by operator") -> None:
         self._check_index(index)
         with self._lock:
             self._lost.discard(index)
-        self._health.recover(index, "recovered by operator")
+        self._health.recover(index, reason)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -402,3 +430,15 @@ class EmulatedGpuBackend:
             raise ValueError(
                 f"GPU index {index!r} does not exist (this node emulates {self.config.count})"
             )
+
+
+def write_fault(fault_dir: str | Path, index: int, xid: int) -> Path:
+    """Drop Xid ``xid`` on GPU ``index`` for the daemon owning ``fault_dir`` to raise: written
+    whole under another name first, so the daemon never reads half a fault."""
+    root = Path(fault_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{time.time_ns()}-{index}-{xid}.xid"
+    partial = final.with_suffix(".part")
+    partial.write_text(f"{index} {xid}\n")
+    os.replace(partial, final)
+    return final

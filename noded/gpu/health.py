@@ -41,9 +41,10 @@ class HealthTracker:
             log.info("gpu_xid_ignored index=%d xid=%d reason=%r why=application-error",
                      index, xid, xid_reason(xid))
             return False
-        return self.mark_unhealthy(index, xid_reason(xid))
+        return self.mark_unhealthy(index, xid_reason(xid), xid=xid)
 
-    def mark_unhealthy(self, index: int, reason: str, *, announce: bool = True) -> bool:
+    def mark_unhealthy(self, index: int, reason: str, *, announce: bool = True,
+                       xid: int | None = None) -> bool:
         """Take GPU ``index`` out of service; ``announce=False`` records it without an event
         (for state found at start-up, which the inventory already carries)."""
         with self._cond:
@@ -55,7 +56,8 @@ class HealthTracker:
                 return False
             self._unhealthy[index] = reason
             if announce:
-                self._pending.append(GpuHealthEvent(index, self._uuid(index), False, reason))
+                self._pending.append(GpuHealthEvent(index, self._uuid(index), False, reason,
+                                                    xid))
                 self._cond.notify_all()
         log.error("gpu_unhealthy index=%d uuid=%s reason=%r", index, self._uuid(index), reason)
         return True

@@ -515,7 +515,7 @@ class NvmlGpuBackend:
         # trusted until the operator looks.
         reason = f"{xid_reason(xid)} on an unidentified GPU"
         for i in range(len(dev.handles)):
-            self._health.mark_unhealthy(i, reason)
+            self._health.mark_unhealthy(i, reason, xid=xid)
 
     def _event_index(self, dev: _Devices, device: Any) -> int | None:
         nv = self._nvml
@@ -531,12 +531,12 @@ class NvmlGpuBackend:
                 return i
         return None
 
-    def recover(self, index: int) -> None:
+    def recover(self, index: int, reason: str = "recovered by operator") -> None:
         with self._lock:
             count = len(self._dev.handles)
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
             raise ValueError(f"GPU index {index!r} does not exist (this node has {count})")
-        self._health.recover(index, "recovered by operator")
+        self._health.recover(index, reason)
 
     def reinit(self) -> list[int]:
         """Restart the NVML session and re-read every device; returns the GPUs it recovered.

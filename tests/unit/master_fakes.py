@@ -34,6 +34,7 @@ class FakeSession:
         self.name = name
         self.refuse_prepare = refuse_prepare
         self.sent: list[tuple[str, Any]] = []
+        self.silent_s = 0.0  # as NodeSession: how long the node was silent when it ended
 
     async def request(self, type_: str, body: Any) -> dict[str, Any]:
         if isinstance(body, dict):

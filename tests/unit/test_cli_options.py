@@ -221,3 +221,25 @@ def test_file_of_jobs(tmp_path: Path) -> None:
     listed.write_text(json.dumps([{"command": ["x"], "user": "bob"}] * 2))
     with pytest.raises(UsageError, match="--id and --array apply to one job"):
         jobs_from_args(parse("submit", "-f", str(listed), "--array", "0-1"))
+
+
+def test_requeue_flags_reach_the_jobs_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag, value in (("--requeue", "1"), ("--no-requeue", "0")):
+        args = parse("submit", flag, "--gpus", "1", "--env", "A=1", "--", "train")
+        [job], _ = jobs_from_args(args)
+        assert job["env"] == {"A": "1", "TRELLIS_REQUEUE": value}
+    [job], _ = jobs_from_args(parse("submit", "--gpus", "1", "--", "train"))
+    assert "env" not in job or "TRELLIS_REQUEUE" not in job["env"]
+    with pytest.raises(SystemExit) as exit_:
+        parse("submit", "--requeue", "--no-requeue", "--", "train")
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_gpu_reset_needs_an_index_that_is_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    from control.cli import main
+
+    assert main(["gpu", "reset", "n1", "two"]) == 2
+    assert "INDEX must be a GPU's index (0, 1, ...), got 'two'" in capsys.readouterr().err
+    assert main(["gpu"]) == 2
+    assert "gpu needs an action: trellisctl gpu reset NODE INDEX" in capsys.readouterr().err

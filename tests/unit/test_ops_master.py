@@ -302,7 +302,7 @@ async def test_metrics_follow_the_master(daemon: MasterDaemon) -> None:
     # n1 was registered without a session: disconnected, one-hot.
     statuses = {s.labels["status"]: s.value for s in m["trellis_node_status"]}
     assert statuses == {"ready": 0, "drained": 0, "disconnected": 1, "unreachable": 0,
-                        "powering_down": 0, "powered_down": 0, "powering_up": 0}
+                        "down": 0, "powering_down": 0, "powered_down": 0, "powering_up": 0}
     assert value(m["trellis_node_gpus"], "trellis_node_gpus", node="n1") == 4
 
     # Queue two jobs: with n1 not schedulable (no session) they wait.

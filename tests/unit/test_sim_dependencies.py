@@ -50,10 +50,10 @@ def test_a_failure_cancels_the_rest_with_the_reason() -> None:
     got = records([sim_job("prep", 0.0, 100.0), sim_job("train", 1.0, 50.0, "afterok:prep"),
                    sim_job("eval", 2.0, 10.0, "afterok:train"),
                    sim_job("cleanup", 3.0, 10.0, "afternotok:prep")], config)
-    assert got["prep"].state == "failed"
+    assert got["prep"].state == "node_lost"  # its node failed; no requeue allowed
     assert got["train"].state == "cancelled" and got["train"].first_start is None
     assert got["train"].reason == ("dependency afterok:prep can never be satisfied: prep "
-                                   "failed")
+                                   "was lost with its node")
     assert got["eval"].reason.endswith("train was cancelled")
     assert got["cleanup"].state == "finished" and got["cleanup"].first_start == 60.0
 

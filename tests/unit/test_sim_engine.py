@@ -130,7 +130,7 @@ def test_preempted_job_is_requeued_and_restarted(keep_progress: bool, small_end:
     assert summarise(result)["preemptions"] == 1
 
 
-def test_node_failure_fails_and_resubmits_jobs() -> None:
+def test_node_failure_requeues_jobs() -> None:
     jobs = [known_job("long", 0.0, 10 * 3600.0)]
     config = dataclasses.replace(
         EXACT, failures=FailureConfig(mtbf_hours=2.0, repair_hours=1.0), max_retries=50
@@ -149,8 +149,8 @@ def test_node_failure_fails_and_resubmits_jobs() -> None:
 
 def test_outage_of_one_node_takes_a_multi_node_job_down_and_it_reruns() -> None:
     # Two 1-GPU nodes; "wide" needs both. Node n-0001 dies at 30 for 20 s: wide's part there
-    # is killed, the core stops its other part, the job fails and is resubmitted at 30; it
-    # can only restart when the node is back at 50 and runs its 100 s again: ends at 150.
+    # is lost, the core stops its other part, the job is requeued at 30; it can only
+    # restart when the node is back at 50 and runs its 100 s again: ends at 150.
     nodes = build_cluster([NodeGroup(count=2, gpus_per_node=1, cpu_cores=2, sockets=1,
                                      gpus_per_switch=1, prefix="n")])
     jobs = [known_job("wide", 0.0, 100.0, gpus=2)]
@@ -170,8 +170,44 @@ def test_failures_exhaust_retries() -> None:
     )
     result = simulate(Workload("f", jobs, one_node()), make_policy("fifo"), config)
     record = next(r for r in result.records if r.id == "long")
-    assert record.state == "failed"
-    assert "failed" in record.reason
+    # The master's rule (masterd/core/failures.py): max_requeues reached, it ends node_lost.
+    assert record.state == "node_lost" and record.retries == 0
+    assert record.reason.startswith("node n-0000 lost")
+    assert "not requeued again: it was requeued 0 time(s), max_requeues is 0" in record.reason
+    assert summarise(result)["node_lost"] == 1
+
+
+def test_a_failure_requeues_by_the_masters_rules_keeping_the_place() -> None:
+    """One 1-GPU node fails at 30 for 20 s. "first" (submitted at 0) is requeued, ahead of
+    "second" (submitted at 10); "once" asked for no requeue and ends node_lost; the core's
+    own job counts the restart."""
+    nodes = build_cluster([NodeGroup(count=2, gpus_per_node=1, cpu_cores=2, sockets=1,
+                                     gpus_per_switch=1, prefix="n")])
+    once_spec = JobSpec(name="once", command=("x",), user="u", gpus=1, cpus=1,
+                        env={"TRELLIS_REQUEUE": "0"})
+    jobs = [known_job("first", 0.0, 100.0),
+            SimJob("once", once_spec, 1.0, TruthParams(known_duration=100.0, known_gpus=1)),
+            known_job("second", 10.0, 10.0)]
+    config = dataclasses.replace(EXACT, outages=(Outage("n-0000", 30.0, 20.0),
+                                                 Outage("n-0001", 30.0, 20.0)))
+    from sim.engine import Simulator
+
+    sim = Simulator(Workload("r", jobs, nodes), make_policy("fifo"), config)
+    result = sim.run()
+    by_id = {r.id: r for r in result.records}
+    first, once, second = by_id["first"], by_id["once"], by_id["second"]
+    assert first.retries == 1 and first.attempts == 2 and first.state == "finished"
+    assert sim.core.jobs["first"].restarts == 1
+    # Both nodes are back at 50: "first" keeps its place ahead of "second" (FIFO).
+    assert first.end == 150.0 and second.first_start == 50.0 and second.end == 60.0
+    assert once.state == "node_lost" and once.end == 30.0
+    assert once.reason == ("node n-0001 lost (no contact for 0 s); the job may not be "
+                           "requeued (--no-requeue)")
+    # requeue_default = false: the plain jobs end node_lost too.
+    config = dataclasses.replace(config, requeue_default=False)
+    result = simulate(Workload("r", jobs, nodes), make_policy("fifo"), config)
+    assert {r.id: r.state for r in result.records} == {
+        "first": "node_lost", "once": "node_lost", "second": "finished"}
 
 
 def test_job_that_can_never_fit_is_rejected_not_left_queued() -> None:
