@@ -181,6 +181,8 @@ class NodeCommands:
         lambda node, state, reason: _no_power())
     # node -> its power state, or None.
     power_state: Callable[[str], str | None] = lambda node: None
+    # The leadership epoch this master commands nodes at (every command carries it).
+    epoch: Callable[[], int] = lambda: 0
 
 
 async def _no_power() -> None:

@@ -14,6 +14,7 @@ from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.dependencies import Dependencies
+from masterd.features.fencing import Fencing
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.helios.estimator import DurationEstimator
@@ -45,6 +46,8 @@ class Features:
     # a restore resolves dependencies before holds close their gates.
     dependencies: Dependencies
     controls: JobControls
+    # Fencing to the node: stale epochs and incarnations, a node returning different.
+    fencing: Fencing
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -69,5 +72,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
-                        controls=JobControls(ctx))
+                        controls=JobControls(ctx), fencing=Fencing(ctx))
     return features, policy
