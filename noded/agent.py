@@ -107,8 +107,9 @@ class NodeAgent:
         self._held: list[tuple[str, dict[str, Any]]] = []
         runner.on_exited = self._job_exited
         runner.on_stale = self._stale_part
-        # The newest master epoch seen, kept in the state directory (noded/fencing.py).
-        self.fence = fence if fence is not None else EpochFence(runner.dir.parent)
+        # The newest master epoch seen (noded/fencing.py); noded's is kept in its state
+        # directory, a test's without one in memory.
+        self.fence = fence if fence is not None else EpochFence(None)
         self._hello_id = -1  # the id of this connection's hello, whose ack names the epoch
         # Jobs' output (read_log; made on the first read if not given); its reads run beside
         # the receive loop (they may wait).

@@ -26,11 +26,14 @@ EPOCH_FILE = "master_epoch"
 class EpochFence:
     """The newest master epoch this node has seen; ``admit`` refuses older commands."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / EPOCH_FILE
+    def __init__(self, state_dir: Path | None) -> None:
+        """``state_dir`` None: the epoch is kept in memory only (an agent in a test)."""
+        self.path = state_dir / EPOCH_FILE if state_dir is not None else None
         self.epoch = self._load()
 
     def _load(self) -> int:
+        if self.path is None:
+            return 0
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -52,7 +55,8 @@ class EpochFence:
         if epoch <= self.epoch:
             return False
         try:
-            write_atomic(self.path, {"epoch": epoch, "since": time.time()})
+            if self.path is not None:
+                write_atomic(self.path, {"epoch": epoch, "since": time.time()})
         except OSError as exc:
             # Obeying a master whose epoch a restart would forget would open the fence.
             raise JobRefused("epoch_not_recorded", f"master epoch {epoch} cannot be recorded "
