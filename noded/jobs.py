@@ -503,7 +503,13 @@ class JobRunner:
             part.state = "running"
             alloc = prepare.allocation
             self._repin(part)
-            self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
+            try:
+                self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
+            except ValueError as exc:
+                # The node came back with fewer GPUs: keep the part (it still runs, it is
+                # reported), and the master, which placed it, stops it (a failed part).
+                log.warning("job=%s re-adopted on GPUs this node no longer has: %s",
+                            part.job_id, exc)
             part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
             log.info("job=%s re-adopted shim_pid=%d cpus=%s", part.job_id, part.shim_pid,
                      list(alloc.cpus))
