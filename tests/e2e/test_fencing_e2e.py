@@ -18,12 +18,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import WSMsgType, web
 
 from demo.cluster import LocalCluster, default_job_user, free_port
+from demo.hacluster import HaCluster
 from masterd.journal.store import Store
-from shared.model import JobState
+from shared.model import GpuInfo, JobState, NodeInventory
 from shared.protocol import decode_frame, encode_frame
+from shared.schema import encode
 from tests.e2e.cli import ctl
 
 USER = default_job_user()
@@ -141,6 +144,54 @@ def test_a_returning_node_has_its_stale_part_stopped_and_reported(make_cluster,
     lines = [line for line in out.splitlines() if "stale_part" in line]
     assert len(lines) == 2 and all(n1 in line for line in lines), out
     client.call("cancel", {"id": "train"})
+
+
+def test_a_node_reporting_parts_the_master_never_placed_there_has_them_stopped(
+        make_cluster, shared_dir: Path) -> None:
+    """A node (the test, on a raw node session) reports the running job of another node and
+    a job nobody submitted: both are stopped on it, journalled, and the real job goes on."""
+    cluster: LocalCluster = make_cluster(nodes=1, gpus_per_node=1)
+    client = cluster.client(timeout=30)
+    starts = shared_dir / "starts"
+    starts.mkdir()
+    os.chmod(starts, 0o777)
+    client.call("submit", marker_job(starts, "victim", 1))
+    wait_for(lambda: client.call("job", {"id": "victim"})["job"]["state"] == "running", 30,
+             "victim to run")
+    pid = wait_for(lambda: pids(starts, "victim"), 10, "the start marker")[0]
+    rogue = f"{cluster.prefix}-n9"
+    inventory = encode(NodeInventory(
+        name=rogue, hostname="rogue", address="127.0.0.1", memory_mib=1024,
+        gpus=(GpuInfo(index=0, uuid=f"GPU-{rogue}", model="A100-SXM4-40GB",
+                      memory_mib=40960),)))
+
+    async def session() -> dict[str, dict[str, Any]]:
+        stops: dict[str, dict[str, Any]] = {}
+        async with aiohttp.ClientSession() as http, http.ws_connect(
+                cluster.url + "/v1/node") as ws:
+            await ws.send_bytes(encode_frame("hello", 1, {"inventory": inventory, "jobs": [
+                {"job_id": "victim", "state": "running", "pid": 4242, "restarts": 0},
+                {"job_id": "ghost", "state": "running", "pid": 4343, "restarts": 3}]}))
+            while len(stops) < 2:
+                msg = await ws.receive(timeout=20)
+                assert msg.type == WSMsgType.BINARY, msg
+                frame = decode_frame(msg.data)
+                if frame.type == "stop_job":
+                    stops[frame.body["job_id"]] = frame.body
+                    await ws.send_bytes(encode_frame("ack", frame.id, {}))
+        return stops
+
+    stops = asyncio.run(session())
+    assert (stops["victim"]["restarts"], stops["victim"]["epoch"]) == (0, 1)
+    assert stops["victim"]["reason"] == (f"part victim#0 runs on node {rogue}, where the master "
+                                         "never placed it")
+    assert stops["ghost"]["restarts"] == 3
+    assert "belongs to no job the master knows" in stops["ghost"]["reason"]
+    strays = {e["job"]: e for e in client.call("events", {"limit": 1000})["events"]
+              if e["kind"] == "stray_part"}
+    assert set(strays) == {"victim", "ghost"} and strays["victim"]["node"] == rogue
+    assert client.call("job", {"id": "victim"})["job"]["state"] == "running" and alive(pid)
+    client.call("cancel", {"id": "victim"})
 
 
 def test_a_node_that_has_seen_a_newer_epoch_refuses_the_older_master(
@@ -295,3 +346,37 @@ def test_a_node_restarted_with_fewer_gpus_has_the_job_on_the_missing_ones_stoppe
     wait_for(lambda: client.call("job", {"id": spared})["job"]["state"] == "cancelled", 30,
              "the cancel")
     assert client.call("nodes")["nodes"][0]["gpus_free"] == 2  # GPUs 2, 3 never come back
+
+
+def test_after_a_failover_the_node_obeys_only_the_new_leaders_epoch(
+        shared_dir: Path, pg_url: str) -> None:
+    prefix = f"trellis-test-{uuid.uuid4().hex[:6]}"
+    starts = shared_dir / "starts"
+    starts.mkdir()
+    os.chmod(starts, 0o777)
+    with HaCluster(shared_dir / prefix, prefix=prefix, nodes=1, gpus_per_node=1,
+                   store=pg_url, masters=2) as cluster:
+        cluster.start()
+        node = cluster.node_name(1)
+        client = cluster.client(timeout=30)
+        epoch_file = cluster.root / node / "master_epoch"
+        client.call("submit", marker_job(starts, "keeps", 1))
+        wait_for(lambda: client.call("job", {"id": "keeps"})["job"]["state"] == "running", 30,
+                 "keeps to run")
+        pid = wait_for(lambda: pids(starts, "keeps"), 10, "the start marker")[0]
+        first = json.loads(epoch_file.read_text())["epoch"]
+
+        leader = cluster.wait_leader()
+        cluster.kill_master(leader)
+        cluster.wait_leader(timeout=20, not_index=leader)
+        # The node follows the new leader and records its epoch; its job is recognised.
+        wait_for(lambda: json.loads(epoch_file.read_text())["epoch"] == first + 1, 30,
+                 "the node to record the new leader's epoch")
+        cluster.wait_nodes(1)
+        assert client.call("job", {"id": "keeps"})["job"]["state"] == "running"
+        assert pids(starts, "keeps") == [pid] and alive(pid)
+        # Nothing was taken for a stale or stray part on the way.
+        assert not [e for e in client.call("events", {"limit": 1000})["events"]
+                    if e["kind"] in ("stale_part", "stray_part", "node_refused")]
+        client.call("cancel", {"id": "keeps"})
+        wait_for(lambda: not alive(pid), 30, "the cancel to stop it")
