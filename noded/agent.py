@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from noded.fencing import EpochFence
 from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
 from noded.joblogs import LogReader
 from noded.jobs import JobPart, JobRefused, JobRunner
@@ -37,6 +38,7 @@ from shared.messages import (
     ReadLog,
     ResetGpu,
     SignalJob,
+    StalePart,
     StartJob,
     StopJob,
     utilisation_band,
@@ -46,6 +48,11 @@ from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame
 from shared.schema import SchemaError, decode, encode
 
 log = logging.getLogger("trellis.node.agent")
+
+
+class StaleMaster(Exception):
+    """The master dialled leads at an older epoch than this node has seen (it refused our
+    hello with ``stale_epoch``): a newer master leads elsewhere."""
 
 
 class NotLeader(Exception):
@@ -75,6 +82,7 @@ class NodeAgent:
         ssl_context: Any = None,
         heartbeat_only_s: float = 0.0,
         logs: LogReader | None = None,
+        fence: EpochFence | None = None,
     ) -> None:
         self.masters = master_urls(master_url)
         self._current = 0
@@ -99,6 +107,11 @@ class NodeAgent:
         self.heartbeat_only_s = heartbeat_only_s
         self._held: list[tuple[str, dict[str, Any]]] = []
         runner.on_exited = self._job_exited
+        runner.on_stale = self._stale_part
+        # The newest master epoch seen (noded/fencing.py); noded's is kept in its state
+        # directory, a test's without one in memory.
+        self.fence = fence if fence is not None else EpochFence(None)
+        self._hello_id = -1  # the id of this connection's hello, whose ack names the epoch
         # Jobs' output (read_log; made on the first read if not given); its reads run beside
         # the receive loop (they may wait).
         self.logs = logs
@@ -138,6 +151,9 @@ class NodeAgent:
                                  exc.leader or "none yet")
                         self.last_error = f"master is a standby ({exc})"
                         leader = exc.leader or ""
+                    except StaleMaster as exc:
+                        log.error("master url=%s refused: %s", self.url, exc)
+                        self.last_error = f"master leads at an older epoch ({exc})"
                     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                         log.warning("master unreachable url=%s error=%r", self.url, str(exc))
                         self.last_error = f"master unreachable: {exc}"
@@ -172,8 +188,10 @@ class NodeAgent:
         async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0,
                                    headers=self._headers, ssl=self._ssl) as ws:
             self.ws = ws
-            hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()))
-            await self._send("hello", encode(hello))
+            hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()),
+                          epoch=self.fence.epoch)
+            self._hello_id = next(self._ids) * 2 + 1
+            await self._put("hello", encode(hello), self._hello_id)
             log.info("connected url=%s jobs_reported=%d", self.url, len(hello.jobs))
             self.last_error = ""
             self.connected.set()
@@ -238,7 +256,11 @@ class NodeAgent:
                     detail = frame.body.get("detail") or {}
                     leader = detail.get("leader") if isinstance(detail, dict) else None
                     raise NotLeader(leader if isinstance(leader, str) else None)
+                if frame.id == self._hello_id and frame.body.get("code") == "stale_epoch":
+                    raise StaleMaster(str(frame.body.get("message", "")))
                 log.warning("master rejected message %d: %s", frame.id, frame.body)
+            elif frame.id == self._hello_id:
+                self._hello_acked(frame.body)
             return
         schema = NODE_COMMANDS.get(frame.type)
         try:
@@ -248,6 +270,8 @@ class NodeAgent:
                 cmd = decode(schema, frame.body)
             except SchemaError as exc:
                 raise ProtocolError("invalid_message", f"{frame.type}: {exc}") from None
+            # Every command acts on a job: none from an older master than one seen.
+            self.fence.admit(cmd.epoch, frame.type)
             if isinstance(cmd, ReadLog):
                 # A read may wait for output (a long poll): it must not hold up the commands
                 # behind it, so it answers from a task of its own.
@@ -274,17 +298,18 @@ class NodeAgent:
         if isinstance(cmd, StartJob):
             result = self.runner.start(cmd)
             asyncio.get_running_loop().call_soon(
-                lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"])))
+                lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"],
+                                                                cmd.restarts)))
             return result
         if isinstance(cmd, StopJob):
-            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason)
+            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason, cmd.restarts)
             return {}
         if isinstance(cmd, ForgetJob):
-            self.runner.forget(cmd.job_id)
+            self.runner.forget(cmd.job_id, cmd.restarts)
             return {}
         if isinstance(cmd, SignalJob):
             return {"delivered": self.runner.send_signal(cmd.job_id, cmd.signal,
-                                                         cmd.leader_only)}
+                                                         cmd.leader_only, cmd.restarts)}
         if isinstance(cmd, ResetGpu):
             return {"recovered": await self._reset_gpu(cmd.index)}
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
@@ -309,15 +334,28 @@ class NodeAgent:
             return
         await self._send("ack", encode(chunk), id_)
 
+    def _hello_acked(self, body: dict[str, Any]) -> None:
+        """The master took our hello; its ack names the epoch it leads at."""
+        epoch = body.get("epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
+            try:
+                self.fence.learn(epoch)
+            except JobRefused as exc:  # commands carry the epoch too: each tries again
+                log.error("%s", exc.message)
+
     # -- events --------------------------------------------------------------------------
-    async def _job_started(self, job_id: str, pid: int) -> None:
-        await self._send("job_started", encode(JobStarted(job_id=job_id, pid=pid)))
+    async def _job_started(self, job_id: str, pid: int, restarts: int = 0) -> None:
+        await self._send("job_started", encode(JobStarted(job_id=job_id, pid=pid,
+                                                          restarts=restarts)))
 
     async def _job_exited(self, part: JobPart) -> None:
         # Kept on disk until the master says forget_job, so an exit is never lost.
         await self._send("job_exited", encode(JobExited(
             job_id=part.job_id, exit_code=part.exit_code, signal=part.signal,
-            reason=part.reason)))
+            reason=part.reason, restarts=part.restarts)))
+
+    def _stale_part(self, stale: StalePart) -> None:
+        asyncio.get_running_loop().create_task(self._send("stale_part", encode(stale)))
 
     async def _monitor_gpus(self, stop: asyncio.Event) -> None:
         """Sample GPUs; push utilisation band changes and health changes as events."""

@@ -30,7 +30,7 @@ import psutil
 from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.shim import write_atomic
-from shared.messages import JobReport, PrepareJob, StartJob
+from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
 from shared.schema import decode, encode
 
@@ -64,9 +64,14 @@ class JobPart:
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
+    @property
+    def restarts(self) -> int:
+        """The part's incarnation (with the job id): the restart count it was prepared for."""
+        return self.prepare.restarts
+
     def report(self) -> JobReport:
         return JobReport(job_id=self.job_id, state=self.state, pid=self.shim_pid,
-                         exit_code=self.exit_code, signal=self.signal)
+                         exit_code=self.exit_code, signal=self.signal, restarts=self.restarts)
 
 
 def free_port() -> int:
@@ -98,6 +103,9 @@ class JobRunner:
         self.allowed_users = allowed_users
         self.numa_of = numa_of or {}
         self.on_exited = on_exited
+        # Told when a part of an older incarnation is stopped or dropped because the master
+        # asked for a newer one (the agent reports it as a stale_part event).
+        self.on_stale: Callable[[StalePart], None] | None = None
         # The shim caps each part's output at this many bytes (0: no cap); see noded/shim.py.
         self.log_max_bytes = log_max_bytes
         self.parts: dict[str, JobPart] = {}
@@ -132,6 +140,9 @@ class JobRunner:
     def prepare(self, cmd: PrepareJob) -> dict[str, Any]:
         job_id = check_name(cmd.job_id, "job id")
         existing = self.parts.get(job_id)
+        if existing is not None and existing.restarts != cmd.restarts:
+            self._supersede(existing, cmd)  # raises while an older part still runs
+            existing = self.parts.get(job_id)
         if existing is not None:
             if existing.state == "prepared":
                 return {"port": (existing.prepare.node_rank == 0 and self._port(existing)) or 0}
@@ -164,6 +175,46 @@ class JobRunner:
         log.info("job=%s prepared gpus=%s cpus=%s", job_id, list(cmd.allocation.gpus),
                  list(cmd.allocation.cpus))
         return {"port": port}
+
+    def _supersede(self, part: JobPart, cmd: PrepareJob) -> None:
+        """The master asks for incarnation ``cmd.restarts`` of a job this node holds a part
+        of in another incarnation. A newer one wins: the older part is dropped (prepared),
+        stopped (running: the prepare is refused until it has exited) or its unrecorded
+        exit reported once more and forgotten. An older one is refused."""
+        job_id, old, new = part.job_id, part.restarts, cmd.restarts
+        if new < old:
+            raise JobRefused("stale_incarnation", f"job {job_id} incarnation {new} is older "
+                             f"than incarnation {old} on node {self.node}; not prepared")
+        reason = (f"incarnation {old} of job {job_id} is stale: the master asked node "
+                  f"{self.node} for incarnation {new}")
+        if part.state == "prepared":
+            self.stop(job_id, 0.0, reason)
+            self._report_stale(part, new, reason)
+            return
+        if part.state == "exited":
+            # The master never recorded this exit (it forgets what it recorded): tell it
+            # once more, then make room for the new part.
+            log.info("job=%s incarnation %d exited unrecorded; forgotten for incarnation %d",
+                     job_id, old, new)
+            if self.on_exited is not None:
+                asyncio.get_running_loop().create_task(self.on_exited(part))
+            self.forget(job_id)
+            return
+        if not part.stopping:
+            grace = part.prepare.spec.grace_s
+            self.stop(job_id, 10.0 if grace is None else grace, reason)
+            self._report_stale(part, new, reason)
+        raise JobRefused("stale_part_stopping", f"job {job_id} incarnation {new} cannot be "
+                         f"prepared on node {self.node} yet: its incarnation {old} still runs "
+                         "here and is being stopped")
+
+    def _report_stale(self, part: JobPart, newer: int, reason: str) -> None:
+        log.warning("job=%s incarnation=%d stale (%s part); master asked for incarnation %d",
+                    part.job_id, part.restarts, part.state, newer)
+        if self.on_stale is not None:
+            self.on_stale(StalePart(job_id=part.job_id, restarts=part.restarts, newer=newer,
+                                    state="prepared" if part.state == "prepared"
+                                    else "running", reason=reason[:512]))
 
     def _group_limits(self, cmd: PrepareJob) -> GroupLimits:
         # A GPU job given no dedicated cores shares the cores this node offers (an empty
@@ -206,6 +257,10 @@ class JobRunner:
         part = self.parts.get(cmd.job_id)
         if part is None:
             raise JobRefused("not_prepared", f"job {cmd.job_id} was not prepared on {self.node}")
+        if part.restarts != cmd.restarts:
+            raise JobRefused("stale_incarnation", f"job {cmd.job_id} incarnation "
+                             f"{cmd.restarts} is not the one prepared on {self.node} "
+                             f"(incarnation {part.restarts}); not started")
         if part.state != "prepared":
             return {"pid": part.shim_pid}  # a repeated start is harmless
         spec, alloc = part.prepare.spec, part.prepare.allocation
@@ -284,9 +339,16 @@ class JobRunner:
         part = self.parts.get(job_id)
         return part is not None and part.state == "running"
 
-    def stop(self, job_id: str, grace_s: float, reason: str) -> None:
+    def stop(self, job_id: str, grace_s: float, reason: str,
+             restarts: int | None = None) -> None:
+        """Stop a part (``restarts``: only that incarnation or an older one; a newer part
+        of the job is left alone)."""
         part = self.parts.get(job_id)
         if part is None or part.state == "exited":
+            return
+        if restarts is not None and part.restarts > restarts:
+            log.info("job=%s stop of incarnation %d ignored: incarnation %d runs here",
+                     job_id, restarts, part.restarts)
             return
         if part.state == "prepared":
             self._cleanup(part)
@@ -319,11 +381,15 @@ class JobRunner:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, sig)
 
-    def send_signal(self, job_id: str, name: str, leader_only: bool = False) -> bool:
+    def send_signal(self, job_id: str, name: str, leader_only: bool = False,
+                    restarts: int | None = None) -> bool:
         """Send signal ``name`` (SIGUSR1, ...) to a running part: its whole process group,
-        or only its leader process (Slurm's --signal B:). False if it no longer runs."""
+        or only its leader process (Slurm's --signal B:). False if it no longer runs (or
+        is not incarnation ``restarts``)."""
         part = self.parts.get(job_id)
         if part is None or part.state != "running":
+            return False
+        if restarts is not None and part.restarts != restarts:
             return False
         sig = signal.Signals[name]
         pgid = _child_pid(part.dir)
@@ -340,10 +406,14 @@ class JobRunner:
                  "its leader process" if leader_only else "its process group")
         return True
 
-    def forget(self, job_id: str) -> None:
+    def forget(self, job_id: str, restarts: int | None = None) -> None:
+        """Drop an exited part's state (``restarts``: only if the exit recorded was of that
+        incarnation or a newer one)."""
         part = self.parts.get(job_id)
         if part is not None and part.state != "exited":
             return  # only exited parts may be forgotten
+        if part is not None and restarts is not None and part.restarts > restarts:
+            return  # the master recorded an older incarnation's exit, not this one's
         self.parts.pop(job_id, None)
         # The job's output outlives its state: users read it after the job has ended.
         output = self.dir / job_id / "output.log"
@@ -435,7 +505,13 @@ class JobRunner:
             part.state = "running"
             alloc = prepare.allocation
             self._repin(part)
-            self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
+            try:
+                self.gpus.job_started(part.job_id, tuple(alloc.gpus), (part.shim_pid,))
+            except ValueError as exc:
+                # The node came back with fewer GPUs: keep the part (it still runs, it is
+                # reported), and the master, which placed it, stops it (a failed part).
+                log.warning("job=%s re-adopted on GPUs this node no longer has: %s",
+                            part.job_id, exc)
             part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
             log.info("job=%s re-adopted shim_pid=%d cpus=%s", part.job_id, part.shim_pid,
                      list(alloc.cpus))

@@ -28,6 +28,7 @@ from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
 from noded.enforced_metrics import EnforcementCollector
 from noded.enforcer import ContentionEnforcer, running_jobs
+from noded.fencing import EpochFence
 from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
@@ -175,7 +176,8 @@ class NodeDaemon:
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s,
                                headers=headers, ssl_context=ssl_context,
-                               heartbeat_only_s=config.heartbeat_only_s, logs=self.logs)
+                               heartbeat_only_s=config.heartbeat_only_s, logs=self.logs,
+                               fence=EpochFence(state))
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])

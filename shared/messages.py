@@ -4,6 +4,11 @@ Node → master: ``hello``, ``job_started``, ``job_exited``, ``gpu_util``, ``gpu
 ``contention``, ``cores_changed``, ``job_metric``, ``job_usage``, ``job_phase``.
 Master → node: ``prepare_job``, ``start_job``, ``stop_job``, ``forget_job``, ``signal_job``,
 ``read_log`` (answered with a :class:`LogData` body), ``reset_gpu``.
+
+Fencing (docs/high-availability.md, "Fencing on the nodes"): every command carries the
+master's leadership ``epoch`` and the node refuses one older than the newest it has seen
+(error ``stale_epoch``); a command about one job part names its incarnation, the job id and
+its ``restarts`` (the times the job was requeued), and a node runs only the newest.
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from dataclasses import dataclass
 
 from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.schema import bounded
+
+# Upper bounds on the wire of a master's leadership epoch and of a job's restart count.
+MAX_EPOCH = 1 << 62
+MAX_RESTARTS = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,8 @@ class JobReport:
     pid: int | None = None
     exit_code: int | None = None
     signal: int | None = None
+    # The part's incarnation (with the job id): the job's restart count it was prepared for.
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
 
 
 @dataclass(frozen=True)
@@ -30,12 +41,18 @@ class Hello:
     inventory: NodeInventory
     jobs: tuple[JobReport, ...] = bounded(default_factory=tuple, max_len=10_000)
     version: str = bounded("", max_len=64)
+    # The newest master epoch this node has seen (kept in its state directory): a master
+    # leading at an older one is refused with ``stale_epoch``. The hello's ack carries the
+    # master's own epoch (``{"epoch": N}``).
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
 class JobStarted:
     job_id: str = bounded(pattern=NAME_PATTERN)
     pid: int = bounded(min=1)
+    # The incarnation that started (the job's restart count it was prepared for).
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,8 @@ class JobExited:
     signal: int | None = None
     # Why, when the node knows more than the status says (e.g. "out of memory: ...").
     reason: str = bounded("", max_len=512)
+    # The incarnation that exited (the job's restart count it was prepared for).
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
 
 
 @dataclass(frozen=True)
@@ -163,9 +182,12 @@ class PrepareJob:
     nnodes: int = bounded(1, min=1)
     # Set when the job's core count is tuned on the node; None pins the allocation as is.
     cores: CorePlan | None = None
-    # Times the job was requeued after a failure (its node lost, a GPU failed): the job
-    # sees it as TRELLIS_RESTART_COUNT. With the job id it names the incarnation.
-    restarts: int = bounded(0, min=0, max=1 << 31)
+    # The incarnation to prepare (with the job id): the job's restart count. A part of an
+    # older incarnation still on the node is stopped (reported with ``stale_part``).
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,11 @@ class StartJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
     master_addr: str = bounded(max_len=255)
     master_port: int = bounded(min=1, max=65535)
+    # The incarnation to start: refused (``stale_incarnation``) unless it is the one prepared.
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -180,6 +207,11 @@ class StopJob:
     job_id: str = bounded(pattern=NAME_PATTERN)
     grace_s: float = bounded(10.0, min=0, max=3600)
     reason: str = bounded("", max_len=256)
+    # The incarnation to stop: a newer part of the job is left alone. None: whichever runs.
+    restarts: int | None = bounded(None, min=0, max=MAX_RESTARTS)
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -187,6 +219,11 @@ class ForgetJob:
     """The master has durably recorded the job's exit; the node may drop its state."""
 
     job_id: str = bounded(pattern=NAME_PATTERN)
+    # The incarnation whose exit was recorded: a newer part's record is kept. None: any.
+    restarts: int | None = bounded(None, min=0, max=MAX_RESTARTS)
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 # A job's output travels in chunks of at most this many bytes: a read_log answer (data and a
@@ -216,6 +253,9 @@ class ReadLog:
     wait_s: float = bounded(0.0, min=0, max=MAX_LOG_WAIT_S)
     # The master placed the part here: a missing log is output to come, not an error.
     pending: bool = False
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -248,6 +288,8 @@ class ResetGpu:
     ``recovered`` is false when the node held no fault on it."""
 
     index: int = bounded(min=0, max=1023)
+    # The master's leadership epoch, as on every command.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -260,6 +302,20 @@ class SignalJob:
     signal: str = bounded(pattern="|".join(SIGNAL_NAMES))
     # Only the job's leader process (the batch shell), not its process group.
     leader_only: bool = False
+    # The incarnation to signal: another one is not signalled (``delivered`` false). None:
+    # whichever runs.
+    restarts: int | None = bounded(None, min=0, max=MAX_RESTARTS)
+    # The master's leadership epoch (set on every command the master sends); a node that
+    # has seen a newer one refuses the command with ``stale_epoch``.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """The answer to ``signal_job``."""
+
+    # False when the part no longer runs here (or is another incarnation).
+    delivered: bool
 
 
 # What a job may report on its metrics channel (noded/metrics_channel.py): lower-case names.
@@ -317,6 +373,21 @@ class JobPhase:
     pre_s: float | None = bounded(None, min=0, max=1e9)  # launching phase it had, if seen
 
 
+@dataclass(frozen=True)
+class StalePart:
+    """The node stopped (or dropped, if it had not started) a part of an older incarnation
+    of a job on its own, because the master asked it to prepare a newer one; the master
+    journals it (``trellisctl events``). The part's exit follows as ``job_exited``."""
+
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    # The incarnation stopped, and the newer one the master asked for.
+    restarts: int = bounded(min=0, max=MAX_RESTARTS)
+    newer: int = bounded(min=0, max=MAX_RESTARTS)
+    # "running": stopped (its exit follows); "prepared": dropped before it started.
+    state: str = bounded(pattern=r"prepared|running")
+    reason: str = bounded("", max_len=512)
+
+
 NODE_EVENTS = {
     "hello": Hello,
     "job_started": JobStarted,
@@ -330,6 +401,7 @@ NODE_EVENTS = {
     "job_metric": JobMetric,
     "job_usage": JobUsage,
     "job_phase": JobPhase,
+    "stale_part": StalePart,
 }
 NODE_COMMANDS = {
     "prepare_job": PrepareJob,
@@ -338,13 +410,13 @@ NODE_COMMANDS = {
     "forget_job": ForgetJob,
     "signal_job": SignalJob,
     "read_log": ReadLog,
-    "signal_job": SignalJob,
     "reset_gpu": ResetGpu,
 }
 # Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
 # fields named in their docstrings).
 NODE_COMMAND_REPLIES = {
     "read_log": LogData,
+    "signal_job": SignalSent,
 }
 
 

@@ -142,6 +142,11 @@ class NodeInventory:
     def gpu_model(self) -> str | None:
         return self.gpus[0].model if self.gpus else None
 
+    @functools.cached_property
+    def cpu_ids(self) -> frozenset[int]:
+        """The ids of the node's cores (cached: the master reads it at every release)."""
+        return frozenset(c.id for c in self.cpus)
+
     def numa_of_gpu(self, index: int) -> int:
         for gpu in self.gpus:
             if gpu.index == index:

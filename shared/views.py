@@ -86,6 +86,9 @@ class JobView:
     # Times it was requeued after its node was lost or a GPU of it failed (the job sees it
     # as TRELLIS_RESTART_COUNT).
     restarts: int = 0
+    # Times it was requeued after its node was lost or a GPU of it failed (the job sees it
+    # as TRELLIS_RESTART_COUNT).
+    restarts: int = 0
     # The nodes it runs (or ran) on ...
     nodes: tuple[str, ...] = ()
     # ... and what it holds on each.

@@ -183,7 +183,9 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 log.exception("node=%s event %s failed", session.name, type_)
                 await session.reply_error(id_, ProtocolError("internal", str(exc)))
                 continue
-            await session.reply(id_)
+            # The hello's ack names the epoch this master leads at (the node remembers it).
+            await session.reply(id_, {"epoch": master.leadership.epoch}
+                                if isinstance(body, Hello) else None)
 
     try:
         async for msg in ws:
@@ -214,6 +216,7 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                     if not isinstance(body, Hello):
                         raise ProtocolError("not_registered", "send hello first")
                     check_node_identity(principal, body.inventory.name)
+                    master.check_hello(body)  # e.g. a node that has seen a newer epoch
                     hello_timer.cancel()
                     session = NodeSession(body.inventory.name, ws,
                                           master.config.command_timeout_s)

@@ -218,7 +218,7 @@ class FailureCollector(Collector):
 
 class LeadershipCollector(Collector):
     """Leader election among masters sharing a PostgreSQL journal (one master on SQLite
-    always leads, at epoch 0); served by the leader and by standbys alike."""
+    always leads, its epoch counting its starts); served by the leader and by standbys alike."""
 
     def __init__(self, leadership: Leadership) -> None:
         self.leadership = leadership
@@ -230,7 +230,8 @@ class LeadershipCollector(Collector):
                                 value=1.0 if state.leader else 0.0)
         yield GaugeMetricFamily(
             "trellis_master_epoch", "The leadership epoch this master leads with (a standby: "
-            "the leader's, as last read); it grows by one at every takeover.",
+            "the leader's, as last read); it grows by one at every takeover (SQLite: at every "
+            "start).",
             value=state.epoch)
         yield CounterMetricFamily("trellis_master_takeovers",
                                   "Times this master process took the leadership.",

@@ -13,7 +13,9 @@ def check_event(core: SchedulingCore, node: str, body: Any) -> None:
     """Refuse an event about a job the master placed on other nodes only.
 
     A job the master does not know is let through: the node is told to forget it, which is
-    how stale records are cleaned up after a restart.
+    how stale records are cleaned up after a restart. So is the start or exit of an older
+    incarnation of a job (one requeued since, masterd.core.fencing): the node's own stale
+    part, which the master journals and stops or forgets there, touching nothing else.
     """
     if isinstance(body, JobStarted | JobExited | GpuUtil):
         job_id = body.job_id
@@ -23,6 +25,8 @@ def check_event(core: SchedulingCore, node: str, body: Any) -> None:
         return
     job = core.jobs.get(job_id)
     if job is None or job.placement is None:
+        return
+    if isinstance(body, JobStarted | JobExited) and body.restarts < job.restarts:
         return
     if node not in job.placement.nodes:
         raise ProtocolError("forbidden", f"job {job_id} does not run on node {node}; a node "

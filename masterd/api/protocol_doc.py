@@ -65,6 +65,8 @@ GENERAL_ERRORS = {
     "not_leader": "this master is a standby (high availability); `detail.leader` names the "
                   "leader",
     "internal": "a bug: the master logged it; nothing is known to have been done",
+    "stale_epoch": "node channel: the sender leads at an older master epoch than the node "
+                   "has seen (a node refusing a command, a master refusing a node's hello)",
 }
 
 

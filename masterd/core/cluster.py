@@ -495,7 +495,8 @@ class ClusterState:
             self._put(replace(
                 view,
                 free_gpus=view.free_gpus | (returned & healthy),
-                free_cpus=view.free_cpus | set(alloc.cpus),
+                # Only cores the node still has (it may have returned with fewer).
+                free_cpus=view.free_cpus | (view.inventory.cpu_ids & set(alloc.cpus)),
                 free_memory_mib=min(
                     view.inventory.memory_mib, view.free_memory_mib + alloc.memory_mib
                 ),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shared.model import Job, JobSpec, JobState
 
@@ -37,6 +38,11 @@ class RequeueRules:
 
     requeue_default: bool = True
     max_requeues: int = 5
+
+    @classmethod
+    def of(cls, config: Any) -> RequeueRules:
+        """The rules a master's configuration sets (``requeue_default``, ``max_requeues``)."""
+        return cls(config.requeue_default, config.max_requeues)
 
 
 @dataclass(frozen=True)

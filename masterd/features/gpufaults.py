@@ -6,7 +6,7 @@ one; application Xids never leave the node: shared/xid.py). Here:
 
 * Every unhealthy report is journalled as a fault (``gpu_faults``, event ``gpu_fault``) and
   the GPU is held out of service by the master itself, whatever a later hello says: a
-  restarted node daemon forgets its faults, the master does not (``events.node_inventory``
+  restarted node daemon forgets its faults, the master does not (``events.effective_inventory``
   marks the GPU unhealthy in every inventory the master takes, from a hello or the journal).
 * A fatal fault (shared/xid.py: 79 fallen off the bus, 48 double-bit ECC, ... or no Xid:
   NVML lost the device or wants a reset) stops every job using the GPU, each requeued or
@@ -53,12 +53,11 @@ class GpuFaults:
         self.other_faults = 0
         self.requeued = 0
         self.ended = 0
-        ctx.events.node_inventory.provide(self.held_out)
+        ctx.events.effective_inventory.provide(self.held_out)
         ctx.events.gpu_health.subscribe(self.on_health)
 
     def rules(self) -> RequeueRules:
-        config = self.ctx.config()
-        return RequeueRules(config.requeue_default, config.max_requeues)
+        return RequeueRules.of(self.ctx.config())
 
     def of(self, node: str, index: int) -> dict[str, Any] | None:
         """A GPU's fault as the node view shows it, or None while it is in service."""

@@ -67,8 +67,7 @@ class NodeLoss:
         events.node_status.provide(self.status)
 
     def rules(self) -> RequeueRules:
-        config = self.ctx.config()
-        return RequeueRules(config.requeue_default, config.max_requeues)
+        return RequeueRules.of(self.ctx.config())
 
     @staticmethod
     def check(spec: JobSpec) -> None:

@@ -190,7 +190,7 @@ class TimeLimits:
             return
         nodes = [n for n, s in job.node_states.items() if s == "running"]
         command = SignalJob(job_id=job.id, signal=warning.signal,
-                            leader_only=warning.batch_only)
+                            leader_only=warning.batch_only, restarts=job.restarts)
         answers = await asyncio.gather(*(self.ctx.nodes.send(n, "signal_job", command)
                                          for n in nodes), return_exceptions=True)
         delivered = []

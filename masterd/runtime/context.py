@@ -191,6 +191,8 @@ class NodeCommands:
     # (node, GPU index, healthy): set a GPU's health in the master's view of the node (a
     # GPU returned to service by an operator) and ask for a pass.
     gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
+    # The leadership epoch this master commands nodes at (every command carries it).
+    epoch: Callable[[], int] = lambda: 0
 
 
 async def _no_power() -> None:

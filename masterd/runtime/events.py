@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from masterd.core.fencing import Judgement
 from masterd.core.scheduler import JobError, Transition
-from shared.messages import CorePlan, GpuHealth, JobMetric
+from shared.messages import CorePlan, GpuHealth, Hello, JobMetric, JobReport
 from shared.model import Job, JobSpec, NodeAllocation, NodeInventory
 
 P = ParamSpec("P")
@@ -211,6 +212,18 @@ class MasterEvents:
     # A job's report on its metrics channel, accepted by the master (node, job, metric).
     job_metric: Signal[[str, Job, JobMetric]] = field(
         default_factory=lambda: Signal("job_metric"))
+    # A node says hello, before its session opens: raise JobError to refuse it (the code and
+    # sentence go back to the node).
+    hello_check: Check[[Hello]] = field(default_factory=lambda: Check("hello_check"))
+    # A node said hello and its inventory replaced the master's record of it, before its
+    # jobs' resources are claimed and its reports reconciled (node, inventory).
+    node_inventory: AsyncSignal[[str, NodeInventory]] = field(
+        default_factory=lambda: AsyncSignal("node_inventory"))
+    # A node reports a job part that is not the master's (masterd.core.fencing.judge_part):
+    # another incarnation, a job never placed there, an unknown one. In a hello or as a
+    # job_started/job_exited event (node, the part as reported, the verdict).
+    stray_part: AsyncSignal[[str, JobReport, Judgement]] = field(
+        default_factory=lambda: AsyncSignal("stray_part"))
     # A node said hello and the master took it back: its jobs are reconciled (node).
     node_ready: Signal[[str]] = field(default_factory=lambda: Signal("node_ready"))
     # An event a node pushed that the master does not handle itself (node, decoded body).
@@ -227,8 +240,8 @@ class MasterEvents:
         default_factory=lambda: Provider("node_status", _no_status))
     # The inventory the master takes from a node (its hello, or the journal on restore): a
     # feature may hold GPUs out of service whatever the node says (GPU faults).
-    node_inventory: Provider[[NodeInventory], NodeInventory] = field(
-        default_factory=lambda: Provider("node_inventory", _as_reported))
+    effective_inventory: Provider[[NodeInventory], NodeInventory] = field(
+        default_factory=lambda: Provider("effective_inventory", _as_reported))
     # A node reported a GPU's health changed, and the master applied it (node, event).
     gpu_health: AsyncSignal[[str, GpuHealth]] = field(
         default_factory=lambda: AsyncSignal("gpu_health"))

@@ -14,6 +14,7 @@ from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.dependencies import Dependencies
+from masterd.features.fencing import Fencing
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
 from masterd.features.gpufaults import GpuFaults
@@ -51,6 +52,8 @@ class Features:
     # GPUs with faults held out of service (fatal ones stop their jobs) until returned.
     nodeloss: NodeLoss
     gpufaults: GpuFaults
+    # Fencing to the node: stale epochs and incarnations, a node returning different.
+    fencing: Fencing
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -76,5 +79,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
-                        gpufaults=GpuFaults(ctx))
+                        gpufaults=GpuFaults(ctx), fencing=Fencing(ctx))
     return features, policy

@@ -37,7 +37,8 @@ log = logging.getLogger("trellis.master.leader")
 class Leadership:
     """What this master knows of the leadership (for /metrics, a standby's answers, logs).
 
-    A master on SQLite is the only one: it leads, at epoch 0, from the start.
+    A master on SQLite is the only one: it leads from the start, at the epoch its restore
+    takes (one more than its previous start's, masterd.journal.epochs).
     """
 
     leader: bool = True

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from masterd.core.cluster import AllocationError
+from masterd.core.fencing import judge_part
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
 from masterd.core.timelimits import grace_for
+from masterd.journal.epochs import take_next_epoch
 from masterd.journal.helios import load_power, save_power
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
@@ -58,6 +60,7 @@ from shared.messages import (
     StopJob,
 )
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, check_name
+from shared.protocol import ProtocolError
 from shared.schema import encode
 
 _ROUTINE = frozenset({JobState.RUNNING, JobState.FINISHED})
@@ -155,7 +158,8 @@ class Master:
                 reorder=self.core.reorder, lose_parts=self.lose_parts),
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state,
-                               gpu_health=self.set_gpu_health),
+                               gpu_health=self.set_gpu_health,
+                               epoch=lambda: self.leadership.epoch),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
@@ -168,8 +172,12 @@ class Master:
     # -- lifecycle -----------------------------------------------------------------------
     def restore(self) -> None:
         """Reload nodes and jobs from the journal (before serving)."""
+        if self.store.epoch is None:
+            # SQLite: each start is a new epoch (PostgreSQL's comes from the lease).
+            self.leadership.epoch = take_next_epoch(self.store, self.clock())
+            log.info("epoch=%d (this start of the master)", self.leadership.epoch)
         for inventory, drained, _ in self.store.load_nodes():
-            self.core.node_up(self.events.node_inventory(inventory))
+            self.core.node_up(self.events.effective_inventory(inventory))
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
                 self.drained.add(inventory.name)
@@ -557,7 +565,8 @@ class Master:
             port = int(results[0].get("port", 29500))  # type: ignore[union-attr]
             starts = [
                 self._command(a.node, "start_job",
-                              StartJob(job_id=job.id, master_addr=addr, master_port=port))
+                              StartJob(job_id=job.id, master_addr=addr, master_port=port,
+                                       restarts=job.restarts))
                 for a in placement.allocations
             ]
             results = await asyncio.gather(*starts, return_exceptions=True)
@@ -703,9 +712,13 @@ class Master:
         session = self.sessions.get(node)
         if session is None:
             raise CommandFailed(node, type_, "node_unreachable", "the node is not connected")
+        # Every command carries the epoch this master leads at: a node that has seen a
+        # newer one refuses it (noded/fencing.py).
+        wire = dict(body) if isinstance(body, dict) else encode(body)
+        wire["epoch"] = self.leadership.epoch
         if timeout_s is None:
-            return await session.request(type_, body)
-        return await session.request(type_, body, timeout_s)
+            return await session.request(type_, wire)
+        return await session.request(type_, wire, timeout_s)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
         job = self.core.jobs.get(job_id)
@@ -715,7 +728,8 @@ class Master:
                  else min(config.stop_grace_s, config.max_grace_s))
         try:
             await self._command(node, "stop_job", StopJob(
-                job_id=job_id, grace_s=grace, reason=reason[:256]))
+                job_id=job_id, grace_s=grace, reason=reason[:256],
+                restarts=job.restarts if job else None))
         except CommandFailed as exc:
             # The node will report the job when it reconnects; reconciliation stops it then.
             log.warning("job=%s node=%s stop not delivered: %s", job_id, node, exc.message)
@@ -765,55 +779,60 @@ class Master:
         if handle:
             handle.cancel()
         self.unreachable.discard(name)
-        inventory = self.events.node_inventory(inventory)
+        inventory = self.events.effective_inventory(inventory)
         self.core.node_up(inventory)
         if name in self.drained or name in self.power:
             self.core.cluster.set_schedulable(name, False)
         await self.journal.call(Store.save_node, inventory, name in self.drained,
                                 self.clock())
+        # The node's inventory replaces the old one; jobs on what it no longer has are
+        # stopped (the fencing feature) before their resources are claimed.
+        await self.events.node_inventory.emit(name, inventory)
         for job in list(self.core.active_jobs().values()):
             if job.placement and name in job.placement.nodes:
                 problem = self.core.claim_restored(job.id)
                 if problem:
-                    log.error("job=%s node=%s: %s", job.id, name, problem)
+                    log.log(logging.INFO if job.stopping else logging.ERROR,
+                            "job=%s node=%s: %s", job.id, name, problem)
         log.info("node=%s connected gpus=%d cpus=%d jobs_reported=%d", name,
                  len(inventory.gpus), len(inventory.cpus), len(hello.jobs))
         await self._reconcile(name, hello.jobs)
         self.events.node_ready.emit(name)
         self.request_pass()
 
+    def check_hello(self, hello: Hello) -> None:
+        """Refuse a node's hello before its session opens (ProtocolError: its code and
+        sentence go back to the node)."""
+        try:
+            self.events.hello_check(hello)
+        except JobError as exc:
+            raise ProtocolError(exc.code, str(exc)) from None
+
     async def _reconcile(self, node: str, reports: tuple[JobReport, ...]) -> None:
         """Make the master's view of ``node`` agree with what really runs there."""
         now = self.clock()
+        mine: set[str] = set()
         for report in reports:
             job = self.core.jobs.get(report.job_id)
-            mine = (
-                job is not None
-                and not job.state.terminal
-                and job.state is not JobState.QUEUED
-                and node in job.node_states
-            )
-            if not mine:
-                if report.state == "exited":
-                    self.tasks.spawn(self._forget(node, report.job_id))
-                else:
-                    log.warning("node=%s job=%s is not the master's; stopping it", node,
-                                report.job_id)
-                    self.tasks.spawn(self._stop_part(report.job_id, node, "unknown to the master"))
+            judged = judge_part(job, report.job_id, node, report.restarts)
+            if not judged.mine:
+                # Not the master's incarnation here: the fencing feature stops or forgets it.
+                await self.events.stray_part.emit(node, report, judged)
                 continue
             assert job is not None
+            mine.add(job.id)
             if report.state == "running":
                 if job.node_states[node] == "preparing":
-                    await self._on_started(job.id, node)
+                    await self._on_started(job.id, node, job.restarts)
                 if job.stopping:
                     self.tasks.spawn(self._stop_part(job.id, node, job.reason))
             elif report.state == "exited":
                 await self._on_exited(node, JobExited(report.job_id, report.exit_code,
-                                                      report.signal))
+                                                      report.signal, restarts=report.restarts))
             elif report.state == "prepared" and job.id not in self._launching:
                 # A launch the master did not finish (it restarted between the phases).
                 await self._abort_launch(job, "the master restarted during the launch")
-        reported = {r.job_id for r in reports}
+        reported = mine  # a stale incarnation's report is no news of the master's part
         for transition in self.core.lost_parts(node, reported, now):
             await self._record(transition, node)
         # Jobs whose launch the master lost track of and that this node never started.
@@ -826,15 +845,22 @@ class Master:
             ):
                 await self._abort_launch(job, "the master restarted before the job started")
 
-    async def _forget(self, node: str, job_id: str) -> None:
+    async def _forget(self, node: str, job_id: str, restarts: int | None = None) -> None:
         try:
-            await self._command(node, "forget_job", ForgetJob(job_id=job_id))
+            await self._command(node, "forget_job", ForgetJob(job_id=job_id, restarts=restarts))
         except CommandFailed as exc:
             log.debug("node=%s forget %s not delivered: %s", node, job_id, exc.message)
 
-    async def _on_started(self, job_id: str, node: str) -> None:
-        transition = self.core.node_started(job_id, node, self.clock())
+    async def _on_started(self, job_id: str, node: str, restarts: int = 0,
+                          pid: int | None = None) -> None:
         job = self.core.jobs.get(job_id)
+        if job is not None:
+            judged = judge_part(job, job_id, node, restarts)
+            if not judged.mine:  # another incarnation, or not placed there: fenced
+                await self.events.stray_part.emit(node, JobReport(
+                    job_id=job_id, state="running", pid=pid, restarts=restarts), judged)
+                return
+        transition = self.core.node_started(job_id, node, self.clock())
         if job is None:
             # An ended job the master forgot (a late event, e.g. after a partition), or one
             # it never had: nothing to record (a part still running there is stopped when
@@ -849,6 +875,14 @@ class Master:
 
     async def _on_exited(self, node: str, event: JobExited) -> None:
         running = self.core.jobs.get(event.job_id)
+        if running is not None and (event.restarts != running.restarts
+                                    or node not in running.node_states):
+            # Another incarnation's exit (or a part never placed there): fenced.
+            await self.events.stray_part.emit(node, JobReport(
+                job_id=event.job_id, state="exited", exit_code=event.exit_code,
+                signal=event.signal, restarts=event.restarts),
+                judge_part(running, event.job_id, node, event.restarts))
+            return
         if event.reason and running is not None and not running.stopping \
                 and not running.state.terminal:
             running.reason = event.reason  # the node knows why (the kernel's OOM killer)
@@ -868,12 +902,12 @@ class Master:
         for other in stop_on:
             self.tasks.spawn(self._stop_part(event.job_id, other, f"rank on {node} failed"))
         # The exit is on disk now: the node may drop its record.
-        self.tasks.spawn(self._forget(node, event.job_id))
+        self.tasks.spawn(self._forget(node, event.job_id, event.restarts))
 
     async def node_event(self, node: str, type_: str, body: Any) -> None:
         if type_ == "job_started":
             assert isinstance(body, JobStarted)
-            await self._on_started(body.job_id, node)
+            await self._on_started(body.job_id, node, body.restarts, body.pid)
         elif type_ == "job_exited":
             assert isinstance(body, JobExited)
             await self._on_exited(node, body)

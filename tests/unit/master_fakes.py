@@ -78,11 +78,18 @@ async def until(what: str, probe: Callable[[], Any], timeout: float = 5.0) -> An
         await asyncio.sleep(0.01)
 
 
+def _incarnation(master: Master, job_id: str) -> int:
+    """The restart count a node reports with a part: the one it was prepared for."""
+    job = master.core.jobs.get(job_id)
+    return job.restarts if job is not None else 0
+
+
 async def started(master: Master, node: str, job_id: str) -> None:
-    await master.node_event(node, "job_started", JobStarted(job_id=job_id, pid=4242))
+    await master.node_event(node, "job_started", JobStarted(
+        job_id=job_id, pid=4242, restarts=_incarnation(master, job_id)))
 
 
 async def exited(master: Master, node: str, job_id: str, code: int | None = 0,
                  signal: int | None = None) -> None:
-    await master.node_event(node, "job_exited",
-                            JobExited(job_id=job_id, exit_code=code, signal=signal))
+    await master.node_event(node, "job_exited", JobExited(
+        job_id=job_id, exit_code=code, signal=signal, restarts=_incarnation(master, job_id)))

@@ -36,7 +36,8 @@ def reference(job: Job) -> dict[str, Any]:
         "submit_time": job.submit_time, "start_time": job.start_time,
         "end_time": job.end_time, "queued_s": job.queued_seconds,
         "exit_code": job.exit_code, "signal": job.signal, "reason": job.reason,
-        "attempts": job.attempts, "wait": job.wait, "held": job.held,
+        "attempts": job.attempts, "restarts": job.restarts, "wait": job.wait,
+        "held": job.held,
         "priority": spec.priority, "after": ",".join(
             ":".join((d.type, *d.jobs)) for d in spec.after),
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,

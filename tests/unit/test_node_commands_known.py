@@ -31,3 +31,4 @@ def test_every_command_the_master_sends_is_known_to_noded() -> None:
     assert {"prepare_job", "start_job", "stop_job", "signal_job", "read_log"} <= set(sent)
     unknown = {name: where for name, where in sent.items() if name not in NODE_COMMANDS}
     assert not unknown, f"sent but not in NODE_COMMANDS: {unknown}"
+

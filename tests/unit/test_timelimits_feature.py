@@ -144,7 +144,8 @@ async def test_warning_then_timeout_at_their_times(h: Harness) -> None:
     feature._fire()
     await h.settle()
     assert sorted(h.recorded.sent, key=lambda s: s[0]) == [
-        (node, "signal_job", SignalJob(job_id="train", signal="SIGUSR1", leader_only=True))
+        (node, "signal_job", SignalJob(job_id="train", signal="SIGUSR1", leader_only=True,
+                                        restarts=0))
         for node in ("n1", "n2")]
     assert warned_events(h, "train") == [{"signal": "SIGUSR1", "seconds": 60,
                                            "nodes": ["n1", "n2"]}]
