@@ -172,7 +172,9 @@ class NodeDaemon:
         self.agent = NodeAgent(config.master_url, self.inventory, self.runner, self.gpus,
                                config.sample_interval_s, config.reconnect_max_s,
                                headers=headers, ssl_context=ssl_context,
-                               heartbeat_only_s=config.heartbeat_only_s, logs=self.logs)
+                               heartbeat_only_s=config.heartbeat_only_s, logs=self.logs,
+                               connect_timeout_s=config.master_connect_timeout_s,
+                               heartbeat_s=config.master_heartbeat_s)
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])
