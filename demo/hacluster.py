@@ -7,6 +7,8 @@ caller's (``demo.pgserver.PgServer``); masters are real ``trellis-masterd`` proc
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import time
@@ -26,13 +28,22 @@ class HaCluster(LocalCluster):
     election: dict[str, float] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     master_daemons: list[Daemon] = field(default_factory=list)
+    # Per master (by index), for masters in network namespaces of their own: the address it
+    # listens and is reached on (default 127.0.0.1), its store URL (default ``store``) and a
+    # command prefix (e.g. ["ip", "netns", "exec", NS]).
+    master_hosts: list[str] = field(default_factory=list)
+    master_stores: list[str] = field(default_factory=list)
+    master_wrappers: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ports:
             self.ports = [self.port] + [free_port() for _ in range(self.masters - 1)]
 
+    def master_host(self, i: int) -> str:
+        return self.master_hosts[i] if i < len(self.master_hosts) else "127.0.0.1"
+
     def master_url(self, i: int) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.ports[i]}"
+        return f"{self.scheme}://{self.master_host(i)}:{self.ports[i]}"
 
     @property
     def url(self) -> str:  # every master: what nodes and clients are given
@@ -48,17 +59,19 @@ class HaCluster(LocalCluster):
         self.root.mkdir(parents=True, exist_ok=True)
         self.master_daemons = []
         for i in range(self.masters):
+            store = self.master_stores[i] if i < len(self.master_stores) else self.store
             settings: dict[str, Any] = {
-                "listen_host": "127.0.0.1", "listen_port": self.ports[i],
+                "listen_host": self.master_host(i), "listen_port": self.ports[i],
                 "state_dir": str(self.root / f"master{i}"), "policy": self.policy,
                 "node_grace_s": self.node_grace_s, "command_timeout_s": 10,
-                "stop_grace_s": 3, "store": self.store, **self.election,
+                "stop_grace_s": 3, "store": store, **self.election,
                 **self.extra_master,
             }
             extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
             cfg = self._write(f"master{i}.toml", "[master]\n" + extra)
-            daemon = Daemon(f"master{i}", [sys.executable, "-m", "masterd.main", "-c",
-                                           str(cfg)], self.root / f"master{i}.log")
+            daemon = Daemon(f"master{i}", [*self.master_wrappers.get(i, []), sys.executable,
+                                           "-m", "masterd.main", "-c", str(cfg)],
+                            self.root / f"master{i}.log")
             self.master_daemons.append(daemon)
         for daemon in self.master_daemons:
             daemon.start(self._env())
@@ -92,6 +105,19 @@ class HaCluster(LocalCluster):
     def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.master_daemons[i].stop(sig)
 
+    def freeze_master(self, i: int) -> None:
+        """SIGSTOP master ``i`` and its journal writer (its process group): a silent leader
+        whose kernel still accepts connections."""
+        proc = self.master_daemons[i].proc
+        assert proc is not None
+        os.killpg(proc.pid, signal.SIGSTOP)
+
+    def resume_master(self, i: int) -> None:
+        proc = self.master_daemons[i].proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+
     def start_again(self, i: int) -> None:
         """Start master ``i`` again (as a standby, unless nobody leads)."""
         self.master_daemons[i].start(self._env())
@@ -99,7 +125,8 @@ class HaCluster(LocalCluster):
     def stop(self) -> None:
         for daemon in self.node_daemons.values():
             daemon.stop()
-        for daemon in self.master_daemons:
+        for i, daemon in enumerate(self.master_daemons):
+            self.resume_master(i)  # a frozen one would not see SIGTERM, nor its writer
             daemon.stop()
 
     def log(self, name: str) -> str:
