@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.client import MasterClient, RpcError, Unreachable
-from control.failover import FailoverClient
+from control.failover import ATTEMPT_S, FailoverClient
 from demo.cluster import Daemon, LocalCluster, _toml, free_port
+from shared.auth import Secret
 
 
 @dataclass
@@ -49,22 +50,29 @@ class HaCluster(LocalCluster):
     def url(self) -> str:  # every master: what nodes and clients are given
         return ",".join(self.master_url(i) for i in range(self.masters))
 
-    def client(self, timeout: float = 10.0, role: str = "admin") -> FailoverClient:
-        return FailoverClient(self.url, timeout=timeout)
+    def client(self, timeout: float = 10.0, role: str = "admin",
+               attempt_timeout: float = ATTEMPT_S) -> FailoverClient:
+        return FailoverClient(self.url, timeout=timeout, attempt_timeout=attempt_timeout,
+                              token=self._token(role))
 
     def master_client(self, i: int, timeout: float = 2.0) -> MasterClient:
-        return MasterClient(self.master_url(i), timeout=timeout)
+        return MasterClient(self.master_url(i), timeout=timeout, token=self._token("admin"))
+
+    def _token(self, role: str) -> Secret | None:
+        return Secret(self.tokens[role]) if role in self.tokens else None
 
     def start_master(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.master_daemons = []
+        # Every master the same tokens (a master off loopback needs them).
+        tokens = self.make_tokens(max(self.nodes, 8)) if self.auth else {}
         for i in range(self.masters):
             store = self.master_stores[i] if i < len(self.master_stores) else self.store
             settings: dict[str, Any] = {
                 "listen_host": self.master_host(i), "listen_port": self.ports[i],
                 "state_dir": str(self.root / f"master{i}"), "policy": self.policy,
                 "node_grace_s": self.node_grace_s, "command_timeout_s": 10,
-                "stop_grace_s": 3, "store": store, **self.election,
+                "stop_grace_s": 3, "store": store, **self.election, **tokens,
                 **self.extra_master,
             }
             extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
@@ -73,10 +81,14 @@ class HaCluster(LocalCluster):
                                            "-m", "masterd.main", "-c", str(cfg)],
                             self.root / f"master{i}.log")
             self.master_daemons.append(daemon)
-        for daemon in self.master_daemons:
-            daemon.start(self._env())
+        # In order: master0 leads (a test or bench knows which one it set apart), the others
+        # stand by, each answering before this returns.
         self.master = self.master_daemons[0]
+        self.master.start(self._env())
         self.wait_leader(self.master_start_timeout_s)
+        for i, daemon in enumerate(self.master_daemons[1:], 1):
+            daemon.start(self._env())
+            self.wait_standby(i, self.master_start_timeout_s)
 
     def leader(self) -> int | None:
         """The index of the master that answers as the leader now, if any."""
@@ -100,6 +112,22 @@ class HaCluster(LocalCluster):
                 logs = "\n".join(f"--- master{i}\n{self.log(f'master{i}')}"
                                  for i in range(self.masters))
                 raise TimeoutError(f"no master leads after {timeout:g} s\n{logs}")
+            time.sleep(0.05)
+
+    def wait_standby(self, i: int, timeout: float = 30.0) -> None:
+        """Until master ``i`` answers as a standby (not_leader)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.master_client(i).call("ping")
+            except RpcError as exc:
+                if exc.code == "not_leader":
+                    return
+            except Unreachable:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"master{i} does not stand by after {timeout:g} s\n"
+                                   + self.log(f"master{i}"))
             time.sleep(0.05)
 
     def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
