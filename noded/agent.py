@@ -71,6 +71,9 @@ class MasterSilent(Exception):
 # While masters answer but none leads yet (a takeover under way), each is asked again this
 # often (with jitter): a node reaches the new leader within about this of its takeover.
 LEADER_POLL_S = 0.5
+# How long a node asks for the leader before it dials the next master in turn all the same
+# (at least; reconnect_max_s if longer): longer than a takeover (the lease, 15 s by default).
+LEADER_SEARCH_S = 30.0
 
 
 def master_urls(master_url: str) -> list[str]:
@@ -108,6 +111,9 @@ class NodeAgent:
         # not answer a ping within half of heartbeat_s is silent (node.master_* settings).
         self.connect_timeout_s = connect_timeout_s
         self.heartbeat_s = heartbeat_s
+        # Masters that went silent on this node and have not been joined since: a standby
+        # naming one (its lease has not run out yet) is not followed there.
+        self._silent: set[int] = set()
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
         self._bands: dict[int, str] = {}
@@ -164,6 +170,7 @@ class NodeAgent:
                     except MasterSilent as exc:
                         log.warning("master silent url=%s: %s", self.url, exc)
                         self.last_error = f"master silent: {exc}"
+                        self._silent.add(self._current)
                     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                         log.warning("master unreachable url=%s error=%r", self.url, str(exc))
                         self.last_error = f"master unreachable: {exc}"
@@ -180,7 +187,8 @@ class NodeAgent:
                             await asyncio.sleep(0.05)  # straight to the leader just named
                             continue
                         left = self._current
-                        found = await self._find_leader(http, stop, self.reconnect_max_s)
+                        found = await self._find_leader(
+                            http, stop, max(LEADER_SEARCH_S, self.reconnect_max_s))
                         if found is None:
                             # Nobody said it leads (or /readyz is not reachable): the next
                             # master in turn; its answer (not_leader naming one) is the news.
@@ -205,13 +213,18 @@ class NodeAgent:
                     await beats
 
     def _follow(self, leader: str) -> bool:
-        """Dial the leader a standby named next, if it is one of ours and not the master
-        dialled now (one that names itself is still opening its journal: no redirect)."""
+        """Dial the leader a standby named next, if it is one of ours, not the master dialled
+        now (one that names itself is still opening its journal: no redirect) and not one
+        that went silent on us (the standby names it until its lease runs out)."""
         named = leader.rstrip("/")
-        if named in self.masters and self.masters.index(named) != self._current:
-            self._current = self.masters.index(named)
-            return True
-        return False
+        if named not in self.masters:
+            return False
+        i = self.masters.index(named)
+        if i == self._current or i in self._silent:
+            # A silent one is only dialled again once its /readyz says it leads.
+            return False
+        self._current = i
+        return True
 
     async def _find_leader(self, http: aiohttp.ClientSession, stop: asyncio.Event,
                            limit_s: float) -> int | None:
@@ -280,6 +293,7 @@ class NodeAgent:
             hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()))
             await self._send("hello", encode(hello))
             log.info("connected url=%s jobs_reported=%d", self.url, len(hello.jobs))
+            self._silent.discard(self._current)
             self.last_error = ""
             self.connected.set()
             self.dialled.set()

@@ -222,3 +222,13 @@ async def test_a_standby_naming_nobody_of_ours_leaves_the_node_probing(
             b.leading = True
             await wait_for_async(lambda: b.hellos == 1, 5, "the node to join the new leader")
             assert a.hellos == 0
+
+
+def test_a_standby_naming_the_master_that_went_silent_is_not_followed_there() -> None:
+    agent = NodeAgent("http://a:1,http://b:2", lambda: inventory("trellis-test-n1"),
+                      _Runner(), _Gpus())  # type: ignore[arg-type]
+    agent._current = 1  # dialled b, a standby, after a went silent
+    agent._silent.add(0)
+    assert agent._follow("http://a:1/") is False and agent._current == 1
+    agent._silent.clear()  # once joined again (its /readyz said it leads)
+    assert agent._follow("http://a:1/") is True and agent._current == 0
