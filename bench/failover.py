@@ -1,7 +1,7 @@
 """Failover of a highly available master: kill -9 the leader again and again under load.
 
     python bench/failover.py [--kills 5] [--per-round 200] [--clients 50]
-    python bench/failover.py --silent [--trials 10] [--per-round 200] [--clients 50]
+    python bench/failover.py --silent [--trials 10] [--per-round 60] [--clients 50] [--keep]
 
 ``--silent`` (root: network namespaces) makes the leader silent instead, freezing it or
 cutting it off, and measures how soon a job submitted after the silence runs on a node
@@ -93,7 +93,8 @@ async def burst(cluster: HaCluster, leader: int, ids: list[str], command: str, c
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=5)
-    p.add_argument("--per-round", type=int, default=200)
+    p.add_argument("--per-round", type=int, default=None,
+                   help="jobs submitted per round (default 200; with --silent 60)")
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--silent", action="store_true",
                    help="freeze or cut off the leader instead of killing it (root)")
@@ -102,6 +103,8 @@ def main() -> int:
     p.add_argument("--keep", action="store_true",
                    help="with --silent: keep the daemons' logs (the scratch directory)")
     args = p.parse_args()
+    if args.per_round is None:
+        args.per_round = 60 if args.silent else 200
     if args.silent:
         if args.trials < 1 or args.per_round < 3 or args.clients < 1:
             p.error("--trials and --clients must be at least 1 and --per-round at least 3")

@@ -15,6 +15,8 @@ once a third are acknowledged, makes the leader silent, in turn:
 Right after the silence a job is submitted through the failover client (as trellisctl
 would), and the trial measures ``takeover`` (until the other master answers as the leader)
 and ``recovery`` (until that job runs on a node: its command has written its start file).
+That job is of QoS ``urgent``, so that it measures when the cluster works again rather than
+how long the burst queued before it takes to drain; each trial starts on a drained queue.
 Then the old leader comes back (SIGCONT, or its link restored), exits with 75 on its own
 (it lost the lease) and is started again as a standby, as systemd would.
 
@@ -72,6 +74,7 @@ class Trial:
     silent_at: float = 0.0  # monotonic
     takeover_s: float | None = None
     recovery_s: float | None = None
+    acked_s: float | None = None  # when the failover client had the job acknowledged
     back_wall: float = 0.0  # time.time() the old leader came back
     end_wall: float = 0.0  # time.time() the trial ended
 
@@ -187,8 +190,9 @@ def silent_main(trials: int, per_round: int, clients: int, keep: bool = False) -
                     results.append(trial)
                     acked |= trial.acked
                     print(f"trial {n + 1} ({trial.kind} of master{trial.leader}): takeover "
-                          f"{_fmt(trial.takeover_s)} s, a job submitted after the silence ran "
-                          f"after {_fmt(trial.recovery_s)} s", file=sys.stderr, flush=True)
+                          f"{_fmt(trial.takeover_s)} s, a job submitted after the silence "
+                          f"acknowledged after {_fmt(trial.acked_s)} s, ran after "
+                          f"{_fmt(trial.recovery_s)} s", file=sys.stderr, flush=True)
                 cluster.wait_nodes(2, timeout=60)
                 drain(cluster)
                 with psycopg.connect(local) as conn:
@@ -221,6 +225,7 @@ def silent_main(trials: int, per_round: int, clients: int, keep: bool = False) -
         "p99_is": f"nearest rank over {len(results)} trials: with fewer than 100 the maximum",
         "silent_takeover_s": [_round(t.takeover_s) for t in results],
         "silent_recovery_s": [_round(t.recovery_s) for t in results],
+        "probe_acked_s": [_round(t.acked_s) for t in results],
         "kinds": [t.kind for t in results],
         "trials": len(results),
         "trials_without_takeover_or_recovery": missing,
@@ -244,6 +249,7 @@ def silent_main(trials: int, per_round: int, clients: int, keep: bool = False) -
 
 def one_trial(cluster: HaCluster, lab: NetLab, n: int, kind: str, per_round: int,
               clients: int, command: str, starts: Path) -> Trial:
+    drain(cluster)
     leader = cluster.wait_leader(90)
     other = 1 - leader
     trial = Trial(kind, leader)
@@ -266,7 +272,8 @@ def one_trial(cluster: HaCluster, lab: NetLab, n: int, kind: str, per_round: int
         try:
             outcome.append(cluster.client(timeout=120).call("submit", {"job": {
                 "name": probe, "command": ["sh", "-c", command], "user": default_job_user(),
-                "gpus": 1}, "id": probe}))
+                "gpus": 1, "qos": "urgent"}, "id": probe}))
+            trial.acked_s = time.monotonic() - trial.silent_at
         except (RpcError, Unreachable) as exc:
             outcome.append(exc)
 
