@@ -15,8 +15,9 @@ once a third are acknowledged, makes the leader silent, in turn:
 Right after the silence a job is submitted through the failover client (as trellisctl
 would), and the trial measures ``takeover`` (until the other master answers as the leader)
 and ``recovery`` (until that job runs on a node: its command has written its start file).
-That job is of QoS ``urgent``, so that it measures when the cluster works again rather than
-how long the burst queued before it takes to drain; each trial starts on a drained queue.
+That job has the top priority (an admin's ``priority``; the queue is ordered by it before
+submission time), so that it measures when the cluster works again rather than how long the
+burst queued before it takes to drain; each trial starts on a drained queue.
 Then the old leader comes back (SIGCONT, or its link restored), exits with 75 on its own
 (it lost the lease) and is started again as a standby, as systemd would.
 
@@ -272,7 +273,7 @@ def one_trial(cluster: HaCluster, lab: NetLab, n: int, kind: str, per_round: int
         try:
             outcome.append(cluster.client(timeout=120).call("submit", {"job": {
                 "name": probe, "command": ["sh", "-c", command], "user": default_job_user(),
-                "gpus": 1, "qos": "urgent"}, "id": probe}))
+                "gpus": 1, "priority": 1_000_000}, "id": probe}))
             trial.acked_s = time.monotonic() - trial.silent_at
         except (RpcError, Unreachable) as exc:
             outcome.append(exc)
