@@ -141,10 +141,7 @@ class NodeAgent:
     def _next_master(self, leader: str | None = None) -> bool:
         """Dial the named leader next if it is one of ours, else the next master; True when
         a whole round of masters has been tried (time to back off)."""
-        named = leader.rstrip("/") if leader is not None else None
-        # A master that names itself is still opening its journal: that is no redirect.
-        if named in self.masters and self.masters.index(named) != self._current:
-            self._current = self.masters.index(named)
+        if leader is not None and self._follow(leader):
             return False
         self._current = (self._current + 1) % len(self.masters)
         return self._current == 0
