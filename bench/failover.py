@@ -1,6 +1,11 @@
 """Failover of a highly available master: kill -9 the leader again and again under load.
 
     python bench/failover.py [--kills 5] [--per-round 200] [--clients 50]
+    python bench/failover.py --silent [--trials 10] [--per-round 60] [--clients 50] [--keep]
+
+``--silent`` (root: network namespaces) makes the leader silent instead, freezing it or
+cutting it off, and measures how soon a job submitted after the silence runs on a node
+(bench/silent_leader.py says how). Without it:
 
 Starts a private PostgreSQL server (demo/pgserver.py), two trellis-masterd sharing it (one
 leads, one stands by; kube-scheduler's lease timing, the defaults: lease 15 s, renew 10 s,
@@ -88,9 +93,26 @@ async def burst(cluster: HaCluster, leader: int, ids: list[str], command: str, c
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=5)
-    p.add_argument("--per-round", type=int, default=200)
+    p.add_argument("--per-round", type=int, default=None,
+                   help="jobs submitted per round (default 200; with --silent 60)")
     p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--silent", action="store_true",
+                   help="freeze or cut off the leader instead of killing it (root)")
+    p.add_argument("--trials", type=int, default=10,
+                   help="with --silent: silences, cycling freeze, link down, all dropped")
+    p.add_argument("--keep", action="store_true",
+                   help="with --silent: keep the daemons' logs (the scratch directory)")
     args = p.parse_args()
+    if args.per_round is None:
+        args.per_round = 60 if args.silent else 200
+    if args.silent:
+        if args.trials < 1 or args.per_round < 3 or args.clients < 1:
+            p.error("--trials and --clients must be at least 1 and --per-round at least 3")
+        if os.geteuid() != 0:
+            p.error("--silent needs root (network namespaces)")
+        from bench.silent_leader import silent_main
+
+        return silent_main(args.trials, args.per_round, args.clients, args.keep)
     if args.kills < 1 or args.per_round < 3:
         p.error("--kills must be at least 1 and --per-round at least 3")
 
@@ -140,6 +162,7 @@ def main() -> int:
     result = {
         "takeover_s_p99": round(p99, 2),
         "takeover_s": [round(t, 2) for t in takeovers],
+        "p99_is": f"nearest rank over {len(takeovers)} kills: with fewer than 100 the maximum",
         "kills": len(takeovers),
         "lost_acked": lost,
         "duplicate_starts": duplicates,

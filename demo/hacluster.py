@@ -7,6 +7,8 @@ caller's (``demo.pgserver.PgServer``); masters are real ``trellis-masterd`` proc
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import time
@@ -14,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control.client import MasterClient, RpcError, Unreachable
-from control.failover import FailoverClient
+from control.failover import ATTEMPT_S, FailoverClient
 from demo.cluster import Daemon, LocalCluster, _toml, free_port
+from shared.auth import Secret
 
 
 @dataclass
@@ -26,44 +29,66 @@ class HaCluster(LocalCluster):
     election: dict[str, float] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     master_daemons: list[Daemon] = field(default_factory=list)
+    # Per master (by index), for masters in network namespaces of their own: the address it
+    # listens and is reached on (default 127.0.0.1), its store URL (default ``store``) and a
+    # command prefix (e.g. ["ip", "netns", "exec", NS]).
+    master_hosts: list[str] = field(default_factory=list)
+    master_stores: list[str] = field(default_factory=list)
+    master_wrappers: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ports:
             self.ports = [self.port] + [free_port() for _ in range(self.masters - 1)]
 
+    def master_host(self, i: int) -> str:
+        return self.master_hosts[i] if i < len(self.master_hosts) else "127.0.0.1"
+
     def master_url(self, i: int) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.ports[i]}"
+        return f"{self.scheme}://{self.master_host(i)}:{self.ports[i]}"
 
     @property
     def url(self) -> str:  # every master: what nodes and clients are given
         return ",".join(self.master_url(i) for i in range(self.masters))
 
-    def client(self, timeout: float = 10.0, role: str = "admin") -> FailoverClient:
-        return FailoverClient(self.url, timeout=timeout)
+    def client(self, timeout: float = 10.0, role: str = "admin",
+               attempt_timeout: float = ATTEMPT_S) -> FailoverClient:
+        return FailoverClient(self.url, timeout=timeout, attempt_timeout=attempt_timeout,
+                              token=self._token(role))
 
     def master_client(self, i: int, timeout: float = 2.0) -> MasterClient:
-        return MasterClient(self.master_url(i), timeout=timeout)
+        return MasterClient(self.master_url(i), timeout=timeout, token=self._token("admin"))
+
+    def _token(self, role: str) -> Secret | None:
+        return Secret(self.tokens[role]) if role in self.tokens else None
 
     def start_master(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.master_daemons = []
+        # Every master the same tokens (a master off loopback needs them).
+        tokens = self.make_tokens(max(self.nodes, 8)) if self.auth else {}
         for i in range(self.masters):
+            store = self.master_stores[i] if i < len(self.master_stores) else self.store
             settings: dict[str, Any] = {
-                "listen_host": "127.0.0.1", "listen_port": self.ports[i],
+                "listen_host": self.master_host(i), "listen_port": self.ports[i],
                 "state_dir": str(self.root / f"master{i}"), "policy": self.policy,
                 "node_grace_s": self.node_grace_s, "command_timeout_s": 10,
-                "stop_grace_s": 3, "store": self.store, **self.election,
+                "stop_grace_s": 3, "store": store, **self.election, **tokens,
                 **self.extra_master,
             }
             extra = "".join(f"{k} = {_toml(v)}\n" for k, v in settings.items())
             cfg = self._write(f"master{i}.toml", "[master]\n" + extra)
-            daemon = Daemon(f"master{i}", [sys.executable, "-m", "masterd.main", "-c",
-                                           str(cfg)], self.root / f"master{i}.log")
+            daemon = Daemon(f"master{i}", [*self.master_wrappers.get(i, []), sys.executable,
+                                           "-m", "masterd.main", "-c", str(cfg)],
+                            self.root / f"master{i}.log")
             self.master_daemons.append(daemon)
-        for daemon in self.master_daemons:
-            daemon.start(self._env())
+        # In order: master0 leads (a test or bench knows which one it set apart), the others
+        # stand by, each answering before this returns.
         self.master = self.master_daemons[0]
+        self.master.start(self._env())
         self.wait_leader(self.master_start_timeout_s)
+        for i, daemon in enumerate(self.master_daemons[1:], 1):
+            daemon.start(self._env())
+            self.wait_standby(i, self.master_start_timeout_s)
 
     def leader(self) -> int | None:
         """The index of the master that answers as the leader now, if any."""
@@ -89,8 +114,37 @@ class HaCluster(LocalCluster):
                 raise TimeoutError(f"no master leads after {timeout:g} s\n{logs}")
             time.sleep(0.05)
 
+    def wait_standby(self, i: int, timeout: float = 30.0) -> None:
+        """Until master ``i`` answers as a standby (not_leader)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.master_client(i).call("ping")
+            except RpcError as exc:
+                if exc.code == "not_leader":
+                    return
+            except Unreachable:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"master{i} does not stand by after {timeout:g} s\n"
+                                   + self.log(f"master{i}"))
+            time.sleep(0.05)
+
     def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.master_daemons[i].stop(sig)
+
+    def freeze_master(self, i: int) -> None:
+        """SIGSTOP master ``i`` and its journal writer (its process group): a silent leader
+        whose kernel still accepts connections."""
+        proc = self.master_daemons[i].proc
+        assert proc is not None
+        os.killpg(proc.pid, signal.SIGSTOP)
+
+    def resume_master(self, i: int) -> None:
+        proc = self.master_daemons[i].proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
 
     def start_again(self, i: int) -> None:
         """Start master ``i`` again (as a standby, unless nobody leads)."""
@@ -99,7 +153,8 @@ class HaCluster(LocalCluster):
     def stop(self) -> None:
         for daemon in self.node_daemons.values():
             daemon.stop()
-        for daemon in self.master_daemons:
+        for i, daemon in enumerate(self.master_daemons):
+            self.resume_master(i)  # a frozen one would not see SIGTERM, nor its writer
             daemon.stop()
 
     def log(self, name: str) -> str:

@@ -53,6 +53,9 @@ class PgServer:
     listen: tuple[str, ...] = ("127.0.0.1",)
     port: int = field(default_factory=_free_port)
     root: Path | None = None
+    # A command prefix for the server (e.g. ["ip", "netns", "exec", NS]: a server in a network
+    # namespace of its own; its Unix socket stays reachable from everywhere).
+    wrapper: list[str] = field(default_factory=list)
     _as_user: list[str] = field(default_factory=list)
 
     @classmethod
@@ -66,8 +69,8 @@ class PgServer:
             server.stop()
 
     def _run(self, *argv: str, timeout: float = 60.0) -> str:
-        done = subprocess.run([*self._as_user, *argv], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run([*self.wrapper, *self._as_user, *argv], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise PgUnavailable(f"{Path(argv[0]).name} failed: "
                                 f"{(done.stderr or done.stdout).strip()[-2000:]}")

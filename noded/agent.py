@@ -7,7 +7,16 @@ inventory and every job part this node knows about, which is how the master reco
 With several masters (``master_url = "http://a:7400,http://b:7400"``, one leading, see
 docs/high-availability.md) the node dials them in turn: a standby answers ``not_leader``
 naming the leader and the node dials that one next (only if it is one of its configured
-URLs: its token goes nowhere else); the backoff grows only after a whole round failed.
+URLs: its token goes nowhere else).
+
+A leader can also go silent: frozen (SIGSTOP, a hung host: its kernel still accepts TCP
+connections and answers nothing) or cut off (its packets dropped). So every dial is bounded
+(``connect_timeout_s`` for TCP, TLS and the WebSocket handshake), a session whose pings go
+unanswered for half of ``heartbeat_s`` is a failure of that master, not a normal close, and,
+with several masters, the node then learns who leads before dialling again: it asks every
+master's ``/readyz`` at once (200 only on the leader; a standby answers 503 at once, a silent
+master not at all) and dials the first that leads. A node so reaches a new leader within a
+poll of its takeover, whatever state the old one is in. See docs/high-availability.md.
 """
 
 from __future__ import annotations
@@ -63,6 +72,18 @@ class NotLeader(Exception):
         self.leader = leader
 
 
+class MasterSilent(Exception):
+    """The master dialled accepted the connection (or had a session) but stopped answering."""
+
+
+# While masters answer but none leads yet (a takeover under way), each is asked again this
+# often (with jitter): a node reaches the new leader within about this of its takeover.
+LEADER_POLL_S = 0.5
+# How long a node asks for the leader before it dials the next master in turn all the same
+# (at least; reconnect_max_s if longer): longer than a takeover (the lease, 15 s by default).
+LEADER_SEARCH_S = 30.0
+
+
 def master_urls(master_url: str) -> list[str]:
     """The masters' base URLs from ``master_url`` (one, or several comma-separated)."""
     urls = [u.strip().rstrip("/") for u in master_url.split(",") if u.strip()]
@@ -83,6 +104,8 @@ class NodeAgent:
         heartbeat_only_s: float = 0.0,
         logs: LogReader | None = None,
         fence: EpochFence | None = None,
+        connect_timeout_s: float = 5.0,
+        heartbeat_s: float = 5.0,
     ) -> None:
         self.masters = master_urls(master_url)
         self._current = 0
@@ -93,6 +116,13 @@ class NodeAgent:
         self.gpus = gpus
         self.sample_interval_s = sample_interval_s
         self.reconnect_max_s = reconnect_max_s
+        # A dial (TCP, TLS, WebSocket handshake) that takes longer fails; a master that does
+        # not answer a ping within half of heartbeat_s is silent (node.master_* settings).
+        self.connect_timeout_s = connect_timeout_s
+        self.heartbeat_s = heartbeat_s
+        # Masters that went silent on this node and have not been joined since: a standby
+        # naming one (its lease has not run out yet) is not followed there.
+        self._silent: set[int] = set()
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
         self._bands: dict[int, str] = {}
@@ -125,10 +155,7 @@ class NodeAgent:
     def _next_master(self, leader: str | None = None) -> bool:
         """Dial the named leader next if it is one of ours, else the next master; True when
         a whole round of masters has been tried (time to back off)."""
-        named = leader.rstrip("/") if leader is not None else None
-        # A master that names itself is still opening its journal: that is no redirect.
-        if named in self.masters and self.masters.index(named) != self._current:
-            self._current = self.masters.index(named)
+        if leader is not None and self._follow(leader):
             return False
         self._current = (self._current + 1) % len(self.masters)
         return self._current == 0
@@ -154,6 +181,10 @@ class NodeAgent:
                     except StaleMaster as exc:
                         log.error("master url=%s refused: %s", self.url, exc)
                         self.last_error = f"master leads at an older epoch ({exc})"
+                    except MasterSilent as exc:
+                        log.warning("master silent url=%s: %s", self.url, exc)
+                        self.last_error = f"master silent: {exc}"
+                        self._silent.add(self._current)
                     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                         log.warning("master unreachable url=%s error=%r", self.url, str(exc))
                         self.last_error = f"master unreachable: {exc}"
@@ -165,12 +196,23 @@ class NodeAgent:
                     self.ws = None
                     if stop.is_set():
                         break
-                    if len(self.masters) > 1 and (leader is not None or self.last_error) \
-                            and not self._next_master(leader):
-                        # Another master to try (or the leader just named): no backoff.
-                        await asyncio.sleep(0.05)
-                        continue
-                    # Full jitter keeps a fleet of nodes from redialling in lockstep.
+                    if len(self.masters) > 1:
+                        if leader is not None and self._follow(leader):
+                            await asyncio.sleep(0.05)  # straight to the leader just named
+                            continue
+                        left = self._current
+                        found = await self._find_leader(
+                            http, stop, max(LEADER_SEARCH_S, self.reconnect_max_s))
+                        if found is None:
+                            # Nobody said it leads (or /readyz is not reachable): the next
+                            # master in turn; its answer (not_leader naming one) is the news.
+                            self._next_master()
+                            continue
+                        self._current = found
+                        if found != left:
+                            continue  # another master leads now: go at once
+                    # The same master again: full jitter keeps a fleet of nodes from
+                    # redialling in lockstep.
                     wait = random.uniform(0, delay)
                     delay = min(self.reconnect_max_s, delay * 2)
                     with contextlib.suppress(TimeoutError):
@@ -184,34 +226,121 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
 
+    def _follow(self, leader: str) -> bool:
+        """Dial the leader a standby named next, if it is one of ours, not the master dialled
+        now (one that names itself is still opening its journal: no redirect) and not one
+        that went silent on us (the standby names it until its lease runs out)."""
+        named = leader.rstrip("/")
+        if named not in self.masters:
+            return False
+        i = self.masters.index(named)
+        if i == self._current or i in self._silent:
+            # A silent one is only dialled again once its /readyz says it leads.
+            return False
+        self._current = i
+        return True
+
+    async def _find_leader(self, http: aiohttp.ClientSession, stop: asyncio.Event,
+                           limit_s: float) -> int | None:
+        """The index of a master whose ``/readyz`` says it leads, asking every master at once
+        and each again until one does; None after ``limit_s`` or once ``stop`` is set.
+
+        A master that answers (a standby, 503) is asked again every LEADER_POLL_S; one that
+        does not (refused, or silent past connect_timeout_s) after a pause that doubles up
+        to reconnect_max_s. /readyz needs no credentials, so the token is not sent.
+        """
+        started = asyncio.get_running_loop().time()
+
+        async def watch(i: int) -> int:
+            pause = LEADER_POLL_S
+            while True:
+                answer = await self._probe(http, i)
+                if answer is True:
+                    return i
+                pause = LEADER_POLL_S if answer is False else min(self.reconnect_max_s,
+                                                                  pause * 2)
+                await asyncio.sleep(random.uniform(pause / 2, pause))
+
+        watchers = [asyncio.ensure_future(watch(i)) for i in range(len(self.masters))]
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait({*watchers, stopper}, timeout=limit_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (*watchers, stopper):
+                task.cancel()
+            await asyncio.gather(*watchers, stopper, return_exceptions=True)
+        for task in watchers:
+            if task in done and not task.cancelled() and task.exception() is None:
+                found = task.result()
+                log.info("leader found url=%s after %.1f s", self.masters[found],
+                         asyncio.get_running_loop().time() - started)
+                return found
+        return None
+
+    async def _probe(self, http: aiohttp.ClientSession, i: int) -> bool | None:
+        """Whether master ``i`` leads (its /readyz is 200), None when it does not answer
+        within connect_timeout_s."""
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                async with http.get(self.masters[i] + "/readyz", ssl=self._ssl,
+                                    allow_redirects=False) as r:
+                    return r.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.debug("master url=%s: no answer to /readyz (%r)", self.masters[i], str(exc))
+            return None
+
     async def _session(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
-        async with http.ws_connect(self.url, max_msg_size=MAX_FRAME, heartbeat=10.0,
-                                   headers=self._headers, ssl=self._ssl) as ws:
+        try:
+            # aiohttp's own limit is its session's (300 s): a frozen master's kernel accepts
+            # the connection and the handshake would wait that long.
+            async with asyncio.timeout(self.connect_timeout_s):
+                ws = await http.ws_connect(
+                    self.url, max_msg_size=MAX_FRAME, heartbeat=self.heartbeat_s,
+                    headers=self._headers, ssl=self._ssl,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=self.connect_timeout_s))
+        except TimeoutError:
+            raise MasterSilent(f"no WebSocket handshake within {self.connect_timeout_s:g} s "
+                               "(node.master_connect_timeout_s)") from None
+        try:
             self.ws = ws
             hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()),
                           epoch=self.fence.epoch)
             self._hello_id = next(self._ids) * 2 + 1
             await self._put("hello", encode(hello), self._hello_id)
             log.info("connected url=%s jobs_reported=%d", self.url, len(hello.jobs))
+            self._silent.discard(self._current)
             self.last_error = ""
             self.connected.set()
             self.dialled.set()
-            stopper = asyncio.get_running_loop().create_task(stop.wait())
-            try:
-                while True:
-                    receive = asyncio.ensure_future(ws.receive())
-                    done, _ = await asyncio.wait({receive, stopper},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if stopper in done:
-                        receive.cancel()
-                        return
-                    msg = receive.result()
-                    if msg.type != aiohttp.WSMsgType.BINARY:
-                        log.warning("connection to master closed (%s)", msg.type.name)
-                        return
+            await self._receive(ws, stop)
+        finally:
+            await ws.close()
+
+    async def _receive(self, ws: aiohttp.ClientWebSocketResponse, stop: asyncio.Event) -> None:
+        """Dispatch the master's frames until it closes the session (a normal return), stops
+        answering pings (MasterSilent) or ``stop`` is set."""
+        stopper = asyncio.get_running_loop().create_task(stop.wait())
+        try:
+            while True:
+                receive = asyncio.ensure_future(ws.receive())
+                done, _ = await asyncio.wait({receive, stopper},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    receive.cancel()
+                    return
+                msg = receive.result()
+                if msg.type == aiohttp.WSMsgType.BINARY:
                     await self._dispatch(msg.data)
-            finally:
-                stopper.cancel()
+                    continue
+                if isinstance(ws.exception(), aiohttp.ServerTimeoutError):
+                    # aiohttp's heartbeat: no pong within heartbeat_s / 2.
+                    raise MasterSilent(f"no answer to a ping within {self.heartbeat_s / 2:g} s "
+                                       "(node.master_heartbeat_s / 2)")
+                log.warning("connection to master closed (%s)", msg.type.name)
+                return
+        finally:
+            stopper.cancel()
 
     async def send_event(self, type_: str, body: dict[str, Any]) -> None:
         """Send a node → master event from another part of noded; dropped while disconnected."""

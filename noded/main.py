@@ -177,7 +177,9 @@ class NodeDaemon:
                                config.sample_interval_s, config.reconnect_max_s,
                                headers=headers, ssl_context=ssl_context,
                                heartbeat_only_s=config.heartbeat_only_s, logs=self.logs,
-                               fence=EpochFence(state))
+                               fence=EpochFence(state),
+                               connect_timeout_s=config.master_connect_timeout_s,
+                               heartbeat_s=config.master_heartbeat_s)
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])

@@ -361,6 +361,11 @@ class NodeConfig:
     allowed_users: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000)
     sample_interval_s: float = bounded(1.0, min=0.05, max=3600)
     reconnect_max_s: float = bounded(30.0, min=0.1, max=3600)
+    # A silent master (frozen, or cut off: docs/high-availability.md): a dial (TCP, TLS, the
+    # WebSocket handshake) must finish within master_connect_timeout_s, and a master that
+    # does not answer a ping within half of master_heartbeat_s is left for the next one.
+    master_connect_timeout_s: float = bounded(5.0, min=0.1, max=3600)
+    master_heartbeat_s: float = bounded(5.0, min=0.2, max=3600)
     log_level: str = bounded("info", pattern=r"(?i)debug|info|warning|error")
     # How often jobs' metrics files are read and relayed (at most one event per job and
     # metric name per period; see noded/metrics_channel.py).

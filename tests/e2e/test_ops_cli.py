@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from demo.cluster import LocalCluster, default_job_user
+from tests.e2e.test_bench_interrupt import heed_stop_signals
 
 REPO = Path(__file__).resolve().parents[2]
 USER = default_job_user()
@@ -203,6 +204,14 @@ class Lines:
             raise AssertionError(f"no output within {timeout} s") from None
 
 
+def interactive(argv: list[str]) -> subprocess.Popen[str]:
+    """trellisctl as started from a terminal, where Ctrl-C reaches it: a suite run as a
+    background job of a non-interactive shell has SIGINT ignored, and a child inherits that,
+    so stop()'s SIGINT would never arrive (the CLI rightly keeps an inherited SIG_IGN)."""
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, bufsize=1, preexec_fn=heed_stop_signals)
+
+
 def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     proc.send_signal(signal.SIGINT)
     try:
@@ -215,9 +224,8 @@ def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 def test_events_follow_prints_new_events_until_ctrl_c(cluster: LocalCluster) -> None:
     before = submit(cluster, "--name", "before", "--kind", "cpu", "--cpus", "1", "--", "true")
-    proc = subprocess.Popen([*CLI, "--master", cluster.url, "-o", "json", "events", "--follow",
-                             "-n", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, bufsize=1)
+    proc = interactive([*CLI, "--master", cluster.url, "-o", "json", "events", "--follow",
+                        "-n", "1"])
     lines = Lines(proc)
     try:
         first = json.loads(lines.next(20))  # the newest event when following began
@@ -242,9 +250,8 @@ def test_events_follow_prints_new_events_until_ctrl_c(cluster: LocalCluster) -> 
 
 def test_watch_refreshes_until_ctrl_c(cluster: LocalCluster, running: str) -> None:
     started = time.monotonic()
-    proc = subprocess.Popen([*CLI, "--master", cluster.url, "-o", "json", "jobs", "--state",
-                             "running", "--watch"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, bufsize=1)
+    proc = interactive([*CLI, "--master", cluster.url, "-o", "json", "jobs", "--state",
+                        "running", "--watch"])
     lines = Lines(proc)
     try:
         one = json.loads(lines.next(20))
@@ -261,9 +268,7 @@ def test_watch_refreshes_until_ctrl_c(cluster: LocalCluster, running: str) -> No
         code, err = stop(proc)
     assert code == 0, err
 
-    proc = subprocess.Popen([*CLI, "--master", cluster.url, "nodes", "--watch"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO, bufsize=1)
+    proc = interactive([*CLI, "--master", cluster.url, "nodes", "--watch"])
     lines = Lines(proc)
     try:
         banners = 0

@@ -96,3 +96,59 @@ def test_urls_and_trellisctl(masters, monkeypatch: pytest.MonkeyPatch) -> None: 
     client = cli.make_client(args)
     assert isinstance(client, FailoverClient)
     assert client.call("jobs") == {"pong": True}
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A master that is frozen: its kernel accepts connections (the listen backlog) and
+    nothing ever answers."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+def test_a_silent_master_costs_one_attempt_and_is_passed_over(  # type: ignore[no-untyped-def]
+        masters, silent_url: str) -> None:
+    import time
+
+    leader_url, _, leader_calls, _ = masters
+    # A standby that still names the silent leader (its lease has not expired yet).
+    standby, standby_calls = serve({"error": {
+        "code": "not_leader", "message": "standby", "detail": {"leader": silent_url}}})
+    try:
+        standby_url = f"http://127.0.0.1:{standby.server_address[1]}"
+        client = FailoverClient([silent_url, standby_url, leader_url], timeout=20,
+                                attempt_timeout=0.5)
+        started = time.monotonic()
+        assert client.call("jobs") == {"pong": True}
+        # One attempt on the silent master, not one per time the standby names it.
+        assert time.monotonic() - started < 0.5 + 1.0
+        assert standby_calls == ["jobs"] and leader_calls == ["jobs"]
+        # A submission with its own id may be resent: bounded the same way.
+        client._current = 0
+        started = time.monotonic()
+        assert client.call("submit", {"job": {}, "id": "j1"}) == {"pong": True}
+        assert time.monotonic() - started < 0.5 + 1.0
+    finally:
+        standby.shutdown()
+
+
+def test_a_write_that_cannot_be_resent_keeps_the_whole_timeout(  # type: ignore[no-untyped-def]
+        masters, silent_url: str) -> None:
+    import time
+
+    from control.client import Unreachable
+
+    leader_url, _, leader_calls, _ = masters
+    client = FailoverClient([silent_url, leader_url], timeout=1.5, attempt_timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(Unreachable, match="timed out"):
+        client.call("cancel", {"job_id": "j1"})  # it may have been done: not resent
+    assert time.monotonic() - started >= 1.4
+    assert leader_calls == []

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,6 +31,20 @@ def test_a_signal_raises_interrupted_runs_finally_and_restores_the_handler() -> 
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.fixture
+def sigint_handled() -> Iterator[None]:
+    """SIGINT as an interactive run has it. A suite started as a background job of a
+    non-interactive shell inherits it ignored, and exit_on_signals rightly leaves an
+    inherited SIG_IGN alone (test_an_ignored_signal_stays_ignored): the Ctrl-C this test
+    sends would then never arrive."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("sigint_handled")
 def test_sigint_too_and_the_scratch_dir_goes() -> None:
     with pytest.raises(Interrupted) as stopped, exit_on_signals(), \
             scratch_dir("trellis-test-harness-") as root:
