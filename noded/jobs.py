@@ -201,8 +201,7 @@ class JobRunner:
             self.forget(job_id)
             return
         if not part.stopping:
-            grace = part.prepare.spec.grace_s
-            self.stop(job_id, 10.0 if grace is None else grace, reason)
+            self.stop(job_id, part.prepare.grace_s, reason)
             self._report_stale(part, new, reason)
         raise JobRefused("stale_part_stopping", f"job {job_id} incarnation {new} cannot be "
                          f"prepared on node {self.node} yet: its incarnation {old} still runs "

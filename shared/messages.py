@@ -188,6 +188,14 @@ class PrepareJob:
     # The master's leadership epoch (set on every command the master sends); a node that
     # has seen a newer one refuses the command with ``stale_epoch``.
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+    # The SIGTERM-to-SIGKILL grace of the part when the node stops it on its own (the job's
+    # stop.grace_s, else the master's stop_grace_s, at most max_grace_s, at launch).
+    grace_s: float = bounded(10.0, min=0, max=3600)
+    # The master would requeue the job if this node were lost (its stop.requeue, else
+    # requeue_default, and restarts left under max_requeues, at launch): a node cut off
+    # from every master stops such a part before the master could requeue it elsewhere
+    # (the lease in the hello's ack; docs/high-availability.md).
+    requeue_if_lost: bool = False
 
 
 @dataclass(frozen=True)

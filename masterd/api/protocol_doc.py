@@ -132,6 +132,8 @@ def default_text(f: dataclasses.Field[Any]) -> str:
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, dict):
         return "{}"
+    if dataclasses.is_dataclass(value):  # a nested table left out: each field its default
+        return "{} (every field its default)"
     if isinstance(value, str):
         return f'"{value}"'
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else str(value)

@@ -11,7 +11,7 @@ import pytest
 from masterd.api.rpc import Rpc
 from masterd.service.master import Master
 from shared.messages import GpuHealth, Hello, JobReport
-from shared.model import JobSpec, JobState
+from shared.model import JobSpec, JobState, StopRules
 from shared.protocol import ProtocolError
 from tests.unit.helpers import inventory
 from tests.unit.master_fakes import Clock, FakeSession, exited, make_master, started, until
@@ -100,7 +100,7 @@ async def test_the_healthy_parts_are_stopped_before_the_job_is_requeued(tmp_path
 async def test_a_no_requeue_job_ends_node_lost_naming_the_node(tmp_path: Path) -> None:
     master, sessions = make_master(tmp_path, Clock(), NODES)
     try:
-        job = await master.submit(spec("once", env={"TRELLIS_REQUEUE": "0"}))
+        job = await master.submit(spec("once", stop=StopRules(requeue=False)))
         [node] = await running(master, sessions, job.id)
         disconnect(master, sessions, node)
         await master.features.nodeloss.lose(node)
@@ -133,9 +133,13 @@ async def test_max_requeues_then_node_lost(tmp_path: Path) -> None:
 async def test_a_bad_requeue_value_is_refused_at_submission(tmp_path: Path) -> None:
     master, _ = make_master(tmp_path, Clock(), NODES)
     try:
-        with pytest.raises(Exception, match="TRELLIS_REQUEUE must be 1/0") as err:
-            await master.submit(spec("odd", env={"TRELLIS_REQUEUE": "later"}))
-        assert getattr(err.value, "code", "") == "invalid_job"
+        rpc = Rpc(master)
+        job = {"name": "odd", "command": ["train"], "user": "nobody", "gpus": 1,
+               "stop": {"requeue": "later"}}
+        with pytest.raises(ProtocolError) as err:
+            await rpc.call("submit", {"job": job})
+        assert err.value.code == "invalid_params"
+        assert err.value.message == "params.job.stop.requeue: must be true or false, got a string"
         assert not master.core.jobs
     finally:
         await master.close()
