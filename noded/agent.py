@@ -149,9 +149,9 @@ class NodeAgent:
         # directory, a test's without one in memory.
         self.fence = fence if fence is not None else EpochFence(None)
         self._hello_id = -1  # the id of this connection's hello, whose ack names the epoch
-        # The node lease (noded/selffence.py; noded keeps its in the state directory), renewed
-        # by every frame of a session whose hello was acked.
-        self.lease = lease if lease is not None else SelfFence(runner.node, runner, None)
+        # The node lease (noded/selffence.py), renewed by every frame of a session whose
+        # hello was acked; None (a test's agent): the node never stops a part on its own.
+        self.lease = lease
         self._acked = False
         # Jobs' output (read_log; made on the first read if not given); its reads run beside
         # the receive loop (they may wait).
@@ -176,7 +176,8 @@ class NodeAgent:
         monitor = asyncio.get_running_loop().create_task(self._monitor_gpus(stop))
         beats = (asyncio.get_running_loop().create_task(self._heartbeats(stop))
                  if self.heartbeat_only_s > 0 else None)
-        leasing = asyncio.get_running_loop().create_task(self.lease.run(stop))
+        leasing = (asyncio.get_running_loop().create_task(self.lease.run(stop))
+                   if self.lease is not None else None)
         delay = 0.2
         try:
             async with aiohttp.ClientSession() as http:
@@ -231,11 +232,12 @@ class NodeAgent:
                         await asyncio.wait_for(stop.wait(), wait)
         finally:
             monitor.cancel()
-            leasing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
-            with contextlib.suppress(asyncio.CancelledError):
-                await leasing
+            if leasing is not None:
+                leasing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await leasing
             if beats is not None:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -348,7 +350,7 @@ class NodeAgent:
                     receive.cancel()
                     return
                 msg = receive.result()
-                if self._acked:
+                if self._acked and self.lease is not None:
                     self.lease.heard()
                 if msg.type == aiohttp.WSMsgType.BINARY:
                     await self._dispatch(msg.data)
@@ -501,7 +503,8 @@ class NodeAgent:
         except JobRefused as exc:  # commands carry the epoch too: each tries again
             log.error("%s", exc.message)
         self._acked = True
-        self.lease.learn(ack.lease)
+        if self.lease is not None:
+            self.lease.learn(ack.lease)
 
     # -- events --------------------------------------------------------------------------
     async def _job_started(self, job_id: str, pid: int, restarts: int = 0) -> None:

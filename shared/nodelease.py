@@ -85,7 +85,7 @@ def lease_problem(node_lost_s: float, max_grace_s: float, node_heartbeat_s: floa
         return None  # no node loss: nothing is requeued, and nodes stop nothing
     margin = lease_margin(node_heartbeat_s, node_fence_margin_s)
     least = node_grace_s + max_grace_s + margin
-    if node_lost_s >= least:
+    if node_lost_s >= least - 1e-9:  # sums of decimal fractions are inexact
         return None
     return (f"node_lost_s ({node_lost_s:g}) is too short for a node cut off from every master "
             f"to stop its requeueable jobs before they are requeued elsewhere: it must be at "

@@ -112,4 +112,4 @@ def test_a_default_above_the_maximum_is_refused_with_the_keys_named() -> None:
                     max_time_limit_s=3600)
     config = load_config(MasterConfig, None, "master", default_time_limit_s=600)
     assert (config.default_time_limit_s, config.max_time_limit_s, config.max_grace_s) == (
-        600, 0, 300.0)
+        600, 0, 120.0)
