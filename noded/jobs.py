@@ -510,6 +510,10 @@ class JobRunner:
             if leftover:
                 self.cgroups.signal_all(part.job_id, signal.SIGKILL)
             self.cgroups.remove(part.job_id)
+        except LookupError:
+            # Removed already: a part that exited before a noded restart is collected again
+            # when it is re-adopted (its exit still to be reported).
+            log.debug("job=%s cgroup already removed", part.job_id)
         except (OSError, ValueError) as exc:
             log.warning("job=%s cgroup cleanup failed: %s", part.job_id, exc)
 

@@ -80,6 +80,12 @@ def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
             for f in fields(message)}
 
 
+def _exit_of(report: JobReport) -> JobExited:
+    """An exited part, as a node's hello reports it, as the event of its exit."""
+    return JobExited(report.job_id, report.exit_code, report.signal, reason=report.reason,
+                     restarts=report.restarts, fenced=report.fenced)
+
+
 class UserCache:
     """Remembers which Unix users exist for a short while: a getpwnam per submission reads the
     user database (or asks LDAP) and costs more than the journal write."""
@@ -827,6 +833,9 @@ class Master:
             job = self.core.jobs.get(report.job_id)
             judged = judge_part(job, report.job_id, node, report.restarts)
             if not judged.mine:
+                if report.fenced and report.state == "exited":
+                    # Stopped by its node on its own (the node lease): journalled as such.
+                    await self.events.part_fenced(node, _exit_of(report))
                 # Not the master's incarnation here: the fencing feature stops or forgets it.
                 await self.events.stray_part.emit(node, report, judged)
                 continue
@@ -838,9 +847,7 @@ class Master:
                 if job.stopping:
                     self.tasks.spawn(self._stop_part(job.id, node, job.reason))
             elif report.state == "exited":
-                await self._on_exited(node, JobExited(
-                    report.job_id, report.exit_code, report.signal, reason=report.reason,
-                    restarts=report.restarts, fenced=report.fenced))
+                await self._on_exited(node, _exit_of(report))
             elif report.state == "prepared" and job.id not in self._launching:
                 # A launch the master did not finish (it restarted between the phases).
                 await self._abort_launch(job, "the master restarted during the launch")
