@@ -25,7 +25,7 @@ from typing import Any
 from demo.cluster import LocalCluster, default_job_user
 from demo.netlab import NetLab
 from tests.conftest import needs_root
-from tests.e2e.cli import ctl
+from tests.e2e.cli import ctl as plain_ctl
 
 pytestmark = needs_root
 
@@ -46,6 +46,13 @@ def marking(marks: Path) -> list[str]:
             f'echo "$TRELLIS_NODE $TRELLIS_RESTART_COUNT" >> {own}; '
             f"trap 'echo \"$TRELLIS_NODE $TRELLIS_RESTART_COUNT $(date +%s.%N)\" "
             f">> {own}.stops; exit 143' TERM; sleep 300 & wait"]
+
+
+def ctl(cluster: LocalCluster, *args: str, json_out: bool = True) -> tuple[int, Any, str]:
+    """trellisctl as an admin (with the cluster's token where it has them)."""
+    token = (["--token-file", str(cluster.token_file("admin"))] if "admin" in cluster.tokens
+             else [])
+    return plain_ctl(cluster, *token, *args, json_out=json_out)
 
 
 def lines(path: Path) -> list[str]:
@@ -109,7 +116,7 @@ def test_a_cut_off_node_stops_its_requeueable_part_before_the_requeue(
         far = lab.add("n1")
         first, second = f"{prefix}-n1", f"{prefix}-n2"
         with LocalCluster(shared_dir / prefix, prefix=prefix, nodes=2, gpus_per_node=2,
-                          node_grace_s=1.0, listen_host=here.address,
+                          node_grace_s=1.0, listen_host=here.address, auth=True,
                           node_wrapper={first: far.wrapper},
                           extra_master=MASTER) as cluster:
             cluster.start()
