@@ -158,23 +158,7 @@ def fabric(nodes: int) -> Iterator[Fabric]:
 def parts_by_job(prefix: str) -> dict[str, set[str]]:
     """Job id -> the nodes where a live process of it runs (its TRELLIS_NODE), for this
     run's jobs: what really runs, read from every process's environment."""
-    found: dict[str, set[str]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
-                           if b"=" in item)
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue  # a zombie runs nothing
-        except (OSError, ValueError, IndexError):
-            continue
-        job = env.get(b"TRELLIS_JOB_ID", b"").decode()
-        if job.startswith(prefix):
-            found.setdefault(job, set()).add(env.get(b"TRELLIS_NODE", b"").decode())
-    return found
+    return {job: {node for _, node in seen} for job, seen in runs_by_job(prefix).items()}
 
 
 def runs_by_job(prefix: str) -> dict[str, set[tuple[str, str]]]:
