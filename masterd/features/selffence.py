@@ -39,7 +39,8 @@ class NodeLeases:
         # For the metrics: parts their nodes reported stopping on their own, and the jobs
         # this master then requeued or ended.
         self.fenced = 0
-        self.settled = 0
+        self.requeued = 0
+        self.ended = 0
         ctx.events.node_lease.provide(self.terms)
         ctx.events.requeue_if_lost.provide(self.requeue_if_lost)
         ctx.events.part_fenced.provide(self.on_fenced)
@@ -93,8 +94,10 @@ class NodeLeases:
             log.debug("job=%s not settled after its part on %s was fenced: %s", job.id, node,
                       exc)
             return True
-        self.settled += 1
         log.info("job=%s node=%s part stopped by its node: %s", job.id, node, found.reason)
         if found.end_as is JobState.QUEUED:
+            self.requeued += 1
             self.ctx.request_pass()
+        else:
+            self.ended += 1
         return True

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from masterd.api.metrics import FailureCollector
 from masterd.main import MasterDaemon
 from masterd.service.master import Master
 from noded.agent import NodeAgent
@@ -366,7 +367,12 @@ async def test_a_part_its_node_stopped_requeues_the_job_as_a_node_loss_would(
         fenced = [e for e in master.store.events(job.id, 0, 1000) if e.kind == "part_fenced"]
         assert fenced[0].detail == {"restarts": 0, "reason": reason, "exit_code": None,
                                     "signal": 15, "part": "mine"}
-        assert master.features.leases.settled == 1
+        assert (master.features.leases.requeued, master.features.leases.fenced) == (1, 1)
+        metrics = {(s.name, s.labels.get("cause")): s.value
+                   for family in FailureCollector(master).collect() for s in family.samples}
+        assert metrics[("trellis_parts_fenced_total", None)] == 1
+        assert metrics[("trellis_jobs_requeued_total", "node_fenced")] == 1
+        assert metrics[("trellis_jobs_requeued_total", "node_lost")] == 0
     finally:
         await master.close()
 
@@ -388,7 +394,7 @@ async def test_a_fenced_exit_of_a_job_already_requeued_is_journalled_and_forgott
         await until("forgotten", lambda: returning.commands("forget_job"))
         events = kinds(master, job.id)
         assert (node, "part_fenced") in events and (node, "stale_part_exited") in events
-        assert job.restarts == 1 and master.features.leases.settled == 0
+        assert job.restarts == 1 and master.features.leases.requeued == 0
         # An exit the node reports fenced over a live session is settled the same way.
         await until("placed again", lambda: job.placement is not None)
         other = job.placement.nodes[0]  # type: ignore[union-attr]
