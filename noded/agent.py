@@ -82,6 +82,11 @@ class MasterSilent(Exception):
     """The master dialled accepted the connection (or had a session) but stopped answering."""
 
 
+# Frames that show the master is there (not an error or a close made here, such as a heartbeat
+# that got no pong): each renews the node lease.
+_FROM_THE_MASTER = frozenset({aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.PING,
+                              aiohttp.WSMsgType.PONG})
+
 # While masters answer but none leads yet (a takeover under way), each is asked again this
 # often (with jitter): a node reaches the new leader within about this of its takeover.
 LEADER_POLL_S = 0.5
@@ -350,7 +355,8 @@ class NodeAgent:
                     receive.cancel()
                     return
                 msg = receive.result()
-                if self._acked and self.lease is not None:
+                if (self._acked and self.lease is not None
+                        and msg.type in _FROM_THE_MASTER):
                     self.lease.heard()
                 if msg.type == aiohttp.WSMsgType.BINARY:
                     await self._dispatch(msg.data)

@@ -273,6 +273,12 @@ async def test_the_agent_learns_the_terms_and_every_frame_renews_the_lease() -> 
     ws = FakeWs([ping])  # the master's ping, answered
     await agent._receive(ws, asyncio.Event())  # type: ignore[arg-type]
     assert lease.heard_at == 5010.0 and ws.pongs == [b"p"]
+    # The heartbeat giving up (an error made here, not a frame of the master) renews nothing.
+    tick.now += 9.0
+    ws = FakeWs([aiohttp.WSMessage(aiohttp.WSMsgType.ERROR, aiohttp.ServerTimeoutError("x"),
+                                   None)])
+    await agent._receive(ws, asyncio.Event())  # type: ignore[arg-type]
+    assert lease.heard_at == 5010.0
     # A master without node loss: no terms, nothing will be stopped.
     agent._acked = False
     await agent._dispatch(encode_frame("ack", 3, {"epoch": 2}))
