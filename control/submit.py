@@ -126,17 +126,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.after is not None:
         job["after"] = dependency_wire(args.after)
     job.update(time_options(args))
+    stop = stop_options(args)
+    if stop:
+        job["stop"] = stop
     return job
 
 
-MAX_GRACE_S = 3600.0  # JobSpec.grace_s's bound
-# --requeue/--no-requeue travel in the job's environment (masterd/core/failures.py says why).
-REQUEUE_ENV = "TRELLIS_REQUEUE"
+MAX_GRACE_S = 3600.0  # StopRules.grace_s's bound
 
 
 def time_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--time, --signal and --grace as spec fields (time_limit_s, warning, grace_s)."""
-    from shared.slurmtime import parse_signal, parse_time_limit
+    """--time as the spec's time_limit_s."""
+    from shared.slurmtime import parse_time_limit
 
     job: dict[str, Any] = {}
     text = getattr(args, "time", None)
@@ -145,19 +146,45 @@ def time_options(args: argparse.Namespace) -> dict[str, Any]:
             job["time_limit_s"] = parse_time_limit(text)
         except ValueError as exc:
             raise UsageError(f"--time: {exc}") from None
+    return job
+
+
+def stop_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--signal, --grace and --requeue/--no-requeue as the spec's stop rules (its ``stop``:
+    warning, grace_s, requeue); only what the command line gives."""
+    from shared.slurmtime import parse_signal
+
+    stop: dict[str, Any] = {}
     text = getattr(args, "signal", None)
     if text is not None:
         try:
             warning = parse_signal(text)
         except ValueError as exc:
             raise UsageError(f"--signal: {exc}") from None
-        job["warning"] = {"signal": warning.signal, "seconds": warning.seconds,
-                          "batch_only": warning.batch_only}
+        stop["warning"] = {"signal": warning.signal, "seconds": warning.seconds,
+                           "batch_only": warning.batch_only}
     grace = getattr(args, "grace", None)
     if grace is not None:
         if not 0 <= grace <= MAX_GRACE_S:
             raise UsageError(f"--grace {grace:g}: must be 0 to {MAX_GRACE_S:g} seconds")
-        job["grace_s"] = grace
+        stop["grace_s"] = grace
+    requeue = getattr(args, "requeue", None)
+    if requeue is not None:  # --requeue / --no-requeue
+        stop["requeue"] = requeue
+    return stop
+
+
+def _layered(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Job maps, later ones winning, with their ``stop`` tables merged key by key (a file's
+    ``stop = {grace_s = 60}`` keeps its grace under ``--no-requeue``)."""
+    job: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            below = job.get(key)
+            if key == "stop" and isinstance(value, dict) and isinstance(below, dict):
+                job[key] = {**below, **value}
+            else:
+                job[key] = value
     return job
 
 
@@ -236,10 +263,8 @@ def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list
             raise UsageError(f"{args.file}: a job description must be a table/object")
     overrides = _overrides(args)
     env = _env_items(args.env)
-    if getattr(args, "requeue", None) is not None:  # --requeue / --no-requeue
-        env[REQUEUE_ENV] = "1" if args.requeue else "0"
     if listed is None:
-        jobs = [{**defaults, **overrides}]
+        jobs = [_layered(defaults, overrides)]
         ids: list[str | None] = [args.id]
     else:
         if not listed:
@@ -251,7 +276,7 @@ def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list
         for i, item in enumerate(listed):
             if not isinstance(item, dict):
                 raise UsageError(f"{args.file}: jobs[{i}] is not a table/object")
-            job = {**defaults, **item, **overrides}
+            job = _layered(defaults, item, overrides)
             job_id = job.pop("id", None)
             if job_id is not None and not isinstance(job_id, str):
                 raise UsageError(f"{args.file}: jobs[{i}].id must be a string")

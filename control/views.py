@@ -163,7 +163,7 @@ def show_job(result: dict[str, Any]) -> str:
         ("Started", _fmt_time(j["start_time"])), ("Ended", _fmt_time(j["end_time"])),
         ("Queued", _fmt_seconds(j["queued_s"])), ("Exit code", j["exit_code"]),
         ("Signal", j["signal"]), ("Reason", j["reason"]), ("Attempts", j["attempts"]),
-        ("Restarts", j.get("restarts", 0)),
+        ("Restarts", j.get("restarts", 0)), ("Requeue", _requeue(j.get("requeue"))),
         ("Time limit", time_limit(j)),
     )]
     lines += _lifecycle(j)
@@ -187,6 +187,13 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {dash(e['node']):<10} "
                      f"{detail}".rstrip())
     return "\n".join(lines)
+
+
+def _requeue(wanted: bool | None) -> str:
+    """What the job said of being requeued after a failure (submit --requeue/--no-requeue)."""
+    if wanted is None:
+        return "the master's default (requeue_default)"
+    return "yes (--requeue)" if wanted else "no (--no-requeue)"
 
 
 def time_limit(j: dict[str, Any]) -> str | None:

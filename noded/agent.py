@@ -17,6 +17,10 @@ with several masters, the node then learns who leads before dialling again: it a
 master's ``/readyz`` at once (200 only on the leader; a standby answers 503 at once, a silent
 master not at all) and dials the first that leads. A node so reaches a new leader within a
 poll of its takeover, whatever state the old one is in. See docs/high-availability.md.
+
+Every frame from a master that acked our hello (data, ping or pong: the session answers
+pings itself, so it sees them) renews the node lease (noded/selffence.py): a node that
+hears from no master for too long stops the parts the master would requeue elsewhere.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ from noded.fencing import EpochFence
 from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
 from noded.joblogs import LogReader
 from noded.jobs import JobPart, JobRefused, JobRunner
+from noded.selffence import SelfFence
 from shared.messages import (
     NODE_COMMANDS,
     ForgetJob,
     GpuHealth,
     GpuUtil,
     Hello,
+    HelloAck,
     JobExited,
     JobStarted,
     PrepareJob,
@@ -76,6 +82,11 @@ class MasterSilent(Exception):
     """The master dialled accepted the connection (or had a session) but stopped answering."""
 
 
+# Frames that show the master is there (not an error or a close made here, such as a heartbeat
+# that got no pong): each renews the node lease.
+_FROM_THE_MASTER = frozenset({aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.PING,
+                              aiohttp.WSMsgType.PONG})
+
 # While masters answer but none leads yet (a takeover under way), each is asked again this
 # often (with jitter): a node reaches the new leader within about this of its takeover.
 LEADER_POLL_S = 0.5
@@ -106,6 +117,7 @@ class NodeAgent:
         fence: EpochFence | None = None,
         connect_timeout_s: float = 5.0,
         heartbeat_s: float = 5.0,
+        lease: SelfFence | None = None,
     ) -> None:
         self.masters = master_urls(master_url)
         self._current = 0
@@ -142,6 +154,10 @@ class NodeAgent:
         # directory, a test's without one in memory.
         self.fence = fence if fence is not None else EpochFence(None)
         self._hello_id = -1  # the id of this connection's hello, whose ack names the epoch
+        # The node lease (noded/selffence.py), renewed by every frame of a session whose
+        # hello was acked; None (a test's agent): the node never stops a part on its own.
+        self.lease = lease
+        self._acked = False
         # Jobs' output (read_log; made on the first read if not given); its reads run beside
         # the receive loop (they may wait).
         self.logs = logs
@@ -165,6 +181,8 @@ class NodeAgent:
         monitor = asyncio.get_running_loop().create_task(self._monitor_gpus(stop))
         beats = (asyncio.get_running_loop().create_task(self._heartbeats(stop))
                  if self.heartbeat_only_s > 0 else None)
+        leasing = (asyncio.get_running_loop().create_task(self.lease.run(stop))
+                   if self.lease is not None else None)
         delay = 0.2
         try:
             async with aiohttp.ClientSession() as http:
@@ -221,6 +239,10 @@ class NodeAgent:
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
+            if leasing is not None:
+                leasing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await leasing
             if beats is not None:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -295,15 +317,18 @@ class NodeAgent:
             # aiohttp's own limit is its session's (300 s): a frozen master's kernel accepts
             # the connection and the handshake would wait that long.
             async with asyncio.timeout(self.connect_timeout_s):
+                # autoping off: _receive answers pings itself, so that every frame of the
+                # master, a pong included, renews the node lease.
                 ws = await http.ws_connect(
                     self.url, max_msg_size=MAX_FRAME, heartbeat=self.heartbeat_s,
-                    headers=self._headers, ssl=self._ssl,
+                    headers=self._headers, ssl=self._ssl, autoping=False,
                     timeout=aiohttp.ClientWSTimeout(ws_close=self.connect_timeout_s))
         except TimeoutError:
             raise MasterSilent(f"no WebSocket handshake within {self.connect_timeout_s:g} s "
                                "(node.master_connect_timeout_s)") from None
         try:
             self.ws = ws
+            self._acked = False  # frames renew the lease once this master took our hello
             hello = Hello(inventory=self.inventory(), jobs=tuple(self.runner.reports()),
                           epoch=self.fence.epoch)
             self._hello_id = next(self._ids) * 2 + 1
@@ -330,8 +355,16 @@ class NodeAgent:
                     receive.cancel()
                     return
                 msg = receive.result()
+                if (self._acked and self.lease is not None
+                        and msg.type in _FROM_THE_MASTER):
+                    self.lease.heard()
                 if msg.type == aiohttp.WSMsgType.BINARY:
                     await self._dispatch(msg.data)
+                    continue
+                if msg.type == aiohttp.WSMsgType.PING:
+                    await ws.pong(msg.data)
+                    continue
+                if msg.type == aiohttp.WSMsgType.PONG:
                     continue
                 if isinstance(ws.exception(), aiohttp.ServerTimeoutError):
                     # aiohttp's heartbeat: no pong within heartbeat_s / 2.
@@ -464,13 +497,20 @@ class NodeAgent:
         await self._send("ack", encode(chunk), id_)
 
     def _hello_acked(self, body: dict[str, Any]) -> None:
-        """The master took our hello; its ack names the epoch it leads at."""
-        epoch = body.get("epoch")
-        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
-            try:
-                self.fence.learn(epoch)
-            except JobRefused as exc:  # commands carry the epoch too: each tries again
-                log.error("%s", exc.message)
+        """The master took our hello; its ack names the epoch it leads at and the lease."""
+        try:
+            ack = decode(HelloAck, body, "ack")
+        except SchemaError as exc:
+            # Not a master's answer we can trust: the lease is not renewed by this session.
+            log.error("master's hello ack not understood: %s", exc)
+            return
+        try:
+            self.fence.learn(ack.epoch)
+        except JobRefused as exc:  # commands carry the epoch too: each tries again
+            log.error("%s", exc.message)
+        self._acked = True
+        if self.lease is not None:
+            self.lease.learn(ack.lease)
 
     # -- events --------------------------------------------------------------------------
     async def _job_started(self, job_id: str, pid: int, restarts: int = 0) -> None:
@@ -481,7 +521,7 @@ class NodeAgent:
         # Kept on disk until the master says forget_job, so an exit is never lost.
         await self._send("job_exited", encode(JobExited(
             job_id=part.job_id, exit_code=part.exit_code, signal=part.signal,
-            reason=part.reason, restarts=part.restarts)))
+            reason=part.reason[:512], restarts=part.restarts, fenced=bool(part.fenced))))
 
     def _stale_part(self, stale: StalePart) -> None:
         asyncio.get_running_loop().create_task(self._send("stale_part", encode(stale)))

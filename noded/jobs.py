@@ -3,7 +3,8 @@
 Everything a job part needs to survive a noded restart lives in ``STATE/jobs/JOB/``:
 ``prepare.json`` (what the master asked for), ``launch.json`` (what the shim runs),
 ``shim.json`` (shim pid and start time), ``child.json`` (the job's pid = process group),
-``exit.json`` (written by the shim when the job ends), ``output.log`` (moved to
+``exit.json`` (written by the shim when the job ends), ``fenced.json`` (the node stopped the
+part on its own, cut off from every master: noded/selffence.py), ``output.log`` (moved to
 ``STATE/logs/JOB.log`` when the master forgets the job; see noded/joblogs.py).
 """
 
@@ -32,6 +33,7 @@ from noded.gpu.base import GpuBackend
 from noded.shim import write_atomic
 from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
+from shared.nodelease import LeasedPart
 from shared.schema import decode, encode
 
 log = logging.getLogger("trellis.node.jobs")
@@ -61,6 +63,8 @@ class JobPart:
     error: str | None = None
     reason: str = ""  # why it exited, when the kernel says (the OOM killer)
     stopping: bool = False
+    # Why the node stopped it on its own, cut off from every master ("" if it did not).
+    fenced: str = ""
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -71,7 +75,14 @@ class JobPart:
 
     def report(self) -> JobReport:
         return JobReport(job_id=self.job_id, state=self.state, pid=self.shim_pid,
-                         exit_code=self.exit_code, signal=self.signal, restarts=self.restarts)
+                         exit_code=self.exit_code, signal=self.signal, restarts=self.restarts,
+                         fenced=bool(self.fenced), reason=(self.reason or self.fenced)[:512])
+
+    def leased(self) -> LeasedPart:
+        """The part as the node lease sees it (shared/nodelease.py)."""
+        return LeasedPart(job_id=self.job_id, restarts=self.restarts,
+                          requeue_if_lost=self.prepare.requeue_if_lost,
+                          grace_s=self.prepare.grace_s)
 
 
 def free_port() -> int:
@@ -201,8 +212,7 @@ class JobRunner:
             self.forget(job_id)
             return
         if not part.stopping:
-            grace = part.prepare.spec.grace_s
-            self.stop(job_id, 10.0 if grace is None else grace, reason)
+            self.stop(job_id, part.prepare.grace_s, reason)
             self._report_stale(part, new, reason)
         raise JobRefused("stale_part_stopping", f"job {job_id} incarnation {new} cannot be "
                          f"prepared on node {self.node} yet: its incarnation {old} still runs "
@@ -335,6 +345,27 @@ class JobRunner:
             env.update(provide(part.job_id, entry.pw_uid))
         return env
 
+    def leased_parts(self) -> list[LeasedPart]:
+        """The running parts the node lease may stop: not being stopped already."""
+        return [p.leased() for p in self.parts.values()
+                if p.state == "running" and not p.stopping and not p.fenced]
+
+    def fence(self, job_id: str, grace_s: float, reason: str) -> bool:
+        """Stop a running part on the node's own authority (its lease ran out), recording
+        why first, in memory and in the part's directory (a noded restart still reports it
+        ``fenced``). False if the part no longer runs."""
+        part = self.parts.get(job_id)
+        if part is None or part.state != "running" or part.fenced:
+            return False
+        try:
+            write_atomic(part.dir / "fenced.json", {"reason": reason})
+        except OSError as exc:  # stopping it matters more than the record
+            log.error("job=%s fence not recorded: %s", job_id, exc)
+        part.fenced = reason
+        log.warning("job=%s stopped by this node: %s", job_id, reason)
+        self.stop(job_id, grace_s, reason)
+        return True
+
     def is_running(self, job_id: str) -> bool:
         part = self.parts.get(job_id)
         return part is not None and part.state == "running"
@@ -446,7 +477,7 @@ class JobRunner:
         part.exit_code = result.get("exit_code")
         part.signal = result.get("signal")
         part.error = result.get("error")
-        part.reason = self._exit_reason(part)
+        part.reason = self._exit_reason(part) or part.fenced
         self._cleanup(part)
         log.info("job=%s exited code=%s signal=%s%s", part.job_id, part.exit_code, part.signal,
                  f" error={part.error!r}" if part.error else "")
@@ -479,6 +510,10 @@ class JobRunner:
             if leftover:
                 self.cgroups.signal_all(part.job_id, signal.SIGKILL)
             self.cgroups.remove(part.job_id)
+        except LookupError:
+            # Removed already: a part that exited before a noded restart is collected again
+            # when it is re-adopted (its exit still to be reported).
+            log.debug("job=%s cgroup already removed", part.job_id)
         except (OSError, ValueError) as exc:
             log.warning("job=%s cgroup cleanup failed: %s", part.job_id, exc)
 
@@ -495,6 +530,9 @@ class JobRunner:
                 continue
             part = JobPart(jobdir.name, prepare, jobdir)
             self.parts[part.job_id] = part
+            fenced = _read_json(jobdir / "fenced.json")
+            if fenced is not None:
+                part.fenced = str(fenced.get("reason", "")) or "stopped by this node"
             shim = _read_json(jobdir / "shim.json")
             if shim is None:
                 continue  # prepared, never started
@@ -515,6 +553,10 @@ class JobRunner:
             part.watcher = asyncio.get_running_loop().create_task(self._watch(part))
             log.info("job=%s re-adopted shim_pid=%d cpus=%s", part.job_id, part.shim_pid,
                      list(alloc.cpus))
+            if part.fenced:
+                # Stopped on this node's own authority before the restart, whose SIGKILL
+                # timer went with it: stop it again (its grace counts from now).
+                self.stop(part.job_id, prepare.grace_s, part.fenced)
 
     async def shutdown(self) -> None:
         """noded is stopping: leave jobs running (their shims keep them), stop watching."""

@@ -43,6 +43,7 @@ from noded.metrics_channel import MetricsChannel
 from noded.mps import open_mps
 from noded.partition import NetPartition
 from noded.rdt_setup import open_node_resctrl
+from noded.selffence import SelfFence
 from noded.tuning import CoreTuning
 from noded.usage.setup import open_usage
 from shared.config import ConfigError, NodeConfig, load_config
@@ -179,7 +180,10 @@ class NodeDaemon:
                                heartbeat_only_s=config.heartbeat_only_s, logs=self.logs,
                                fence=EpochFence(state),
                                connect_timeout_s=config.master_connect_timeout_s,
-                               heartbeat_s=config.master_heartbeat_s)
+                               heartbeat_s=config.master_heartbeat_s,
+                               # The node lease: parts the master would requeue are stopped
+                               # here once no master was heard for too long.
+                               lease=SelfFence(config.name, self.runner, state))
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])

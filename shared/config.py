@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.model import NAME_PATTERN, UNIX_USER_PATTERN
+from shared.nodelease import lease_problem
 from shared.schema import SchemaError, bounded, decode
 
 T = TypeVar("T")
@@ -108,7 +109,11 @@ class MasterConfig:
     # same moment as node_grace_s, so at least that) is down, and each job with a part
     # there is requeued or ends node_lost; 0: never (a silent node keeps its jobs).
     node_lost_s: float = bounded(300.0, min=0, max=30 * 86400)
-    # Whether a job that does not say (TRELLIS_REQUEUE, submit --requeue/--no-requeue) is
+    # A node cut off from every master stops each part the master would requeue this long
+    # before the master could (shared/nodelease.py), beyond 1.5 × node_heartbeat_s: timer
+    # slack, network delay, clocks advancing at slightly different rates.
+    node_fence_margin_s: float = bounded(5.0, min=0, max=3600)
+    # Whether a job that does not say (its stop.requeue, submit --requeue/--no-requeue) is
     # requeued after its node is lost or its GPU fails (Slurm's JobRequeue) ...
     requeue_default: bool = True
     # ... and at most how many times (Slurm's MaxBatchRequeue); then it ends node_lost.
@@ -120,7 +125,7 @@ class MasterConfig:
     # and the longest SIGTERM-to-SIGKILL grace a stop gives (a job's --grace is capped to it).
     default_time_limit_s: int = bounded(0, min=0, max=366 * 86400)
     max_time_limit_s: int = bounded(0, min=0, max=366 * 86400)
-    max_grace_s: float = bounded(300.0, min=0, max=3600)
+    max_grace_s: float = bounded(120.0, min=0, max=3600)
     # A job nodes refuse to start this many times fails instead of being retried.
     max_start_failures: int = bounded(3, min=1, max=1000)
     # Unix users jobs may run as; empty means any user that exists, except root.
@@ -191,6 +196,10 @@ class MasterConfig:
                              f"({self.node_grace_s:g}): a node is marked unreachable before "
                              "it is declared lost, so node_lost_s must be at least "
                              "node_grace_s (or 0: never)")
+        problem = lease_problem(self.node_lost_s, self.max_grace_s, self.node_heartbeat_s,
+                                self.node_fence_margin_s, self.node_grace_s)
+        if problem is not None:
+            raise ValueError(problem)
         if 0 < self.max_time_limit_s < self.default_time_limit_s:
             raise ValueError(f"default_time_limit_s ({self.default_time_limit_s}) exceeds "
                              f"max_time_limit_s ({self.max_time_limit_s}): every job without "

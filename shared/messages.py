@@ -9,6 +9,11 @@ Fencing (docs/high-availability.md, "Fencing on the nodes"): every command carri
 master's leadership ``epoch`` and the node refuses one older than the newest it has seen
 (error ``stale_epoch``); a command about one job part names its incarnation, the job id and
 its ``restarts`` (the times the job was requeued), and a node runs only the newest.
+
+The node lease (shared/nodelease.py): the ack of a hello gives the master's node loss terms
+(:class:`HelloAck`), a launch says whether the master would requeue the part if the node
+were lost (``PrepareJob.requeue_if_lost``), and a node cut off from every master stops such
+parts itself before the master requeues them; it reports them ``fenced``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
+from shared.nodelease import LeaseTerms
 from shared.schema import bounded
 
 # Upper bounds on the wire of a master's leadership epoch and of a job's restart count.
@@ -34,6 +40,11 @@ class JobReport:
     signal: int | None = None
     # The part's incarnation (with the job id): the job's restart count it was prepared for.
     restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
+    # The node stopped the part on its own, cut off from every master (its lease ran out:
+    # docs/high-availability.md); `reason` says when and why.
+    fenced: bool = False
+    # Why it exited, when the node knows more than the status says.
+    reason: str = bounded("", max_len=512)
 
 
 @dataclass(frozen=True)
@@ -43,8 +54,21 @@ class Hello:
     version: str = bounded("", max_len=64)
     # The newest master epoch this node has seen (kept in its state directory): a master
     # leading at an older one is refused with ``stale_epoch``. The hello's ack carries the
-    # master's own epoch (``{"epoch": N}``).
+    # master's own epoch and its node lease (HelloAck).
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+
+
+@dataclass(frozen=True)
+class HelloAck:
+    """The master's answer to a node's hello (the body of its ``ack``)."""
+
+    # The epoch this master leads at; the node remembers it and refuses older ones.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+    # The master's node loss terms, `{node_lost_s, margin_s, max_grace_s}`: a node that
+    # hears nothing from a leading master for node_lost_s - margin_s - a part's grace (at
+    # most max_grace_s) stops each part launched with requeue_if_lost, before the master
+    # requeues it elsewhere (shared/nodelease.py); nil, or node_lost_s 0: it stops nothing.
+    lease: LeaseTerms | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +88,10 @@ class JobExited:
     reason: str = bounded("", max_len=512)
     # The incarnation that exited (the job's restart count it was prepared for).
     restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
+    # The node stopped the part on its own, cut off from every master (see `reason`): the
+    # master settles the job as after a node loss (requeued or ended node_lost), not as a
+    # failure of the job.
+    fenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +216,14 @@ class PrepareJob:
     # The master's leadership epoch (set on every command the master sends); a node that
     # has seen a newer one refuses the command with ``stale_epoch``.
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+    # The SIGTERM-to-SIGKILL grace of the part when the node stops it on its own (the job's
+    # stop.grace_s, else the master's stop_grace_s, at most max_grace_s, at launch).
+    grace_s: float = bounded(10.0, min=0, max=3600)
+    # The master would requeue the job if this node were lost (its stop.requeue, else
+    # requeue_default, and restarts left under max_requeues, at launch): a node cut off
+    # from every master stops such a part before the master could requeue it elsewhere
+    # (the lease in the hello's ack; docs/high-availability.md).
+    requeue_if_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -417,6 +453,10 @@ NODE_COMMANDS = {
 NODE_COMMAND_REPLIES = {
     "read_log": LogData,
     "signal_job": SignalSent,
+}
+# Node events whose ``ack`` carries a body (the others are answered with an empty one).
+NODE_EVENT_REPLIES = {
+    "hello": HelloAck,
 }
 
 

@@ -176,6 +176,27 @@ class WarnSignal:
 
 
 @dataclass(frozen=True)
+class StopRules:
+    """How a job is stopped, and what becomes of it when its node is lost or a GPU of it
+    fails (trellisctl submit --signal, --grace, --requeue/--no-requeue)."""
+
+    # A signal sent some seconds before the time limit (Slurm's --signal SIG@SECONDS), for
+    # checkpoint hooks.
+    warning: WarnSignal | None = None
+    # Seconds between SIGTERM and SIGKILL when the job is stopped (capped by the master's
+    # max_grace_s); nil: the master's stop_grace_s.
+    grace_s: float | None = bounded(None, min=0, max=3600)
+    # Whether the job is queued again (true) or ends node_lost (false) when its node is lost
+    # or a GPU it uses fails (Slurm's --requeue/--no-requeue); nil: the master's
+    # requeue_default.
+    requeue: bool | None = None
+
+
+# A job that says nothing of its stop: every spec without `stop` shares this one.
+NO_STOP_RULES = StopRules()
+
+
+@dataclass(frozen=True)
 class ArrayTask:
     """Which array a job is a task of (the array's id) and its index there."""
 
@@ -256,12 +277,9 @@ class JobSpec:
     # Time limit in seconds (Slurm's --time): at the limit the job is stopped and ends
     # `timeout`. None: the master's default_time_limit_s.
     time_limit_s: int | None = bounded(None, min=1, max=366 * 86400)
-    # A signal sent some seconds before the time limit (Slurm's --signal SIG@SECONDS), for
-    # checkpoint hooks.
-    warning: WarnSignal | None = None
-    # Seconds between SIGTERM and SIGKILL when the job is stopped (capped by the master's
-    # max_grace_s); None: the master's stop_grace_s.
-    grace_s: float | None = bounded(None, min=0, max=3600)
+    # Its warning before the time limit, its stop grace and whether it is requeued after a
+    # failure (see StopRules; grouped to keep the spec under 30 attributes).
+    stop: StopRules = NO_STOP_RULES
     # The job starts only when these hold (all of them); see Dependency.
     after: tuple[Dependency, ...] = bounded(default_factory=tuple, max_len=64)
     # Order among otherwise equal jobs: higher first. A user may only lower it; admins may

@@ -55,8 +55,11 @@ class JobView:
     time_limit_s: int | None = None
     # ... the warning it asked for before the limit, as Slurm writes it ("[B:]SIG@SECONDS") ...
     warning: str | None = None
-    # ... and its SIGTERM-to-SIGKILL grace (nil: the master's stop_grace_s).
+    # ... its SIGTERM-to-SIGKILL grace (nil: the master's stop_grace_s) ...
     grace_s: float | None = None
+    # ... and whether it is requeued when its node is lost or a GPU of it fails (nil: the
+    # master's requeue_default).
+    requeue: bool | None = None
     # Its priority among otherwise equal jobs (higher first).
     priority: int = 0
     # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none).

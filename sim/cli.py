@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                      default=3, help="requeues of a job whose node failed (the master's "
                                      "max_requeues); then it ends node_lost")
     run.add_argument("--no-requeue", action="store_true",
-                     help="jobs that do not ask (TRELLIS_REQUEUE) are not requeued after a "
+                     help="jobs that do not ask (stop.requeue) are not requeued after a "
                           "node failure (the master's requeue_default = false)")
     run.add_argument("--start-delay", type=float, default=0.0,
                      help="seconds from a Start decision to the job running")

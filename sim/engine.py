@@ -16,7 +16,7 @@ Time limits: a job whose spec has ``time_limit_s`` gets a LIMIT event at its sta
 
 Node failure: ``core.node_down``, and every job with a part on the node is settled by the
 master's own rules (masterd/core/failures.py, as masterd/features/nodeloss.py applies them
-when a node is declared lost): requeued if it may be (its ``TRELLIS_REQUEUE``, else
+when a node is declared lost): requeued if it may be (its ``stop.requeue``, else
 ``requeue_default``) and has been requeued fewer than ``max_retries`` (the master's
 ``max_requeues``) times, else ended ``node_lost``. The lost part counts as exited, the other
 parts are stopped (SIGTERM) at the same instant, and a requeued job goes back to its own
@@ -109,7 +109,7 @@ class SimConfig:
     stop_delay: float = 0.0  # Preempt decision -> parts exited
     preempt_keeps_progress: bool = False  # False: a preempted job restarts from scratch
     # Requeues of a job hit by a node failure (the master's max_requeues), and whether a job
-    # that does not say (TRELLIS_REQUEUE) is requeued at all (its requeue_default).
+    # that does not say (its stop.requeue) is requeued at all (its requeue_default).
     max_retries: int = 3
     requeue_default: bool = True
     failures: FailureConfig | None = None  # random failures of every node

@@ -183,9 +183,9 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 log.exception("node=%s event %s failed", session.name, type_)
                 await session.reply_error(id_, ProtocolError("internal", str(exc)))
                 continue
-            # The hello's ack names the epoch this master leads at (the node remembers it).
-            await session.reply(id_, {"epoch": master.leadership.epoch}
-                                if isinstance(body, Hello) else None)
+            # The hello's ack names the epoch this master leads at (the node remembers it)
+            # and the node lease (shared.messages.HelloAck).
+            await session.reply(id_, master.hello_ack() if isinstance(body, Hello) else None)
 
     try:
         async for msg in ws:

@@ -184,6 +184,7 @@ class FailureCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         master = self.master
         loss, faults = master.features.nodeloss, master.features.gpufaults
+        leases = master.features.leases
         out = GaugeMetricFamily(
             "trellis_node_gpus_out_of_service",
             "GPUs of a node out of service (a fault its node reported: an Xid, a lost "
@@ -201,18 +202,24 @@ class FailureCollector(Collector):
         yield CounterMetricFamily("trellis_nodes_lost",
                                   "Nodes declared down after node_lost_s of silence.",
                                   value=loss.nodes_lost)
+        yield CounterMetricFamily(
+            "trellis_parts_fenced", "Job parts their nodes reported stopping on their own, cut "
+            "off from every master for longer than the node lease.", value=leases.fenced)
         requeued = CounterMetricFamily(
             "trellis_jobs_requeued", "Jobs requeued after a failure, by cause (node_lost: "
-            "their node was lost; gpu_failure: a GPU they used had a fatal fault).",
-            labels=["cause"])
+            "their node was lost; gpu_failure: a GPU they used had a fatal fault; "
+            "node_fenced: their node stopped them, cut off from every master, before the "
+            "master declared it lost).", labels=["cause"])
         requeued.add_metric(["node_lost"], loss.requeued)
         requeued.add_metric(["gpu_failure"], faults.requeued)
+        requeued.add_metric(["node_fenced"], leases.requeued)
         yield requeued
         ended = CounterMetricFamily(
             "trellis_jobs_lost", "Jobs ended node_lost (not requeued: --no-requeue, "
             "requeue_default = false, or max_requeues reached), by cause.", labels=["cause"])
         ended.add_metric(["node_lost"], loss.ended)
         ended.add_metric(["gpu_failure"], faults.ended)
+        ended.add_metric(["node_fenced"], leases.ended)
         yield ended
 
 

@@ -37,7 +37,7 @@ from masterd.api.rpc import Rpc, job_view
 from masterd.service.master import Master
 from shared import protocol
 from shared.config import MasterConfig
-from shared.messages import NODE_COMMAND_REPLIES, NODE_COMMANDS, NODE_EVENTS
+from shared.messages import NODE_COMMAND_REPLIES, NODE_COMMANDS, NODE_EVENT_REPLIES, NODE_EVENTS
 from shared.model import Job, JobSpec, WaitReason
 from shared.schema import Bounds, decode
 from shared.views import JobView, PlacementPart
@@ -132,6 +132,8 @@ def default_text(f: dataclasses.Field[Any]) -> str:
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, dict):
         return "{}"
+    if dataclasses.is_dataclass(value):  # a nested table left out: each field its default
+        return "{} (every field its default)"
     if isinstance(value, str):
         return f'"{value}"'
     return f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else str(value)
@@ -364,6 +366,9 @@ def render() -> str:
     for kind, schema in sorted(NODE_EVENTS.items()):
         out += [f"#### {kind}", ""]
         out += fields_table(schema, links)
+        if kind in NODE_EVENT_REPLIES:
+            out += ["Answered with an `ack` whose body is:", ""]
+            out += fields_table(NODE_EVENT_REPLIES[kind], links)
     out += ["### Master to node", ""]
     for kind, schema in sorted(NODE_COMMANDS.items()):
         out += [f"#### {kind}", ""]

@@ -250,7 +250,7 @@ class Rpc:
 
     @returns("`job`: the job's [job view](#job-view) (queued jobs end `cancelled` at once; "
              "running ones are stopped: SIGTERM, SIGKILL after the job's grace: its "
-             "`grace_s`, else `stop_grace_s`, at most `max_grace_s`).",
+             "`stop.grace_s`, else `stop_grace_s`, at most `max_grace_s`).",
              ("unknown_job", "job_finished", "forbidden"))
     async def cancel(self, p: JobIdParams) -> dict[str, Any]:
         """Cancel a queued or running job."""

@@ -3,7 +3,7 @@
 Slurm's rules, written once for the master (masterd/features/failures.py drives them from
 timers and node reports) and the simulator (sim/engine.py drives them from its outages):
 
-* A job may be requeued unless it says otherwise: ``TRELLIS_REQUEUE`` in its environment
+* A job may be requeued unless it says otherwise: ``JobSpec.stop.requeue``
   (``trellisctl submit --requeue`` / ``--no-requeue``; Slurm's ``--requeue``), else the
   master's ``requeue_default`` (Slurm's ``JobRequeue``).
 * It is requeued at most ``max_requeues`` times (Slurm's ``MaxBatchRequeue``); after that a
@@ -12,9 +12,7 @@ timers and node reports) and the simulator (sim/engine.py drives them from its o
   submission time, not the head-of-array place a preempted job gets) and runs again with
   its restart count one higher (``TRELLIS_RESTART_COUNT`` on the node).
 
-Plain and synchronous: no clock, no I/O. (The setting lives in the job's environment, like
-``TRELLIS_ADAPTIVE_CPUS``, because JobSpec is at the 29 attributes past which CPython 3.11
-gives every instance a dict of its own: tests/unit/test_schema.py.)
+Plain and synchronous: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -25,11 +23,8 @@ from typing import Any
 
 from shared.model import Job, JobSpec, JobState
 
-REQUEUE_ENV = "TRELLIS_REQUEUE"
 # The restart count a job's processes see: 0 on its first run, n after n requeues.
 RESTART_COUNT_ENV = "TRELLIS_RESTART_COUNT"
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
@@ -58,26 +53,9 @@ class Verdict:
         return JobState.QUEUED if self.requeue else JobState.NODE_LOST
 
 
-def requeue_wanted(spec: JobSpec) -> bool | None:
-    """The job's own word (``TRELLIS_REQUEUE``), or None when it gave none (the master's
-    default applies). Raises ValueError, naming the job, for a value that is neither."""
-    value = spec.env.get(REQUEUE_ENV)
-    if value is None:
-        return None
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"job {spec.name}: env {REQUEUE_ENV} must be 1/0, true/false, yes/no or "
-                     f"on/off, got {value!r}")
-
-
 def _wanted(spec: JobSpec) -> bool | None:
-    try:
-        return requeue_wanted(spec)
-    except ValueError:  # refused at submission; a job journalled before keeps the default
-        return None
+    """The job's own word, or None when it gave none (the master's default applies)."""
+    return spec.stop.requeue
 
 
 def may_requeue(spec: JobSpec, rules: RequeueRules) -> bool:

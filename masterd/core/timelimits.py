@@ -36,7 +36,7 @@ def deadlines(spec: JobSpec, start: float) -> Deadlines:
     if limit is None:
         return Deadlines(None, None)
     stop_at = start + limit
-    warning = spec.warning
+    warning = spec.stop.warning
     warn_at = None if warning is None else max(start, stop_at - warning.seconds)
     return Deadlines(warn_at, stop_at)
 
@@ -53,9 +53,10 @@ def end_by_limit(job: Job, now: float) -> float:
 
 
 def grace_for(spec: JobSpec, stop_grace_s: float, max_grace_s: float) -> float:
-    """SIGTERM-to-SIGKILL grace of a job: its own ``grace_s`` (0 allowed), else the master's
-    ``stop_grace_s``, either capped at ``max_grace_s``."""
-    wanted = stop_grace_s if spec.grace_s is None else spec.grace_s
+    """SIGTERM-to-SIGKILL grace of a job: its own ``stop.grace_s`` (0 allowed), else the
+    master's ``stop_grace_s``, either capped at ``max_grace_s``."""
+    own = spec.stop.grace_s
+    wanted = stop_grace_s if own is None else own
     return min(wanted, max_grace_s)
 
 

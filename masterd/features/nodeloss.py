@@ -10,7 +10,7 @@ unanswered: 1.5 × ``node_heartbeat_s`` after the last data came from the node):
    session the heartbeat ended) it is ``down``: the ``node_down``
    row (and the ``nodes_down`` table's row) is journalled first. Then every job with a live
    part there is settled by masterd/core/failures.py: requeued if it may be (its
-   ``TRELLIS_REQUEUE``, else ``requeue_default``) and has not been requeued
+   ``stop.requeue``, else ``requeue_default``) and has not been requeued
    ``max_requeues`` times, else ended ``node_lost`` with a reason naming the node. The
    lost part counts as exited; the job's parts on healthy nodes are stopped first (SIGTERM,
    SIGKILL after the job's grace) and the job is queued again (or ends) once they exited
@@ -34,13 +34,12 @@ from masterd.core.failures import (
     RequeueRules,
     jobs_on_node,
     node_lost_cause,
-    requeue_wanted,
     verdict,
 )
 from masterd.core.scheduler import JobError
 from masterd.journal.failures import clear_down, load_down, save_down
 from masterd.runtime.context import FeatureContext
-from shared.model import JobSpec, JobState
+from shared.model import JobState
 
 log = logging.getLogger("trellis.master.nodeloss")
 
@@ -60,7 +59,6 @@ class NodeLoss:
         self.requeued = 0
         self.ended = 0
         events = ctx.events
-        events.submitting.subscribe(self.check)
         events.node_disconnected.subscribe(self.disconnected)
         events.node_ready.subscribe(self.returned)
         events.restored.subscribe(self.restored)
@@ -68,14 +66,6 @@ class NodeLoss:
 
     def rules(self) -> RequeueRules:
         return RequeueRules.of(self.ctx.config())
-
-    @staticmethod
-    def check(spec: JobSpec) -> None:
-        """Refuse a job whose TRELLIS_REQUEUE cannot be read (at submission, not at a loss)."""
-        try:
-            requeue_wanted(spec)
-        except ValueError as exc:
-            raise JobError("invalid_job", str(exc)) from None
 
     def status(self, node: str) -> str | None:
         return DOWN if node in self.down else None

@@ -185,7 +185,7 @@ class TimeLimits:
             log.debug("job=%s not stopped at its limit: %s", job.id, exc)
 
     async def _warn(self, job: Job) -> None:
-        warning = job.spec.warning
+        warning = job.spec.stop.warning
         if warning is None or job.stopping:
             return
         nodes = [n for n, s in job.node_states.items() if s == "running"]

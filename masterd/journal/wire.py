@@ -23,6 +23,7 @@ NO_PLACEMENT_VIEW: dict[str, Any] = {"nodes": [], "placement": []}
 
 def spec_view(spec: JobSpec) -> dict[str, Any]:
     """What an RPC job view shows of the spec."""
+    stop = spec.stop
     return {
         "name": spec.name,
         "kind": spec.kind.value,
@@ -33,11 +34,13 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "memory_mib": spec.memory_mib,
         "command": list(spec.command),
-        # Time limit in seconds (None: none), its warning ("[B:]SIG@SECONDS") and the grace
-        # the job asked for (None: the master's stop_grace_s).
+        # Time limit in seconds (None: none), its warning ("[B:]SIG@SECONDS"), the grace
+        # the job asked for (None: the master's stop_grace_s) and whether it may be requeued
+        # after a failure (None: the master's requeue_default): the spec's stop, flat.
         "time_limit_s": spec.time_limit_s,
-        "warning": None if spec.warning is None else format_signal(spec.warning),
-        "grace_s": spec.grace_s,
+        "warning": None if stop.warning is None else format_signal(stop.warning),
+        "grace_s": stop.grace_s,
+        "requeue": stop.requeue,
         "priority": spec.priority,
         # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none)
         # and the array it is a task of ({id, index}, or nil).

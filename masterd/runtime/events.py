@@ -21,8 +21,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from masterd.core.fencing import Judgement
 from masterd.core.scheduler import JobError, Transition
-from shared.messages import CorePlan, GpuHealth, Hello, JobMetric, JobReport
+from shared.messages import CorePlan, GpuHealth, Hello, JobExited, JobMetric, JobReport
 from shared.model import Job, JobSpec, NodeAllocation, NodeInventory
+from shared.nodelease import LeaseTerms
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -157,6 +158,18 @@ def _no_status(node: str) -> str | None:
     return None
 
 
+def _no_lease() -> LeaseTerms | None:
+    return None
+
+
+def _not_requeued(job: Job) -> bool:
+    return False
+
+
+async def _not_settled(node: str, exited: JobExited) -> bool:
+    return False
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
@@ -245,3 +258,16 @@ class MasterEvents:
     # A node reported a GPU's health changed, and the master applied it (node, event).
     gpu_health: AsyncSignal[[str, GpuHealth]] = field(
         default_factory=lambda: AsyncSignal("gpu_health"))
+    # The node lease (masterd.features.selffence): the terms the ack of a node's hello
+    # carries (None: none, and nodes stop nothing on their own) ...
+    node_lease: Provider[[], LeaseTerms | None] = field(
+        default_factory=lambda: Provider("node_lease", _no_lease))
+    # ... whether the master would requeue a job being launched if a node of it were lost
+    # (each of its parts is launched requeue_if_lost) ...
+    requeue_if_lost: Provider[[Job], bool] = field(
+        default_factory=lambda: Provider("requeue_if_lost", _not_requeued))
+    # ... and a part a node stopped on its own, cut off from every master (node, its exit):
+    # True when the job was settled as after a node loss and nothing more is to be recorded
+    # of that exit; False: the master handles it as any exit.
+    part_fenced: Provider[[str, JobExited], Awaitable[bool]] = field(
+        default_factory=lambda: Provider("part_fenced", _not_settled))

@@ -26,6 +26,7 @@ from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
+from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
 from shared.config import MasterConfig
@@ -54,6 +55,9 @@ class Features:
     gpufaults: GpuFaults
     # Fencing to the node: stale epochs and incarnations, a node returning different.
     fencing: Fencing
+    # The node lease: a node cut off from every master stops the parts the master would
+    # requeue elsewhere, before the master does.
+    leases: NodeLeases
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -79,5 +83,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
-                        gpufaults=GpuFaults(ctx), fencing=Fencing(ctx))
+                        gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
+                        leases=NodeLeases(ctx))
     return features, policy

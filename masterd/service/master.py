@@ -51,6 +51,7 @@ from shared.messages import (
     GpuHealth,
     GpuUtil,
     Hello,
+    HelloAck,
     JobExited,
     JobMetric,
     JobReport,
@@ -77,6 +78,12 @@ def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
     the message, and the same on every node and every retry)."""
     return {f.name: spec if f.name == "spec" else encode(getattr(message, f.name))
             for f in fields(message)}
+
+
+def _exit_of(report: JobReport) -> JobExited:
+    """An exited part, as a node's hello reports it, as the event of its exit."""
+    return JobExited(report.job_id, report.exit_code, report.signal, reason=report.reason,
+                     restarts=report.restarts, fenced=report.fenced)
 
 
 class UserCache:
@@ -544,10 +551,15 @@ class Master:
             await self._persist([job], [(now, job.id, None, "placed", detail)])
             nnodes = len(placement.allocations)
             spec = self.journal.wire.spec(job)  # encoded at submission, reused here
+            # What a node cut off from every master needs to stop the part on its own before
+            # the master requeues it elsewhere (the node lease, masterd.features.selffence).
+            grace = grace_for(job.spec, self.config.stop_grace_s, self.config.max_grace_s)
+            requeue_if_lost = self.events.requeue_if_lost(job)
             prepares = [
                 self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.events.core_plan(job, a), restarts=job.restarts), spec))
+                    cores=self.events.core_plan(job, a), restarts=job.restarts,
+                    grace_s=grace, requeue_if_lost=requeue_if_lost), spec))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)
@@ -800,6 +812,11 @@ class Master:
         self.events.node_ready.emit(name)
         self.request_pass()
 
+    def hello_ack(self) -> dict[str, Any]:
+        """The body of a hello's ack: the epoch this master leads at and the node lease
+        (shared.messages.HelloAck)."""
+        return encode(HelloAck(epoch=self.leadership.epoch, lease=self.events.node_lease()))
+
     def check_hello(self, hello: Hello) -> None:
         """Refuse a node's hello before its session opens (ProtocolError: its code and
         sentence go back to the node)."""
@@ -816,6 +833,9 @@ class Master:
             job = self.core.jobs.get(report.job_id)
             judged = judge_part(job, report.job_id, node, report.restarts)
             if not judged.mine:
+                if report.fenced and report.state == "exited":
+                    # Stopped by its node on its own (the node lease): journalled as such.
+                    await self.events.part_fenced(node, _exit_of(report))
                 # Not the master's incarnation here: the fencing feature stops or forgets it.
                 await self.events.stray_part.emit(node, report, judged)
                 continue
@@ -827,8 +847,7 @@ class Master:
                 if job.stopping:
                     self.tasks.spawn(self._stop_part(job.id, node, job.reason))
             elif report.state == "exited":
-                await self._on_exited(node, JobExited(report.job_id, report.exit_code,
-                                                      report.signal, restarts=report.restarts))
+                await self._on_exited(node, _exit_of(report))
             elif report.state == "prepared" and job.id not in self._launching:
                 # A launch the master did not finish (it restarted between the phases).
                 await self._abort_launch(job, "the master restarted during the launch")
@@ -874,6 +893,10 @@ class Master:
             await self._persist([job], [(self.clock(), job_id, node, "part_started", {})])
 
     async def _on_exited(self, node: str, event: JobExited) -> None:
+        if event.fenced and await self.events.part_fenced(node, event):
+            # Its node stopped it on its own, and the job was settled as after a node loss.
+            self.tasks.spawn(self._forget(node, event.job_id, event.restarts))
+            return
         running = self.core.jobs.get(event.job_id)
         if running is not None and (event.restarts != running.restarts
                                     or node not in running.node_states):

@@ -142,10 +142,17 @@ class UsageCollector:
     async def _final(self, track: _Track) -> None:
         net = await self._net(track.job_id)
         await self._report(track, net, final=True)
+        # A newer part of the same job (requeued onto this node) may have started while the
+        # report was sent: the counters and accounting group of that name are its own now,
+        # and removing them would keep its shim from joining (or counting) them.
+        if track.job_id in self.tracks:
+            return
         if self.counters is not None and track.v2_path is not None:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(
                     None, self.counters.forget, track.job_id)
+        if track.job_id in self.tracks:
+            return
         if self.accounting is not None and not self.accounting.remove(track.job_id):
             self._unremoved.add(track.job_id)
 
@@ -180,7 +187,8 @@ class UsageCollector:
             if report > 0 and now - track.last_report >= report:
                 await self._report(track, await self._net(track.job_id), final=False)
         for job_id in list(self._unremoved):
-            if self.accounting is None or self.accounting.remove(job_id):
+            if (job_id in self.tracks  # a newer part of the job uses that group now
+                    or self.accounting is None or self.accounting.remove(job_id)):
                 self._unremoved.discard(job_id)
 
     # -- sampling ------------------------------------------------------------------------

@@ -35,8 +35,13 @@ def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
 
 def test_a_killed_node_is_lost_and_its_jobs_requeued_or_ended(make_cluster,
                                                               shared_dir: Path) -> None:
+    # node_lost_s as short as the node lease allows (node_grace_s + max_grace_s + 1.5 x
+    # node_heartbeat_s + node_fence_margin_s); the node is killed, so stops nothing itself.
     cluster: LocalCluster = make_cluster(nodes=2, gpus_per_node=2, node_grace_s=1.0,
-                                         extra_master={"node_lost_s": 3.0})
+                                         extra_master={"node_lost_s": 5.0,
+                                                       "node_heartbeat_s": 1.0,
+                                                       "max_grace_s": 1.0,
+                                                       "node_fence_margin_s": 0.5})
     marks = shared_dir / "marks"
     marks.mkdir()
     os.chmod(marks, 0o777)

@@ -18,6 +18,8 @@ from control.submit import ARRAY_INDEX_ENV, jobs_from_args, parse_array
 from control.usage import UsageError
 from control.views import show_job
 from control.yamlout import dump
+from shared.model import JobSpec, StopRules
+from shared.schema import decode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,13 +225,21 @@ def test_file_of_jobs(tmp_path: Path) -> None:
         jobs_from_args(parse("submit", "-f", str(listed), "--array", "0-1"))
 
 
-def test_requeue_flags_reach_the_jobs_environment(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag, value in (("--requeue", "1"), ("--no-requeue", "0")):
+def test_requeue_flags_become_the_specs_stop_rule(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for flag, value in (("--requeue", True), ("--no-requeue", False)):
         args = parse("submit", flag, "--gpus", "1", "--env", "A=1", "--", "train")
         [job], _ = jobs_from_args(args)
-        assert job["env"] == {"A": "1", "TRELLIS_REQUEUE": value}
+        assert job["stop"] == {"requeue": value} and job["env"] == {"A": "1"}
+        assert decode(JobSpec, job).stop == StopRules(requeue=value)
     [job], _ = jobs_from_args(parse("submit", "--gpus", "1", "--", "train"))
-    assert "env" not in job or "TRELLIS_REQUEUE" not in job["env"]
+    assert "stop" not in job and decode(JobSpec, job).stop == StopRules()
+    # A file's stop rules are merged with the command line's, key by key.
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"command": ["train"], "gpus": 1,
+                                "stop": {"grace_s": 60, "requeue": True}}))
+    [job], _ = jobs_from_args(parse("submit", "-f", str(path), "--no-requeue"))
+    assert job["stop"] == {"grace_s": 60, "requeue": False}
     with pytest.raises(SystemExit) as exit_:
         parse("submit", "--requeue", "--no-requeue", "--", "train")
     assert exit_.value.code == 2

@@ -9,13 +9,13 @@ from masterd.core.failures import (
     RequeueRules,
     jobs_on_gpu,
     jobs_on_node,
-    requeue_wanted,
+    may_requeue,
     verdict,
 )
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore
-from shared.model import JobState
+from shared.model import JobState, StopRules
 from shared.xid import XidClass, classify, is_fatal, xid_reason
 from tests.unit.helpers import inventory, job
 
@@ -50,7 +50,7 @@ def test_a_job_is_requeued_by_default_and_counts_its_restart() -> None:
 
 
 def test_no_requeue_and_the_masters_default_end_it_node_lost() -> None:
-    own = job("own", t=0, env={"TRELLIS_REQUEUE": "0"})
+    own = job("own", t=0, stop=StopRules(requeue=False))
     found = verdict(own, "node a lost", RequeueRules(True, 5))
     assert not found.requeue and found.end_as is JobState.NODE_LOST
     assert found.reason == "node a lost; the job may not be requeued (--no-requeue)"
@@ -58,7 +58,7 @@ def test_no_requeue_and_the_masters_default_end_it_node_lost() -> None:
     found = verdict(plain, "node a lost", RequeueRules(False, 5))
     assert not found.requeue and "(requeue_default = false)" in found.reason
     # The job's own word wins over the default, both ways.
-    wants = job("wants", t=0, env={"TRELLIS_REQUEUE": "yes"})
+    wants = job("wants", t=0, stop=StopRules(requeue=True))
     assert verdict(wants, "x", RequeueRules(False, 5)).requeue
 
 
@@ -72,16 +72,14 @@ def test_max_requeues_caps_the_restarts() -> None:
     assert not verdict(job("k", t=0), "x", RequeueRules(True, 0)).requeue
 
 
-def test_requeue_env_values() -> None:
-    for text, wanted in (("1", True), ("on", True), ("TRUE", True), (" no ", False),
-                         ("off", False)):
-        assert requeue_wanted(job("j", t=0, env={"TRELLIS_REQUEUE": text}).spec) is wanted
-    assert requeue_wanted(job("j", t=0).spec) is None
-    with pytest.raises(ValueError, match=r"job j: env TRELLIS_REQUEUE must be 1/0.*'maybe'"):
-        requeue_wanted(job("j", t=0, env={"TRELLIS_REQUEUE": "maybe"}).spec)
-    # A journalled job whose value cannot be read (refused today) falls back to the default.
-    odd = job("odd", t=0, env={"TRELLIS_REQUEUE": "maybe"})
-    assert not verdict(odd, "x", RequeueRules(False, 5)).requeue
+def test_the_jobs_stop_rule_or_the_masters_default_decides() -> None:
+    for wanted, default, expected in ((None, True, True), (None, False, False),
+                                      (True, False, True), (False, True, False)):
+        spec = job("j", t=0, stop=StopRules(requeue=wanted)).spec
+        assert may_requeue(spec, RequeueRules(default, 5)) is expected
+    # An environment variable of the old name means nothing to the master any more.
+    env = job("j", t=0, env={"TRELLIS_REQUEUE": "0"})
+    assert verdict(env, "x", RequeueRules(True, 5)).requeue
 
 
 # -- SchedulingCore.requeue ----------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from masterd.api.rpc import Rpc
 from masterd.service.master import Master
 from shared.messages import GpuHealth, Hello, JobReport
-from shared.model import JobSpec, JobState
+from shared.model import JobSpec, JobState, StopRules
 from shared.protocol import ProtocolError
 from tests.unit.helpers import inventory
 from tests.unit.master_fakes import Clock, FakeSession, exited, make_master, started, until
@@ -100,7 +100,7 @@ async def test_the_healthy_parts_are_stopped_before_the_job_is_requeued(tmp_path
 async def test_a_no_requeue_job_ends_node_lost_naming_the_node(tmp_path: Path) -> None:
     master, sessions = make_master(tmp_path, Clock(), NODES)
     try:
-        job = await master.submit(spec("once", env={"TRELLIS_REQUEUE": "0"}))
+        job = await master.submit(spec("once", stop=StopRules(requeue=False)))
         [node] = await running(master, sessions, job.id)
         disconnect(master, sessions, node)
         await master.features.nodeloss.lose(node)
@@ -133,9 +133,13 @@ async def test_max_requeues_then_node_lost(tmp_path: Path) -> None:
 async def test_a_bad_requeue_value_is_refused_at_submission(tmp_path: Path) -> None:
     master, _ = make_master(tmp_path, Clock(), NODES)
     try:
-        with pytest.raises(Exception, match="TRELLIS_REQUEUE must be 1/0") as err:
-            await master.submit(spec("odd", env={"TRELLIS_REQUEUE": "later"}))
-        assert getattr(err.value, "code", "") == "invalid_job"
+        rpc = Rpc(master)
+        job = {"name": "odd", "command": ["train"], "user": "nobody", "gpus": 1,
+               "stop": {"requeue": "later"}}
+        with pytest.raises(ProtocolError) as err:
+            await rpc.call("submit", {"job": job})
+        assert err.value.code == "invalid_params"
+        assert err.value.message == "params.job.stop.requeue: must be true or false, got a string"
         assert not master.core.jobs
     finally:
         await master.close()
@@ -322,8 +326,11 @@ async def test_silence_counts_from_the_last_data_a_heartbeat_saw(tmp_path: Path)
     counts from then, on the master's real timer."""
     import time as wall
 
-    master, sessions = make_master(tmp_path, Clock(), NODES, node_grace_s=0.5,
-                                   node_lost_s=0.6, node_heartbeat_s=0.4)
+    # node_lost_s as short as the node lease allows: node_grace_s + max_grace_s + 1.5 x
+    # node_heartbeat_s + node_fence_margin_s.
+    master, sessions = make_master(tmp_path, Clock(), NODES, node_grace_s=0.1,
+                                   node_lost_s=0.7, node_heartbeat_s=0.4, max_grace_s=0,
+                                   node_fence_margin_s=0)
     try:
         job = await master.submit(spec("train", gpus=4, max_nodes=1))
         [node] = await running(master, sessions, job.id)
@@ -331,7 +338,7 @@ async def test_silence_counts_from_the_last_data_a_heartbeat_saw(tmp_path: Path)
         began = wall.monotonic()
         disconnect(master, sessions, node)
         await until("the node down", lambda: master.node_status(node) == "down", 5)
-        assert wall.monotonic() - began < 0.5  # the whole node_lost_s had passed already
+        assert wall.monotonic() - began < 0.5  # all but 0.1 s of node_lost_s had passed
         await until("the requeue", lambda: job.restarts == 1)
         assert master.features.nodeloss.silent_since[node] == master.clock() - 0.6
     finally:

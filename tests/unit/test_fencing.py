@@ -37,7 +37,7 @@ from shared.messages import (
     StalePart,
     StartJob,
 )
-from shared.model import JobKind, JobSpec, JobState, NodeAllocation, Placement
+from shared.model import JobKind, JobSpec, JobState, NodeAllocation, Placement, StopRules
 from shared.protocol import ProtocolError, encode_frame, error_body
 from shared.schema import encode
 from tests.unit.helpers import inventory, job, writer_sleep
@@ -232,7 +232,10 @@ def runner(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def prepare(restarts: int, spec: JobSpec = SPEC) -> PrepareJob:
-    return PrepareJob(job_id="j", spec=spec, allocation=ALLOC, restarts=restarts)
+    # The master sends the grace it computed from the spec (masterd.core.timelimits).
+    grace = spec.stop.grace_s
+    return PrepareJob(job_id="j", spec=spec, allocation=ALLOC, restarts=restarts,
+                      grace_s=10.0 if grace is None else grace)
 
 
 async def test_a_newer_incarnation_stops_the_older_part_first(runner: JobRunner) -> None:
@@ -244,7 +247,7 @@ async def test_a_newer_incarnation_stops_the_older_part_first(runner: JobRunner)
         exits.append((part.restarts, part.signal))
 
     runner.on_exited = on_exited
-    runner.prepare(prepare(0, dataclasses.replace(SPEC, grace_s=1.0)))
+    runner.prepare(prepare(0, dataclasses.replace(SPEC, stop=StopRules(grace_s=1.0))))
     with pytest.raises(JobRefused) as refused:
         runner.start(StartJob(job_id="j", master_addr="127.0.0.1", master_port=1, restarts=1))
     assert refused.value.code == "stale_incarnation"

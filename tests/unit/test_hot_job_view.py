@@ -23,16 +23,17 @@ SECOND = Placement((NodeAllocation("n3", (4, 5, 6), (8, 9, 10, 11, 12, 13), 2048
 def reference(job: Job) -> dict[str, Any]:
     """The view as job_view built it before the cache, written out independently."""
     spec = job.spec
+    stop = spec.stop
     placement = job.placement
     return {
         "id": job.id, "name": spec.name, "state": job.state.value, "kind": spec.kind.value,
         "tenant": spec.tenant, "user": spec.user, "qos": spec.qos.value, "gpus": spec.gpus,
         "cpus": spec.cpus, "memory_mib": spec.memory_mib, "command": list(spec.command),
         "time_limit_s": spec.time_limit_s,
-        "warning": None if spec.warning is None else
-        f"{'B:' if spec.warning.batch_only else ''}{spec.warning.signal[3:]}"
-        f"@{spec.warning.seconds}",
-        "grace_s": spec.grace_s,
+        "warning": None if stop.warning is None else
+        f"{'B:' if stop.warning.batch_only else ''}{stop.warning.signal[3:]}"
+        f"@{stop.warning.seconds}",
+        "grace_s": stop.grace_s, "requeue": stop.requeue,
         "submit_time": job.submit_time, "start_time": job.start_time,
         "end_time": job.end_time, "queued_s": job.queued_seconds,
         "exit_code": job.exit_code, "signal": job.signal, "reason": job.reason,
@@ -140,14 +141,14 @@ def test_no_placement_view_is_the_shared_empty_part() -> None:
 
 
 def test_a_time_limited_job_shows_its_limit_warning_grace_and_deadline() -> None:
-    from shared.model import WarnSignal
+    from shared.model import StopRules, WarnSignal
 
-    spec = replace(SPEC, time_limit_s=3600, grace_s=5.0,
-                   warning=WarnSignal("SIGUSR1", 120, batch_only=True))
+    spec = replace(SPEC, time_limit_s=3600, stop=StopRules(
+        grace_s=5.0, warning=WarnSignal("SIGUSR1", 120, batch_only=True), requeue=False))
     job = Job(id="j1", spec=spec, submit_time=5.0)
     view = check(job, WireCache())
-    assert (view["time_limit_s"], view["warning"], view["grace_s"], view["time_limit_at"]) == (
-        3600, "B:USR1@120", 5.0, None)
+    assert (view["time_limit_s"], view["warning"], view["grace_s"], view["requeue"],
+            view["time_limit_at"]) == (3600, "B:USR1@120", 5.0, False, None)
     job.state, job.placement, job.start_time = JobState.RUNNING, FIRST, 100.0
     assert check(job, WireCache())["time_limit_at"] == 3700.0
     job.state, job.end_time = JobState.TIMEOUT, 3700.0

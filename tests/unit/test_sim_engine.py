@@ -12,7 +12,7 @@ from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import FreePool, pack
 from masterd.core.policies import make_policy
 from masterd.core.policy import Decision, Preempt, Start
-from shared.model import Job, JobKind, JobSpec, QosClass
+from shared.model import Job, JobKind, JobSpec, QosClass, StopRules
 from sim.cluster import NodeGroup, build_cluster
 from sim.engine import FailureConfig, Outage, SimConfig, SimulationError, simulate
 from sim.metrics import summarise
@@ -184,7 +184,7 @@ def test_a_failure_requeues_by_the_masters_rules_keeping_the_place() -> None:
     nodes = build_cluster([NodeGroup(count=2, gpus_per_node=1, cpu_cores=2, sockets=1,
                                      gpus_per_switch=1, prefix="n")])
     once_spec = JobSpec(name="once", command=("x",), user="u", gpus=1, cpus=1,
-                        env={"TRELLIS_REQUEUE": "0"})
+                        stop=StopRules(requeue=False))
     jobs = [known_job("first", 0.0, 100.0),
             SimJob("once", once_spec, 1.0, TruthParams(known_duration=100.0, known_gpus=1)),
             known_job("second", 10.0, 10.0)]

@@ -121,8 +121,8 @@ def test_submit_options_become_spec_fields() -> None:
                  "--grace", "45", "--", "train")
     jobs, _ = jobs_from_args(args)
     assert jobs[0]["time_limit_s"] == 86400 + 7200
-    assert jobs[0]["warning"] == {"signal": "SIGUSR1", "seconds": 300, "batch_only": True}
-    assert jobs[0]["grace_s"] == 45.0
+    assert jobs[0]["stop"] == {"warning": {"signal": "SIGUSR1", "seconds": 300,
+                                           "batch_only": True}, "grace_s": 45.0}
     short = parse("submit", "-t", "5", "--cpus", "1", "--", "x")
     assert time_options(short) == {"time_limit_s": 300}
     assert time_options(parse("submit", "--", "x")) == {}

@@ -19,17 +19,17 @@ from masterd.core.timelimits import (
     over_maximum,
     stop_reason,
 )
-from shared.model import JobState, WarnSignal
+from shared.model import JobState, StopRules, WarnSignal
 from tests.unit.helpers import job
 
 
 def test_deadlines_count_from_the_start() -> None:
-    spec = job("a", time_limit_s=600, warning=WarnSignal("SIGUSR1", 60)).spec
+    spec = job("a", time_limit_s=600, stop=StopRules(warning=WarnSignal("SIGUSR1", 60))).spec
     assert deadlines(spec, 1000.0) == Deadlines(warn_at=1540.0, stop_at=1600.0)
-    assert deadlines(replace(spec, warning=None), 1000.0) == Deadlines(None, 1600.0)
+    assert deadlines(replace(spec, stop=StopRules()), 1000.0) == Deadlines(None, 1600.0)
     assert deadlines(replace(spec, time_limit_s=None), 1000.0) == Deadlines(None, None)
     # A warning asked for longer before the limit than the limit itself: at the start.
-    early = replace(spec, warning=WarnSignal("SIGUSR1", 6000))
+    early = replace(spec, stop=StopRules(warning=WarnSignal("SIGUSR1", 6000)))
     assert deadlines(early, 1000.0).warn_at == 1000.0
 
 
@@ -47,9 +47,10 @@ def test_end_by_limit() -> None:
 def test_grace_is_the_jobs_own_else_the_masters_capped() -> None:
     spec = job("a").spec
     assert grace_for(spec, stop_grace_s=10.0, max_grace_s=300.0) == 10.0
-    assert grace_for(replace(spec, grace_s=60.0), 10.0, 300.0) == 60.0
-    assert grace_for(replace(spec, grace_s=0.0), 10.0, 300.0) == 0.0  # 0 is a grace too
-    assert grace_for(replace(spec, grace_s=3000.0), 10.0, 300.0) == 300.0
+    assert grace_for(replace(spec, stop=StopRules(grace_s=60.0)), 10.0, 300.0) == 60.0
+    # 0 is a grace too
+    assert grace_for(replace(spec, stop=StopRules(grace_s=0.0)), 10.0, 300.0) == 0.0
+    assert grace_for(replace(spec, stop=StopRules(grace_s=3000.0)), 10.0, 300.0) == 300.0
     assert grace_for(spec, stop_grace_s=30.0, max_grace_s=5.0) == 5.0
 
 
@@ -111,4 +112,4 @@ def test_a_default_above_the_maximum_is_refused_with_the_keys_named() -> None:
                     max_time_limit_s=3600)
     config = load_config(MasterConfig, None, "master", default_time_limit_s=600)
     assert (config.default_time_limit_s, config.max_time_limit_s, config.max_grace_s) == (
-        600, 0, 300.0)
+        600, 0, 120.0)

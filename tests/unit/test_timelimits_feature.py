@@ -17,7 +17,7 @@ import pytest
 from masterd.core.scheduler import Transition
 from masterd.features.timelimits import TimeLimits
 from shared.messages import SignalJob
-from shared.model import Job, JobState, WaitReason, WarnSignal
+from shared.model import Job, JobState, StopRules, WaitReason, WarnSignal
 from tests.unit.feature_context import FeatureHarness
 from tests.unit.helpers import inventory, job
 
@@ -131,7 +131,7 @@ async def test_over_the_maximum_waits_until_updated_or_the_maximum_rises(h: Harn
 async def test_warning_then_timeout_at_their_times(h: Harness) -> None:
     feature = TimeLimits(h.ctx)
     running = await h.run(job("train", gpus=6, time_limit_s=600,
-                              warning=WarnSignal("SIGUSR1", 60, batch_only=True)))
+                              stop=StopRules(warning=WarnSignal("SIGUSR1", 60, batch_only=True))))
     assert len(running.node_states) == 2  # two parts: both are warned
     assert feature.schedule.next_time() == h.now + 540
 
@@ -200,7 +200,8 @@ async def test_a_job_that_ends_first_is_disarmed_and_a_stopping_job_is_left(h: H
 async def test_an_update_rearms_a_running_job(h: Harness) -> None:
     feature = TimeLimits(h.ctx)
     start = h.now
-    running = await h.run(job("long", time_limit_s=600, warning=WarnSignal("SIGUSR2", 100)))
+    running = await h.run(job("long", time_limit_s=600,
+                              stop=StopRules(warning=WarnSignal("SIGUSR2", 100))))
     h.now += 550  # warned at 500
     feature._fire()
     await h.settle()
@@ -222,8 +223,8 @@ async def test_an_update_rearms_a_running_job(h: Harness) -> None:
 async def test_restore_rearms_from_the_journalled_start(h: Harness) -> None:
     """After a restart the limit counts from the journalled start: a limit already past stops
     the job at once, and a warning in the journal is not sent again."""
-    late = job("late", time_limit_s=60, warning=WarnSignal("SIGUSR1", 30))
-    ok = job("ok", time_limit_s=3600, warning=WarnSignal("SIGUSR1", 30))
+    late = job("late", time_limit_s=60, stop=StopRules(warning=WarnSignal("SIGUSR1", 30)))
+    ok = job("ok", time_limit_s=3600, stop=StopRules(warning=WarnSignal("SIGUSR1", 30)))
     over = job("over", time_limit_s=7200)
     h.config = replace(h.config, max_time_limit_s=3600)
     for restored, start in ((late, h.now - 100), (ok, h.now - 3580)):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.service.master import Master
-from shared.model import JobSpec, JobState
+from shared.model import JobSpec, JobState, StopRules
 from shared.schema import decode, encode
 from tests.unit.master_fakes import Clock, make_master, started, until
 
@@ -51,10 +51,10 @@ async def test_every_stop_carries_the_jobs_grace_capped(tmp_path: Path) -> None:
     master, sessions = make_master(tmp_path, clock, {"g1": (4, 8)}, stop_grace_s=10,
                                    max_grace_s=5)
     try:
-        jobs = [await master.submit(spec("own", grace_s=2.0)),
-                await master.submit(spec("big", grace_s=100.0)),
+        jobs = [await master.submit(spec("own", stop=StopRules(grace_s=2.0))),
+                await master.submit(spec("big", stop=StopRules(grace_s=100.0))),
                 await master.submit(spec("none")),
-                await master.submit(spec("zero", grace_s=0.0))]
+                await master.submit(spec("zero", stop=StopRules(grace_s=0.0)))]
         await until("four launches", lambda: len(sessions["g1"].commands("start_job")) == 4)
         for job in jobs:
             await started(master, "g1", job.id)

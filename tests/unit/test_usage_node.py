@@ -166,3 +166,49 @@ async def test_heartbeat_only_mode_holds_events_until_the_beat() -> None:
     assert len(ws.frames) == 2
     stop.set()
     await beats
+
+
+async def test_a_part_requeued_onto_the_node_keeps_its_accounting_group(tmp_path: Path) -> None:
+    """The old part's last report is still being sent when the job's next incarnation starts
+    on the same node (a GPU failure's requeue): the group of the job's name is the new
+    part's, and is not removed from under it (its shim could not join it)."""
+    from noded.usage.acctgroup import AccountingGroups
+    from noded.usage.cgroupstat import Mounts
+    from noded.usage.collector import UsageCollector, UsageSettings
+
+    sending = asyncio.Event()
+    sent = asyncio.Event()
+
+    async def send(type_: str, body: dict[str, Any]) -> None:
+        sending.set()
+        await sent.wait()
+
+    class Cgroups:
+        def pids(self, job_id: str) -> list[int]:
+            return []
+
+    class Runner:
+        parts: dict[str, Any] = {}
+        attach_providers: list[Any] = []
+        cleanup_hooks: list[Any] = []
+        cgroups = Cgroups()
+
+    accounting = AccountingGroups(tmp_path, "n1")
+    collector = UsageCollector(Runner(), None, list, send,  # type: ignore[arg-type]
+                               UsageSettings(), accounting=accounting,
+                               mounts=Mounts(tmp_path, {}))
+    group = accounting.root / "train"
+    collector.attach("train")  # incarnation 0 starts
+    assert group.is_dir()
+    old = type("Part", (), {"job_id": "train"})()
+    collector.cleanup(old)  # ... exits; its final report is on its way
+    await asyncio.wait_for(sending.wait(), 5)
+    collector.attach("train")  # incarnation 1 starts meanwhile
+    sent.set()
+    await asyncio.wait_for(asyncio.gather(*collector._tasks), 5)
+    assert group.is_dir()
+    await collector.tick()  # nor later
+    assert group.is_dir()
+    collector.cleanup(old)  # the new part ends: now the group goes
+    await asyncio.wait_for(asyncio.gather(*collector._tasks), 5)
+    assert not group.exists()
