@@ -706,41 +706,23 @@ class Simulator:
         """Record a job's terminal transition (or resubmit it after a node failure)."""
         job = self.core.jobs[job_id]
         record = self._record_of[job_id]
-        if job.state is JobState.FINISHED:
-            record.end = self.now
-            record.state = "finished"
-            self._done += 1
-            if self.annotator is not None and job.start_time is not None:
-                self.annotator.finished(job, self.now - job.start_time)
-            self._dependency_ended(record.id, JobState.FINISHED)
-        elif job.state is JobState.FAILED:
-            record.end = self.now
-            record.state = "failed"
-            record.reason = job.reason
-            self._done += 1
-            self._dependency_ended(record.id, JobState.FAILED)
-        elif job.state is JobState.NODE_LOST:
-            record.end = self.now
-            record.state = "node_lost"
-            record.reason = job.reason
-            self._done += 1
-            self._dependency_ended(record.id, JobState.NODE_LOST)
-        elif job.state is JobState.QUEUED:
+        if job.state is JobState.QUEUED:
             # Preempted, its start failed, or requeued after a node failure: queued again.
             self._queued.add(job_id)
-        elif job.state is JobState.CANCELLED:
-            record.end = self.now
-            record.state = "cancelled"
+            return
+        if not job.state.terminal:
+            return
+        # Ended, in whichever state (finished, failed, cancelled, timeout, node_lost).
+        record.end = self.now
+        record.state = job.state.value
+        if job.state is JobState.FINISHED:
+            if self.annotator is not None and job.start_time is not None:
+                self.annotator.finished(job, self.now - job.start_time)
+        else:
             record.reason = job.reason
-            self._queued.discard(job_id)
-            self._done += 1
-            self._dependency_ended(record.id, JobState.CANCELLED)
-        elif job.state is JobState.TIMEOUT:
-            record.end = self.now
-            record.state = "timeout"
-            record.reason = job.reason
-            self._done += 1
-            self._dependency_ended(record.id, JobState.TIMEOUT)
+        self._queued.discard(job_id)
+        self._done += 1
+        self._dependency_ended(record.id, job.state)
 
     # -- observation ---------------------------------------------------------------------
     def _note_busy(self, t: float, change: int) -> None:
