@@ -10,6 +10,7 @@ which is also what a master restarted in the middle of a requeue finds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -28,19 +29,13 @@ from shared.model import GpuInfo, JobState, NodeInventory
 from shared.protocol import decode_frame, encode_frame
 from shared.schema import encode
 from tests.e2e.cli import ctl
+from tests.unit.helpers import wait_for as _wait_for
 
 USER = default_job_user()
 
 
-def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+# Each probe is an RPC or a process scan: five a second, not a hundred.
+wait_for = functools.partial(_wait_for, interval=0.2)
 
 
 def alive(pid: int) -> bool:
