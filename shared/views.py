@@ -12,6 +12,8 @@ against a newer master that added keys.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -218,28 +220,31 @@ def decode_view(cls: type[V], data: Any, path: str = "result") -> V:
 
 
 def _known(cls: Any, data: Any) -> Any:
-    if not (dataclasses.is_dataclass(cls) and isinstance(data, dict)):
+    if not isinstance(data, dict):
         return data
-    hints = _hints(cls)
-    return {k: _nested(hints[k], v) for k, v in data.items() if k in hints}
+    fields = _fields(cls)
+    return {k: v if fields[k] is None else _trim(fields[k], v)
+            for k, v in data.items() if k in fields}
 
 
-def _nested(hint: Any, value: Any) -> Any:
-    """Trim the maps inside ``value`` that a dataclass (alone, optional or in a tuple) reads."""
-    import typing
-
-    inner = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-    target = hint if dataclasses.is_dataclass(hint) else None
-    if target is None and inner and dataclasses.is_dataclass(inner[0]):
-        target = inner[0]
-    if target is None:
-        return value
+def _trim(target: Any, value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_known(target, v) for v in value]
     return _known(target, value)
 
 
-def _hints(cls: Any) -> dict[str, Any]:
-    import typing
-
-    return typing.get_type_hints(cls)
+@functools.cache
+def _fields(cls: Any) -> dict[str, Any]:
+    """Each field of dataclass ``cls`` with the dataclass its value holds (alone, optional
+    or in a tuple), or None. Worked out once per class: a listing decodes thousands of
+    views, and resolving type hints per view cost more than decoding it."""
+    out: dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        inner = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+        if dataclasses.is_dataclass(hint):
+            out[name] = hint
+        elif inner and dataclasses.is_dataclass(inner[0]):
+            out[name] = inner[0]
+        else:
+            out[name] = None
+    return out
