@@ -43,11 +43,10 @@ def priority_refusal(priority: int) -> str | None:
     return None
 
 
-def update_refusal(old: JobSpec, changes: Mapping[str, Any],
-                   default_limit_s: int | None = None) -> str | None:
+def update_refusal(old: JobSpec, changes: Mapping[str, Any]) -> str | None:
     """Why a user may not make these changes to their own job (None: they may): each must
-    lower what it changes, or leave it. ``default_limit_s``: the limit a job without its own
-    has (None: no limit)."""
+    lower what it changes, or leave it. A job's limit is its spec's (the master writes its
+    default in at submission); none at all is the longest there is."""
     qos = changes.get("qos")
     if qos is not None and QOS_RANK[QosClass(qos)] > QOS_RANK[old.qos]:
         return (f"qos {old.qos.value} -> {QosClass(qos).value} raises the job's class; a user "
@@ -58,7 +57,7 @@ def update_refusal(old: JobSpec, changes: Mapping[str, Any],
                 "job's priority")
     limit = changes.get("time_limit_s")
     if limit is not None:
-        current = old.time_limit_s if old.time_limit_s is not None else default_limit_s
+        current = old.time_limit_s
         if current is None:
             return None  # from no limit at all to one: lower
         if limit > current:

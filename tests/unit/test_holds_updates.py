@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def test_the_rules_themselves() -> None:
     assert update_refusal(spec, {"qos": QosClass.NORMAL}) is None
     assert update_refusal(spec, {"qos": QosClass.URGENT}) is not None
     assert update_refusal(spec, {"time_limit_s": 60}) is None  # from no limit to one
-    assert update_refusal(spec, {"time_limit_s": 60}, default_limit_s=30) is not None
+    assert update_refusal(replace(spec, time_limit_s=30), {"time_limit_s": 60}) is not None
     assert qos_refusal(QosClass.URGENT, "a", ["*"], []) is None
     assert qos_refusal(QosClass.PRIOR, "a", [], ["b"]) is not None
     assert qos_refusal(QosClass.NORMAL, "a", [], []) is None
