@@ -440,17 +440,22 @@ class SchedulingCore:
         """Cancel a job: at once if queued; running parts must be stopped on these nodes."""
         return self.stop(job_id, JobState.CANCELLED, reason, now)
 
+    def _unended(self, job_id: str) -> Job:
+        """The job, which must exist and not have ended (JobError otherwise)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobError("unknown_job", f"job {job_id!r} does not exist")
+        if job.state.terminal:
+            raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
+        return job
+
     def stop(self, job_id: str, end_as: JobState, reason: str, now: float
              ) -> tuple[Transition | None, list[str]]:
         """End a job in ``end_as`` (cancelled, timeout): at once if queued; a starting or
         running one once its parts, stopped on the nodes returned, have exited."""
         if not end_as.terminal:
             raise ValueError(f"a job cannot be stopped into {end_as.value}")
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise JobError("unknown_job", f"job {job_id!r} does not exist")
-        if job.state.terminal:
-            raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
+        job = self._unended(job_id)
         if job.state is JobState.QUEUED:
             if job_id in self._blocked:
                 del self._blocked[job_id]
@@ -475,11 +480,7 @@ class SchedulingCore:
         Journalled through ``end_as`` = queued, so a restarted master still requeues it.
         A queued job is left as it is; a job being stopped already keeps the end it was
         given (a cancel stands, a preempted job goes to the head of its array)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise JobError("unknown_job", f"job {job_id!r} does not exist")
-        if job.state.terminal:
-            raise JobError("job_finished", f"job {job_id} already ended ({job.state.value})")
+        job = self._unended(job_id)
         if job.state is JobState.QUEUED:
             return None, []
         live = [n for n, s in job.node_states.items() if s != "exited"]
