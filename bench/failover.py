@@ -25,7 +25,6 @@ the targets (takeover p99 <= 15 s, 0, 0) hold.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -33,18 +32,15 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
-import msgpack
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from demo.cluster import default_job_user  # noqa: E402
+from bench.rpc_burst import burst  # noqa: E402
 from demo.hacluster import HaCluster  # noqa: E402
 from demo.harness import exit_on_signals, run, scratch_dir  # noqa: E402
 from demo.pgserver import PgServer  # noqa: E402
-from shared.protocol import encode_rpc_request  # noqa: E402
 
 TAKEOVER_TARGET_S = 15.0
 
@@ -52,42 +48,6 @@ TAKEOVER_TARGET_S = 15.0
 def nearest_rank(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-async def burst(cluster: HaCluster, leader: int, ids: list[str], command: str, clients: int,
-                kill_after: int) -> tuple[set[str], float]:
-    """Submit ``ids`` to the leader; SIGKILL it after ``kill_after`` acknowledgements.
-    Returns the acknowledged ids and the kill's monotonic time."""
-    acked: set[str] = set()
-    killed_at = 0.0
-    pending = list(reversed(ids))
-    url = cluster.master_url(leader) + "/v1/rpc"
-    user = default_job_user()
-
-    async def client() -> None:
-        nonlocal killed_at
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-            while pending:
-                job_id = pending.pop()
-                job = {"name": job_id, "command": ["sh", "-c", command], "user": user,
-                       "gpus": 1}
-                body = encode_rpc_request("submit", {"job": job, "id": job_id}, job_id)
-                try:
-                    async with session.post(url, data=body) as r:
-                        reply = msgpack.unpackb(await r.read())
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    continue
-                if "result" in reply:
-                    acked.add(job_id)
-                    if len(acked) >= kill_after and not killed_at:
-                        killed_at = time.monotonic()
-                        cluster.kill_master(leader)
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-    if not killed_at:  # every submission was acknowledged before the threshold: kill now
-        killed_at = time.monotonic()
-        cluster.kill_master(leader)
-    return acked, killed_at
 
 
 def main() -> int:
@@ -134,7 +94,8 @@ def main() -> int:
                 leader = cluster.wait_leader(60)
                 ids = [f"r{round_}-{i:04d}" for i in range(args.per_round)]
                 got, killed_at = run(burst(cluster, leader, ids, command, args.clients,
-                                           args.per_round // 3))
+                                           args.per_round // 3,
+                                           lambda leader=leader: cluster.kill_master(leader)))
                 cluster.wait_leader(60, not_index=leader)
                 takeover = time.monotonic() - killed_at
                 takeovers.append(takeover)

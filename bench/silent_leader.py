@@ -30,7 +30,6 @@ master after it came back from silence while another led (read from the nodes' l
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -42,19 +41,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import aiohttp
-import msgpack
 import psycopg
 
+from bench.rpc_burst import burst
 from control.client import RpcError, Unreachable
 from demo.cluster import default_job_user
 from demo.hacluster import HaCluster
 from demo.harness import run
 from demo.netlab import NetLab
 from demo.pgserver import PgServer
-from shared.protocol import encode_rpc_request
 
 KINDS = ("freeze", "link", "drop")
 LEASE_S = 15.0  # the masters' default lease_s, which this benchmark keeps
@@ -78,55 +74,6 @@ class Trial:
     acked_s: float | None = None  # when the failover client had the job acknowledged
     back_wall: float = 0.0  # time.time() the old leader came back
     end_wall: float = 0.0  # time.time() the trial ended
-
-
-async def burst(cluster: HaCluster, leader: int, ids: list[str], command: str, clients: int,
-                silence_after: int, silence: Any) -> tuple[set[str], float]:
-    """Submit ``ids`` to the leader; call ``silence()`` after ``silence_after``
-    acknowledgements and stop submitting. Returns the acknowledged ids and the silence's
-    monotonic time. Requests left hanging on the silent leader are abandoned (not acked)."""
-    acked: set[str] = set()
-    silent_at = 0.0
-    pending = list(reversed(ids))
-    url = cluster.master_url(leader) + "/v1/rpc"
-    headers = {"Authorization": f"Bearer {cluster.tokens['admin']}"} if cluster.tokens else {}
-    user = default_job_user()
-    went_silent = asyncio.Event()
-
-    async def client() -> None:
-        nonlocal silent_at
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20),
-                                         headers=headers) as session:
-            while pending and not went_silent.is_set():
-                job_id = pending.pop()
-                job = {"name": job_id, "command": ["sh", "-c", command], "user": user,
-                       "gpus": 1}
-                body = encode_rpc_request("submit", {"job": job, "id": job_id}, job_id)
-                try:
-                    async with session.post(url, data=body) as r:
-                        reply = msgpack.unpackb(await r.read())
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    continue
-                if "result" in reply:
-                    acked.add(job_id)
-                    if len(acked) >= silence_after and not went_silent.is_set():
-                        silent_at = time.monotonic()
-                        silence()
-                        went_silent.set()
-
-    tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
-    finished = asyncio.ensure_future(asyncio.wait(tasks))
-    await asyncio.wait({finished, asyncio.ensure_future(went_silent.wait())},
-                       return_when=asyncio.FIRST_COMPLETED)
-    if not went_silent.is_set():  # all acknowledged before the threshold: silence now
-        silent_at = time.monotonic()
-        silence()
-        went_silent.set()
-    await asyncio.wait(tasks, timeout=1.0)  # what the leader answered before it went quiet
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return acked, silent_at
 
 
 def _wall(stamp: str) -> float:
