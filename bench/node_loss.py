@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.cluster import LocalCluster, default_job_user  # noqa: E402
-from demo.harness import exit_on_signals, scratch_dir, shielded  # noqa: E402
+from demo.harness import exit_on_signals, live_environs, scratch_dir, shielded  # noqa: E402
 
 GPUS_PER_NODE = 16
 HEARTBEAT_S = 2.0
@@ -164,31 +164,11 @@ def parts_by_job(prefix: str) -> dict[str, set[str]]:
 def runs_by_job(prefix: str) -> dict[str, set[tuple[str, str]]]:
     """Job id -> (restart count, node) of every live process of this run's jobs."""
     found: dict[str, set[tuple[str, str]]] = {}
-    for env in _environs():
-        job = env.get(b"TRELLIS_JOB_ID", b"").decode()
+    for env in live_environs():
+        job = env.get("TRELLIS_JOB_ID", "")
         if job.startswith(prefix):
             found.setdefault(job, set()).add((
-                env.get(b"TRELLIS_RESTART_COUNT", b"").decode(),
-                env.get(b"TRELLIS_NODE", b"").decode()))
-    return found
-
-
-def _environs() -> list[dict[bytes, bytes]]:
-    """The environment of every live (not zombie) process."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
-                           if b"=" in item)
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except (OSError, ValueError, IndexError):
-            continue
-        found.append(env)
+                env.get("TRELLIS_RESTART_COUNT", ""), env.get("TRELLIS_NODE", "")))
     return found
 
 

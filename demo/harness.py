@@ -228,3 +228,15 @@ def sweep_node(parent: str, state_dir: Path) -> None:
         kill_jobs(state_dir)
         remove_cgroups(parent, state_dir)
         sweep_usage(parent)
+
+
+def live_environs() -> list[dict[str, str]]:
+    """The environment of every live (not zombie) process this user may read: how a test or
+    a benchmark finds which job parts really run, whatever the daemons say."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["environ", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["environ"]:
+            found.append(proc.info["environ"])
+    return found

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.cluster import LocalCluster, default_job_user
+from demo.harness import live_environs
 from demo.netlab import NetLab
 from tests.conftest import needs_root
 from tests.e2e.cli import ctl as plain_ctl
@@ -61,22 +62,8 @@ def lines(path: Path) -> list[str]:
 
 def live_parts(job_id: str) -> set[str]:
     """The nodes where a live process of ``job_id`` runs (its TRELLIS_NODE), from /proc."""
-    found: set[str] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
-                           if b"=" in item)
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except (OSError, ValueError, IndexError):
-            continue
-        if env.get(b"TRELLIS_JOB_ID", b"").decode() == job_id:
-            found.add(env.get(b"TRELLIS_NODE", b"").decode())
-    return found
+    return {env.get("TRELLIS_NODE", "") for env in live_environs()
+            if env.get("TRELLIS_JOB_ID") == job_id}
 
 
 def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
