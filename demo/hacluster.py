@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from control.client import MasterClient, RpcError, Unreachable
 from control.failover import ATTEMPT_S, FailoverClient
 from demo.cluster import Daemon, LocalCluster, _toml, free_port
@@ -133,12 +135,23 @@ class HaCluster(LocalCluster):
     def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
         self.master_daemons[i].stop(sig)
 
-    def freeze_master(self, i: int) -> None:
+    def freeze_master(self, i: int, within_s: float = 10.0) -> list[int]:
         """SIGSTOP master ``i`` and its journal writer (its process group): a silent leader
-        whose kernel still accepts connections."""
+        whose kernel still accepts connections. Returns once every process of the group is
+        seen stopped (a signal is delivered asynchronously: on a busy machine a process can
+        still read as running just after ``killpg``), with their pids."""
         proc = self.master_daemons[i].proc
         assert proc is not None
         os.killpg(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + within_s
+        while True:
+            group = _group(proc.pid)
+            if group and all(state in STOPPED for state in group.values()):
+                return sorted(group)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"master{i}'s processes not all stopped after {within_s}s: "
+                                   f"{group}")
+            time.sleep(0.02)
 
     def resume_master(self, i: int) -> None:
         proc = self.master_daemons[i].proc
@@ -162,3 +175,16 @@ class HaCluster(LocalCluster):
             found = self.leader()
             name = f"master{found if found is not None else 0}"
         return super().log(name)
+
+
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def _group(pgid: int) -> dict[int, str]:
+    """The live processes of process group ``pgid`` and their states."""
+    group: dict[int, str] = {}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid:
+                group[proc.pid] = proc.status()
+    return group
