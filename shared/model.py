@@ -197,6 +197,45 @@ NO_STOP_RULES = StopRules()
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host path bound into a job's container (trellisctl submit --mount SRC:DST[:ro])."""
+
+    # The host path; it must lie under one of the node's [containers] allowed_mounts prefixes.
+    source: str = bounded(max_len=4096)
+    # Where the job sees it inside its container (an absolute path).
+    target: str = bounded(max_len=4096)
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How a job's processes are started and where their output goes: its container image,
+    a batch script sent with it, its output files and whether it runs on a terminal. Grouped
+    to keep JobSpec under 30 attributes; most jobs share NO_LAUNCH."""
+
+    # An OCI image reference (registry/name:tag or @sha256:...) the job runs in; None: on the
+    # host, fenced from GPUs it was not given by the device cgroup.
+    image: str | None = bounded(None, max_len=1024)
+    # Host paths bound into the container (only with an image).
+    mounts: tuple[Mount, ...] = bounded(default_factory=tuple, max_len=64)
+    # A batch script's content, sent with the job as sbatch sends it; the node writes it to
+    # the job's directory and runs it (command is then the script's arguments, after it).
+    script: str | None = bounded(None, max_len=1 << 20)
+    # Where the node writes the job's stdout (and stderr, unless `stderr` is set): a path
+    # pattern with Slurm's %j %x %A %a %u %N %%; None: the node's own job log only.
+    stdout: str | None = bounded(None, max_len=4096)
+    stderr: str | None = bounded(None, max_len=4096)
+    # Run on a pseudo-terminal allocated by the node (trellisctl run --pty).
+    pty: bool = False
+    # Also give the job Slurm's names for Trellis' variables (SLURM_JOB_ID, SLURM_PROCID, ...).
+    slurm_env: bool = False
+
+
+# A job launched as a plain host command: every spec without `launch` shares this one.
+NO_LAUNCH = LaunchSpec()
+
+
+@dataclass(frozen=True)
 class ArrayTask:
     """Which array a job is a task of (the array's id) and its index there."""
 
@@ -232,7 +271,8 @@ class JobSpec:
     # The Unix user the job runs as (never root unless the master allows it).
     user: str = bounded(pattern=UNIX_USER_PATTERN)
     kind: JobKind = JobKind.TRAINING
-    # Who the job is accounted to: quotas and fair shares are per tenant.
+    # The account the job is charged to (Slurm's --account): quotas, fair share and reports
+    # are per account.
     tenant: str = bounded("default", pattern=NAME_PATTERN)
     # GENIE's QoS class: urgent (as soon as possible), prior (its one-GPU latency), normal (twice).
     qos: QosClass = QosClass.NORMAL
@@ -287,6 +327,9 @@ class JobSpec:
     priority: int = bounded(0, min=-1_000_000, max=1_000_000)
     # The array the job is a task of, and its index there (trellisctl submit --array).
     array: ArrayTask | None = None
+    # Its image, batch script, output files and terminal (see LaunchSpec; grouped to keep the
+    # spec under 30 attributes).
+    launch: LaunchSpec = NO_LAUNCH
 
     def __post_init__(self) -> None:
         if not self.command:
