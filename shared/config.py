@@ -7,6 +7,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shared.accounts import Account, AccountError, AccountTree
 from shared.model import NAME_PATTERN, UNIX_USER_PATTERN
 from shared.nodelease import lease_problem
 from shared.schema import SchemaError, bounded, decode
@@ -189,8 +190,14 @@ class MasterConfig:
     lease_s: float = bounded(15.0, min=1, max=3600)
     renew_deadline_s: float = bounded(10.0, min=0.5, max=3600)
     retry_s: float = bounded(2.0, min=0.1, max=600)
+    # The account tree ([[master.accounts]], docs/governance.md); empty: accounts are off.
+    accounts: tuple[Account, ...] = bounded(default_factory=tuple, max_len=100_000)
 
     def __post_init__(self) -> None:
+        try:
+            AccountTree.of(self.accounts)
+        except AccountError as exc:
+            raise ValueError(str(exc)) from None
         if 0 < self.node_lost_s < self.node_grace_s:
             raise ValueError(f"node_lost_s ({self.node_lost_s:g}) is shorter than node_grace_s "
                              f"({self.node_grace_s:g}): a node is marked unreachable before "
