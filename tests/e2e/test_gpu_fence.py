@@ -58,8 +58,9 @@ def test_a_job_opens_only_its_own_gpus_and_the_fence_goes_with_it(
 
     for name, job_id in ids.items():
         cluster.wait_for(f"job {name} to finish", finished(job_id), timeout=60)
-    log = cluster.log(node)
-    assert "gpu_fence=devices" in log or "gpu_fence=bpf" in log, log[-3000:]
+    # noded says at start which fence it uses (the whole log: cluster.log gives its tail).
+    log = (cluster.root / f"{node}.log").read_text()
+    assert "gpu_fence=devices cgroups=v1" in log or "gpu_fence=bpf cgroups=v2" in log, log[:3000]
 
     every = {str(dev / "nvidia0"), str(dev / "nvidia1"), str(dev / "nvidiactl")}
     given = set()
@@ -82,3 +83,19 @@ def test_a_job_opens_only_its_own_gpus_and_the_fence_goes_with_it(
             assert not (devices / node / job_id).exists()
     assert {open_answer(path) for path in every} <= set(DRIVER_ABSENT)
     assert oct(os.stat(dev / "nvidia1").st_mode & 0o777) == "0o666"
+
+
+def test_without_the_fence_the_kernel_lets_a_job_reach_every_gpu(
+        make_cluster: Callable[..., LocalCluster], shared_dir: Path) -> None:
+    """The control: with gpu.fence = off the same probe reaches the other GPU's device file
+    (ENXIO from the absent driver), so the EPERM above is the fence's doing."""
+    cluster = make_cluster(nodes=1, gpus_per_node=2, node_sections={"gpu": {"fence": "off"}})
+    client = cluster.client()
+    node = cluster.node_name(1)
+    out = shared_dir / "unfenced.out"
+    job_id = client.call("submit", {"job": _probe_job("unfenced", 1, out)})["job"]["id"]
+    cluster.wait_for("the job to finish", lambda: client.call(
+        "job", {"id": job_id})["job"]["state"] in ("finished", "failed"), timeout=60)
+    assert "gpu_fence=off reason='gpu.fence = off'" in (cluster.root / f"{node}.log").read_text()
+    results = _results(out)
+    assert len(results) == 3 and set(results.values()) <= set(DRIVER_ABSENT), results
