@@ -306,3 +306,25 @@ def test_a_prepare_whose_fence_fails_is_refused_and_leaves_nothing(tmp_path: Pat
         assert "job-f" not in runner.parts
     finally:
         gpus.close()
+
+
+def test_a_prepared_part_is_fenced_and_fenced_again_when_re_adopted(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cgroups = detect_cgroups("trellis-test-fence", prefer="affinity",
+                             state_dir=state / "cgroups")
+    gpus = EmulatedGpuBackend(EmulatedGpuConfig(count=4, progress_dir=str(tmp_path / "p")))
+    user = "root" if os.geteuid() == 0 else __import__("getpass").getuser()
+    runner = JobRunner("n1", state, cgroups, gpus, allow_root_jobs=True, numa_of={0: 0})
+    recorder = FakeGroups(("devices", ""))
+    runner.gpu_fence = GpuFence("auto", recorder, FakeGpus())  # type: ignore[arg-type]
+    spec = JobSpec(name="t", command=("true",), user=user, kind=JobKind.TRAINING, gpus=2, cpus=1)
+    try:
+        runner.prepare(PrepareJob(job_id="job-r", spec=spec, grace_s=1.0,
+                                  allocation=NodeAllocation(node="n1", gpus=(1, 3), cpus=(0,))))
+        assert recorder.fenced["job-r"] == job_rules(NODES, (1, 3))
+        del recorder.fenced["job-r"]
+        runner._repin(runner.parts["job-r"])  # what adopt() does for a part still running
+        assert recorder.fenced["job-r"] == job_rules(NODES, (1, 3))
+    finally:
+        runner.stop("job-r", 0.0, "test over")
+        gpus.close()
