@@ -30,6 +30,7 @@ import psutil
 
 from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
+from noded.gpufence import GpuFence
 from noded.shim import write_atomic
 from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
@@ -128,6 +129,8 @@ class JobRunner:
         # Called as a part's processes are gone and before its groups are removed (the last
         # reading of what it used): part -> None.
         self.cleanup_hooks: list[Callable[[JobPart], None]] = []
+        # The GPU device fence each job's group gets before the job starts (noded/gpufence.py).
+        self.gpu_fence: GpuFence | None = None
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -179,6 +182,7 @@ class JobRunner:
         except (OSError, ValueError) as exc:
             shutil.rmtree(jobdir, ignore_errors=True)
             raise JobRefused("cgroup_failed", f"cannot create the job's cgroup: {exc}") from exc
+        self._fence(job_id, cmd, jobdir)
         part = JobPart(job_id, cmd, jobdir)
         port = free_port() if cmd.node_rank == 0 else 0
         write_atomic(jobdir / "prepare.json", {"prepare": encode(cmd), "port": port})
@@ -186,6 +190,20 @@ class JobRunner:
         log.info("job=%s prepared gpus=%s cpus=%s", job_id, list(cmd.allocation.gpus),
                  list(cmd.allocation.cpus))
         return {"port": port}
+
+    def _fence(self, job_id: str, cmd: PrepareJob, jobdir: Path) -> None:
+        """Fence the new group from the GPUs the job was not given; on failure nothing of the
+        part is left (its group included) and the prepare is refused."""
+        if self.gpu_fence is None:
+            return
+        try:
+            self.gpu_fence.apply(job_id, tuple(cmd.allocation.gpus))
+        except (OSError, ValueError, LookupError, RuntimeError) as exc:
+            with contextlib.suppress(OSError, ValueError, LookupError, RuntimeError):
+                self.cgroups.remove(job_id)
+            shutil.rmtree(jobdir, ignore_errors=True)
+            raise JobRefused("gpu_fence_failed", f"cannot fence job {job_id} from the GPUs "
+                             f"it was not given on {self.node}: {exc}") from exc
 
     def _supersede(self, part: JobPart, cmd: PrepareJob) -> None:
         """The master asks for incarnation ``cmd.restarts`` of a job this node holds a part
@@ -242,6 +260,8 @@ class JobRunner:
         noded was down (a group rewritten or lost, a process re-pinned) is put back."""
         try:
             self.cgroups.create(part.job_id, self._group_limits(part.prepare))
+            if self.gpu_fence is not None:
+                self.gpu_fence.apply(part.job_id, tuple(part.prepare.allocation.gpus))
             members = set(self.cgroups.pids(part.job_id))
             for pid in _job_processes(part):
                 if pid not in members:

@@ -33,6 +33,7 @@ from noded.gpu import open_backend
 from noded.gpu.base import GpuBackend
 from noded.gpu.emulated import EmulatedGpuConfig
 from noded.gpu.healthcheck import GpuHealthCheck
+from noded.gpufence import GpuFence
 from noded.inventory import cpu_topology, hostname, memory_mib, nics
 from noded.joblogs import LogReader
 from noded.jobs import JobRunner
@@ -147,6 +148,9 @@ def make_gpu_backend(config: NodeConfig) -> GpuBackend:
         progress_dir=str(Path(config.state_dir) / "gpu-progress"),
         # Emulated Xids for tests and the demo (noded.gpu.emulated.write_fault).
         fault_dir=str(Path(config.state_dir) / "gpu-faults"),
+        # Character devices 195:N standing in for /dev/nvidia* (root only; the device fence's
+        # proof on machines without GPUs).
+        dev_dir=gpu.dev_dir or str(Path(config.state_dir) / "gpu-dev"),
     )
     return open_backend(gpu.backend, emulated)
 
@@ -171,6 +175,8 @@ class NodeDaemon:
             numa_of={c.id: c.numa_node for c in self.cpus},
             log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
         )
+        # Hard GPU isolation: each job's group refuses the GPUs it was not given.
+        self.runner.gpu_fence = GpuFence(config.gpu.fence, self.cgroups, self.gpus)
         # Jobs' output for the master's read_log, and its removal after log_retention_h.
         self.logs = LogReader(self.runner, config.jobs.log_retention_h * 3600)
         headers, ssl_context = master_credentials(config)

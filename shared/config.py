@@ -258,6 +258,11 @@ class GpuConfig:
     health_check: tuple[str, ...] = bounded(default_factory=tuple, max_len=256)
     health_check_s: float = bounded(60.0, min=0.1, max=86400)
     health_check_timeout_s: float = bounded(30.0, min=0.1, max=3600)
+    # The GPU device fence (noded/gpufence.py, docs/gpu-isolation.md): auto (where the cgroups
+    # allow), devices (cgroup v1 devices controller), bpf (cgroup v2 device program), off.
+    fence: str = bounded("auto", pattern=r"auto|devices|bpf|off")
+    # Emulated GPUs: where their device files (195:N, nvidiactl) are made; "" = STATE_DIR/gpu-dev.
+    dev_dir: str = bounded("", max_len=4096)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger("trellis.kernelfs")
+
+T = TypeVar("T")
 
 
 class KernelWriteError(OSError):
@@ -89,3 +93,16 @@ class KernelWriter:
             return False
         self.log.info("kernel rmdir path=%s why=%s", full, what)
         return True
+
+    def on_dir(self, path: Path, action: Callable[[int], T], *, what: str) -> T:
+        """Run ``action`` on a directory descriptor of ``path`` (e.g. attaching a BPF program
+        to a cgroup: a kernel change that is no file write), checked and logged like one."""
+        full = self._check(path)
+        fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            result = action(fd)
+        finally:
+            os.close(fd)
+        self.writes += 1
+        self.log.info("kernel change path=%s why=%s", full, what)
+        return result

@@ -1,4 +1,5 @@
-"""CPU/memory confinement of job processes on a node: cgroup v1, cgroup v2 or CPU affinity.
+"""CPU/memory confinement of job processes on a node: cgroup v1, cgroup v2 or CPU affinity,
+and the GPU device fence on the same groups (``devrules``; v1 devices controller, v2 ``bpfdev``).
 
 ``detect_cgroups(parent, ...)`` returns a ``CgroupManager`` for this machine; every backend has
 the same interface (see ``base.CgroupManager``) and every cgroupfs write goes through

@@ -29,7 +29,14 @@ from noded.cgroups.base import (
     limits_summary,
     signal_members,
 )
-from noded.cgroups.errors import CgroupError, GroupBusyError, GroupNotFoundError, LimitsError
+from noded.cgroups.devrules import DeviceRules
+from noded.cgroups.errors import (
+    CgroupError,
+    CgroupUnavailableError,
+    GroupBusyError,
+    GroupNotFoundError,
+    LimitsError,
+)
 from noded.cgroups.limits import GroupLimits
 from shared.cpulist import format_cpu_list
 from shared.model import is_valid_name
@@ -289,6 +296,14 @@ class AffinityManager:
             )
         del self._jobs[job_id]
         self._save()
+
+    def fence_support(self) -> tuple[str, str]:
+        return "none", "CPU affinity confines no devices (the fence needs cgroups: run as root)"
+
+    def fence_devices(self, job_id: str, rules: DeviceRules) -> None:
+        raise CgroupUnavailableError(
+            f"job {job_id!r}: no GPU device fence without cgroups ({self.fence_support()[1]})"
+        )
 
     def remove_parent(self) -> None:
         if self._jobs:

@@ -8,12 +8,15 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from noded.cgroups.errors import CgroupError, GroupBusyError
 from noded.cgroups.limits import GroupLimits
 from shared.kernelfs import KernelWriteError, KernelWriter
 from shared.model import check_name
+
+if TYPE_CHECKING:
+    from noded.cgroups.devrules import DeviceRules
 
 log = logging.getLogger("trellis.cgroups")
 
@@ -73,6 +76,16 @@ class CgroupManager(Protocol):
 
     def remove_parent(self) -> None:
         """Remove our parent group; raises GroupBusyError while job groups remain."""
+        ...
+
+    def fence_support(self) -> tuple[str, str]:
+        """Which GPU device fence this backend enforces: ("devices", "") for cgroup v1's
+        devices controller, ("bpf", "") for a cgroup v2 device program, ("none", why not)."""
+        ...
+
+    def fence_devices(self, job_id: str, rules: DeviceRules) -> None:
+        """Make ``rules`` the job group's device fence (noded.cgroups.devrules); applying it
+        again is harmless. Raises CgroupUnavailableError where fence_support says none."""
         ...
 
 

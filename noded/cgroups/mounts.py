@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-V1_CONTROLLERS = ("cpuset", "cpu", "memory", "net_cls")
+# devices: the GPU device fence (noded/cgroups/devrules.py), a group per job like the others.
+V1_CONTROLLERS = ("cpuset", "cpu", "memory", "net_cls", "devices")
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 PROC_MOUNTS = Path("/proc/mounts")
 

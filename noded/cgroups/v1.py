@@ -35,6 +35,7 @@ from noded.cgroups.base import (
     signal_members,
     write_pid,
 )
+from noded.cgroups.devrules import DeviceRules, v1_deny_lines
 from noded.cgroups.errors import (
     CgroupUnavailableError,
     GroupBusyError,
@@ -288,6 +289,24 @@ class V1CgroupManager:
                 f"job {job_id} removed",
                 "a process joined while removing, or a child group exists",
             )
+
+    def fence_support(self) -> tuple[str, str]:
+        if "devices" in self.mounts:
+            return "devices", ""
+        return "none", "the cgroup v1 devices controller is not mounted"
+
+    def fence_devices(self, job_id: str, rules: DeviceRules) -> None:
+        self._require(job_id)
+        if "devices" not in self.mounts:
+            raise CgroupUnavailableError(
+                f"job {job_id!r} needs a GPU device fence but the v1 devices controller is "
+                "not mounted"
+            )
+        # One rule per write: the kernel parses one per write(2). The group starts from its
+        # parent's "allow all", so the deny lines are the whole fence (see devrules).
+        deny = self._dir("devices", job_id) / "devices.deny"
+        for line in v1_deny_lines(rules):
+            self.writer.write(deny, line, what=f"job {job_id} GPU device fence", compare=False)
 
     def remove_parent(self) -> None:
         jobs = self.list_jobs()

@@ -28,6 +28,7 @@ import logging
 import os
 from pathlib import Path
 
+from noded.cgroups import bpfdev
 from noded.cgroups.base import (
     check_job,
     check_parent,
@@ -41,6 +42,7 @@ from noded.cgroups.base import (
     signal_members,
     write_pid,
 )
+from noded.cgroups.devrules import DeviceRules
 from noded.cgroups.errors import (
     CgroupUnavailableError,
     GroupBusyError,
@@ -281,6 +283,15 @@ class V2CgroupManager:
                 members,
             )
         rmdir_group(self.writer, group, f"job {job_id} removed", "a process joined while removing")
+
+    def fence_support(self) -> tuple[str, str]:
+        problem = bpfdev.probe()
+        return ("none", problem) if problem else ("bpf", "")
+
+    def fence_devices(self, job_id: str, rules: DeviceRules) -> None:
+        group = self._require(job_id)
+        self.writer.on_dir(group, lambda fd: bpfdev.fence(fd, rules),
+                           what=f"job {job_id} GPU device fence (device program)")
 
     def remove_parent(self) -> None:
         jobs = self.list_jobs()

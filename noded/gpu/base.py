@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from noded.gpu.devices import GpuDeviceNodes
 from shared.model import GpuInfo
 
 # Re-exported: the Xid catalogue (application, fatal and other Xids, names) lives in
@@ -110,6 +111,12 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def device_nodes(self) -> GpuDeviceNodes:
+        """The GPUs' device files (by GPU index), the control files every GPU job needs and
+        the driver's user-space libraries: what the GPU device fence and a container's CDI
+        spec are made from (noded.gpu.devices)."""
+        ...
 
 
 def check_topology(matrix: Topology, count: int) -> None:

@@ -44,6 +44,8 @@ from noded.gpu.base import (
     switch_groups,
 )
 from noded.gpu.declared import MEMORY_FILE_NAME, UTIL_FILE_NAME, read_declared
+from noded.gpu.devices import GpuDeviceNodes
+from noded.gpu.emudevices import make_device_files
 from noded.gpu.health import HealthTracker
 from noded.gpu.progress import PROGRESS_ENV, PROGRESS_FILE_NAME, ProgressMeter
 from shared.model import GpuInfo, check_name
@@ -53,6 +55,8 @@ log = logging.getLogger("trellis.gpu.emulated")
 
 # Fixed namespace so the same seed gives the same UUIDs on every run and every machine.
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "trellis:emulated-gpu")
+# Names the directory of the emulated GPUs' device files in a job's environment.
+DEV_DIR_ENV = "TRELLIS_EMULATED_DEV_DIR"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,9 @@ class EmulatedGpuConfig:
     min_rate_interval_s: float = bounded(1.0, min=0, max=3600)
     # Where Xid faults are dropped for a running daemon to raise (None: nowhere).
     fault_dir: str | None = bounded(None, max_len=4096)
+    # Where the GPUs' device files are created (character devices 195:N and nvidiactl 195:255,
+    # noded.gpu.emudevices; needs root); None: the emulated GPUs have no device files.
+    dev_dir: str | None = bounded(None, max_len=4096)
 
     def __post_init__(self) -> None:
         if not self.model.strip():
@@ -209,6 +216,9 @@ class EmulatedGpuBackend:
         # Job users must reach their own directory but need not list the others.
         os.chmod(self._progress_root, 0o711)
         self._progress_dirs: dict[str, Path] = {}
+        # Left in place on close: jobs outlive a restart of the daemon and keep using them.
+        self._device_nodes = (make_device_files(cfg.dev_dir, cfg.count) if cfg.dev_dir
+                              else GpuDeviceNodes({}))
         log.info(
             "gpu_backend=emulated count=%d model=%s switches=%d numa_nodes=%d progress_dir=%s",
             cfg.count, cfg.model, len(set(self._switch)), cfg.numa_nodes, self._progress_root,
@@ -235,6 +245,10 @@ class EmulatedGpuBackend:
             for i in range(cfg.count)
         )
         return gpus, self._topology
+
+    def device_nodes(self) -> GpuDeviceNodes:
+        """The emulated GPUs' device files in ``dev_dir`` (none without one)."""
+        return self._device_nodes
 
     # -- telemetry ---------------------------------------------------------------------------
 
@@ -351,7 +365,11 @@ class EmulatedGpuBackend:
                 self._progress_dirs[job_id] = path
             if owner_uid is not None:
                 os.chown(path, owner_uid, -1)
-        return {PROGRESS_ENV: str(path / PROGRESS_FILE_NAME)}
+        env = {PROGRESS_ENV: str(path / PROGRESS_FILE_NAME)}
+        if self._device_nodes.gpus:
+            # Where this machine's stand-in for /dev/nvidia* is, for jobs (and probes) to open.
+            env[DEV_DIR_ENV] = str(self.config.dev_dir)
+        return env
 
     def job_started(self, job_id: str, gpus: tuple[int, ...], pids: tuple[int, ...]) -> None:
         check_name(job_id, "job id")

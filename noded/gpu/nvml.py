@@ -35,8 +35,10 @@ from noded.gpu.base import (
     switch_groups,
     xid_reason,
 )
+from noded.gpu.devices import GpuDeviceNodes
 from noded.gpu.health import HealthTracker
 from noded.gpu.numa import affinity_node, mask_words
+from noded.gpu.nvdevices import PROC_DEVICES, nvidia_device_nodes, read_proc_devices, run_ldconfig
 from shared.model import GpuInfo
 
 log = logging.getLogger("trellis.gpu.nvml")
@@ -122,6 +124,9 @@ class NvmlGpuBackend:
         *,
         ignored_xids: frozenset[int] = APPLICATION_XIDS,
         sys_root: str | Path = "/sys",
+        proc_devices: Path = PROC_DEVICES,
+        ldconfig: Callable[[], str] = run_ldconfig,
+        dev_root: Path = Path("/dev"),
     ) -> None:
         if nvml is None:
             try:
@@ -132,6 +137,9 @@ class NvmlGpuBackend:
                 ) from None
         self._nvml = nvml
         self._sys_root = Path(sys_root)
+        # Where device_nodes() looks (tests give a /proc/devices text and ldconfig's output).
+        self._proc_devices, self._ldconfig, self._dev_root = proc_devices, ldconfig, dev_root
+        self._device_nodes: GpuDeviceNodes | None = None
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._mismatch: tuple[type[BaseException], ...] = (mismatch,) if mismatch else ()
         self._lock = threading.Lock()  # guards self._dev against reinit/close
@@ -146,6 +154,34 @@ class NvmlGpuBackend:
         for index, reason in self._dev.broken.items():
             # The inventory already carries this; no event for a state the daemon never saw.
             self._health.mark_unhealthy(index, reason, announce=False)
+
+    # -- device files ------------------------------------------------------------------------
+
+    def device_nodes(self) -> GpuDeviceNodes:
+        """The GPUs' device files (by minor number), the control files and the driver's
+        libraries (noded.gpu.nvdevices); read once, they do not change while the driver is
+        loaded. A GPU whose minor number NVML cannot tell has no entry: the fence then cannot
+        name it, and a job can never be given it (the device is broken anyway)."""
+        if self._device_nodes is not None:
+            return self._device_nodes
+        nv = self._nvml
+        with self._lock:
+            handles = list(self._dev.handles)
+        minors: dict[int, int] = {}
+        for i, handle in enumerate(handles):
+            if handle is None:
+                continue
+            try:
+                minors[i] = int(nv.nvmlDeviceGetMinorNumber(handle))
+            except nv.NVMLError as exc:
+                log.warning("gpu_minor_unknown index=%d error=%r", i, self._describe("minor", exc))
+        nodes = nvidia_device_nodes(minors, read_proc_devices(self._proc_devices),
+                                    self._ldconfig(), self._dev_root)
+        log.info("gpu_device_files gpus=%s control=%s libraries=%d",
+                 {i: n.path for i, n in nodes.gpus.items()}, [n.path for n in nodes.control],
+                 len(nodes.libraries))
+        self._device_nodes = nodes
+        return nodes
 
     # -- discovery ---------------------------------------------------------------------------
 

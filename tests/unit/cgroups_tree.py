@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from shared.kernelfs import KernelWriteError, KernelWriter
 PAGE = os.sysconf("SC_PAGE_SIZE")
 V1_UNLIMITED = (1 << 63) - PAGE  # what v1 memory.limit_in_bytes reads when unlimited
 ALL_V1 = ("cpuset", "cpu", "memory", "net_cls")
+# One devices.deny rule as the kernel parses it: type, major, minor, access.
+_DEVICE_RULE = re.compile(r"([abc]) (\*|\d+):(\*|\d+) ([rwm]{1,3})")
 ALL_V2 = ("cpuset", "cpu", "io", "memory", "pids")
 
 
@@ -70,6 +73,8 @@ class EmulatedCgroupFs(KernelWriter):
         self.cpus, self.mems = cpus, mems
         self.cpuset_v2_mode = cpuset_v2_mode
         self.where: dict[Path, _Where] = {}
+        # v1 devices groups' deny exceptions: (type, major, minor, access), '*' as the kernel's.
+        self.device_denied: dict[Path, list[tuple[str, str, str, str]]] = {}
         lines: list[str] = []
         for ctl in v1:
             mount = self.base / ctl
@@ -151,6 +156,14 @@ class EmulatedCgroupFs(KernelWriter):
             self._put(group / "memory.usage_in_bytes", "0")
         elif ctl == "net_cls":
             self._put(group / "net_cls.classid", "0")
+        elif ctl == "devices":
+            # A new group copies its parent's rules; ours start from the root's "allow all",
+            # which devices.list shows as such whatever deny exceptions are added.
+            self._put(group / "devices.allow", "")
+            self._put(group / "devices.deny", "")
+            self._put(group / "devices.list", "a *:* rwm")
+            if not root:
+                self.device_denied[group] = list(self.device_denied.get(group.parent, []))
 
     def _populate_v2_root(self, mount: Path, offered: tuple[str, ...]) -> None:
         self._put(mount / "cgroup.controllers", " ".join(offered))
@@ -230,6 +243,7 @@ class EmulatedCgroupFs(KernelWriter):
         if any(p.is_dir() for p in full.iterdir()) or self._live(full):
             raise _err(errno.EBUSY, str(full))
         shutil.rmtree(full)  # the kernel's interface files vanish with the group
+        self.device_denied.pop(full, None)
         self.log.info("emulated rmdir path=%s why=%s", full, what)
         return True
 
@@ -326,12 +340,28 @@ class EmulatedCgroupFs(KernelWriter):
             if not 0 <= int(value) <= 0xFFFFFFFF:
                 raise _err(errno.EINVAL, value)
             self._put(full, str(int(value)))
+        elif name == "devices.deny":
+            if group == where.mount:
+                raise _err(errno.EINVAL, "the root devices group cannot be changed")
+            match = _DEVICE_RULE.fullmatch(value)
+            if match is None:
+                raise _err(errno.EINVAL, f"not a device rule: {value!r} (one rule per write)")
+            self.device_denied.setdefault(group, []).append(match.groups())  # type: ignore[arg-type]
         elif name in ("cpuset.memory_migrate", "cgroup.clone_children", "notify_on_release"):
             if value not in ("0", "1"):
                 raise _err(errno.EINVAL, value)
             self._put(full, value)
         else:
             raise _err(errno.EACCES, f"{name} is read-only")
+
+    def device_permitted(self, group: Path, major: int, minor: int, access: str = "rw") -> bool:
+        """Whether a task of v1 devices ``group`` may access character device major:minor:
+        the kernel's check of an allow-all group with deny exceptions, ancestors included."""
+        for kind, mj, mn, acc in self.device_denied.get(Path(os.path.abspath(group)), []):
+            if (kind in ("a", "c") and mj in ("*", str(major)) and mn in ("*", str(minor))
+                    and set(acc) & set(access)):
+                return False
+        return True
 
     # -- v2 semantics --------------------------------------------------------------------------
 

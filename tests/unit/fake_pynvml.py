@@ -49,6 +49,7 @@ class FakeDevice:
         | pynvml.nvmlEventTypeSingleBitEccError
     )
     lost: bool = False
+    minor: int | None = None  # /dev/nvidiaN's minor number; None: the same as the index
     failures: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
 
 
@@ -271,6 +272,10 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
         return self._str(self._device(handle, "nvmlDeviceGetName").name)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        dev = self._device(handle, "nvmlDeviceGetMinorNumber")
+        return handle.index if dev.minor is None else dev.minor
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         self._device(handle, "nvmlDeviceGetIndex")

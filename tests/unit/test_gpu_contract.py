@@ -8,6 +8,7 @@ because a job runs on it; for the emulation the backend learns it from job_start
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -48,7 +49,9 @@ class Harness:
 def _emulated(tmp_path: Path) -> Harness:
     backend = EmulatedGpuBackend(
         EmulatedGpuConfig(count=COUNT, gpus_per_switch=2, numa_nodes=2, uuid_seed="contract",
-                          progress_dir=str(tmp_path / "progress"))
+                          progress_dir=str(tmp_path / "progress"),
+                          # Device files need CAP_MKNOD: without root the emulation has none.
+                          dev_dir=str(tmp_path / "dev") if os.geteuid() == 0 else None)
     )
     return Harness(
         kind="emulated",
@@ -112,6 +115,18 @@ def test_inventory_shape_and_topology(harness: Harness) -> None:
     # What goes on the wire passes the schema's bounds.
     for g in gpus:
         assert decode(GpuInfo, dataclasses.asdict(g)) == g
+
+
+def test_device_files_describe_every_gpu(harness: Harness) -> None:
+    nodes = harness.backend.device_nodes()
+    if not nodes.gpus and harness.kind == "emulated":
+        pytest.skip("emulated device files need root")
+    assert sorted(nodes.gpus) == list(range(COUNT))
+    assert {n.major for n in nodes.gpus.values()} == {195}
+    assert len({n.minor for n in nodes.gpus.values()}) == COUNT
+    assert (nodes.control[0].major, nodes.control[0].minor) == (195, 255)
+    assert nodes.control[0].path.endswith("/nvidiactl")
+    assert nodes.for_job((1,))[0] == nodes.gpus[1]
 
 
 def test_sample_reports_every_gpu_idle(harness: Harness) -> None:
