@@ -82,17 +82,19 @@ def looks_like_script(word: str) -> bool:
 def read_script(path: str) -> str:
     """The script's text; UsageError (one sentence) if it is not a readable text file with a
     shebang."""
+    import stat
+
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{path} is a directory, not a batch script")
+        if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
+            raise UsageError(f"{path} is not a regular file, so not a batch script")
         with open(path, "rb") as f:
-            if not os.path.isfile(path):
-                raise UsageError(f"{path} is not a file: submit takes a batch script or "
-                                 "-- COMMAND")
             raw = f.read(MAX_SCRIPT_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such batch script (to run a command on the node, "
                          f"write: trellisctl submit -- {path})") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a directory, not a batch script") from None
     except OSError as exc:
         raise UsageError(f"cannot read the batch script {path}: {exc.strerror or exc}") \
             from None

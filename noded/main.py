@@ -170,6 +170,7 @@ class NodeDaemon:
             allow_root_jobs=config.allow_root_jobs, allowed_users=config.allowed_users,
             numa_of={c.id: c.numa_node for c in self.cpus},
             log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
+            slurm_env=config.jobs.slurm_env,
         )
         # Jobs' output for the master's read_log, and its removal after log_retention_h.
         self.logs = LogReader(self.runner, config.jobs.log_retention_h * 3600)
