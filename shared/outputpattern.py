@@ -41,11 +41,11 @@ def check_pattern(text: str, what: str = "output") -> None:
         width, letter = match.groups()
         if letter == "%" and not width:
             continue
-        if letter in LETTERS:
-            continue
         if not letter:
             raise ValueError(f"the {what} file pattern {text!r} ends in a lone '%' (write "
                              "'%%' for a percent sign)")
+        if letter in LETTERS:
+            continue
         shown = f"%{width}{letter}"
         if letter in _STEP_LETTERS:
             raise ValueError(f"the {what} file pattern {text!r} uses {shown} "
