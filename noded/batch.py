@@ -85,8 +85,8 @@ def launch_fields(jobdir: Path, prepare: PrepareJob, job_id: str, node: str,
     if stderr is not None:
         fields["stderr_file"] = stderr
     if stdout is not None or stderr is not None:
-        # Parts of a multi-node job may share the file (noded/outputfiles.py).
-        fields["append_output"] = prepare.node_rank > 0
+        # Parts of a multi-node job may share the file: none truncates it (noded/outputfiles.py).
+        fields["append_output"] = prepare.nnodes > 1
     if slurm_env == "always" or (slurm_env == "requested" and spec.launch.slurm_env):
         fields["env"] = {**slurm_variables(env, prepare, node), **env}
     return fields

@@ -5,8 +5,9 @@ gid and groups, set back afterwards: the shim is single-threaded), so a path the
 not write is refused exactly as it would be for the job, and a symlink there leads nowhere the
 user could not go. They are tees of the job's log (noded/shim.py's LogRelay copies each chunk
 it moved into the log), so ``trellisctl logs`` and the file hold the same bytes and a slow or
-failing file never blocks the job. A job part of rank 0 truncates the file; other parts of a
-multi-node job append to it (they may share it on a shared filesystem).
+failing file never blocks the job. A one-node job truncates the file; the parts of a
+multi-node job only append to it (they may share it on a shared filesystem, and one part
+truncating it could wipe what another already wrote).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ cgroups (proctrack/linuxproc, task/none), time limits enforced within seconds (O
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -103,7 +104,9 @@ class LocalSlurm:
             f"SlurmdLogFile={self.root / 'slurmd.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=1",
+            "SchedulerType=sched/backfill",
+            # A job whose dependency can never hold is cancelled, as Trellis does.
+            "DependencyParameters=kill_invalid_depend",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none", "MpiDefault=none",
@@ -179,6 +182,23 @@ class LocalSlurm:
         return records
 
     def stop(self) -> None:
+        """Cancel every job, stop the daemons, and end any process of a job or step that
+        outlived them (they carry this Slurm's SLURM_CONF in their environment)."""
+        if any(label == "slurmctld" and p.poll() is None for label, p in self.procs):
+            subprocess.run(["scancel", "--full", "--user", "root"], env=self.env,
+                           capture_output=True, timeout=30)
+            subprocess.run(["scancel", "--full", "--user", "nobody"], env=self.env,
+                           capture_output=True, timeout=30)
+        self._stop_daemons()
+        import psutil
+
+        for proc in psutil.process_iter(["pid", "environ"]):
+            env = proc.info.get("environ") or {}
+            if env.get("SLURM_CONF") == str(self.conf) and proc.pid != os.getpid():
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+
+    def _stop_daemons(self) -> None:
         for _label, proc in reversed(self.procs):
             if proc.poll() is None:
                 try:
