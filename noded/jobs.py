@@ -488,7 +488,9 @@ class JobRunner:
         part.exit_code = result.get("exit_code")
         part.signal = result.get("signal")
         part.error = result.get("error")
-        part.reason = self._exit_reason(part) or part.fenced
+        # The shim's own error (the job could not be started: an output file it may not
+        # write, a program that is not there) says more than the exit code 127.
+        part.reason = self._exit_reason(part) or part.fenced or (part.error or "")
         self._cleanup(part)
         log.info("job=%s exited code=%s signal=%s%s", part.job_id, part.exit_code, part.signal,
                  f" error={part.error!r}" if part.error else "")

@@ -135,6 +135,18 @@ def test_read_script_refusals(tmp_path: Path) -> None:
     assert read_script(str(tmp_path / "ok.sh")).startswith("#!/bin/sh")
 
 
+def test_read_script_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "secret.sh"
+    script.write_text("#!/bin/sh\n")
+
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("builtins.open", refuse)  # root reads any file; a user would not
+    with pytest.raises(UsageError, match=r"cannot read the batch script .*: Permission denied"):
+        read_script(str(script))
+
+
 def test_script_or_command(tmp_path: Path) -> None:
     os.chdir(tmp_path)
     assert not looks_like_script("sleep")  # submit sleep 10 stays a command
