@@ -23,6 +23,12 @@ from shared.schema import decode
 HEAD = "#!/bin/bash\n"
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script is submitted from its directory (the job's default workdir)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def parse(body: str):  # type: ignore[no-untyped-def]
     return parse_script(HEAD + body, "job.sh")
 
@@ -31,7 +37,6 @@ def submit_args(tmp_path: Path, body: str, *cli: str, name: str = "job.sh"
                 ) -> tuple[list[dict], list[str | None]]:  # type: ignore[type-arg]
     script = tmp_path / name
     script.write_text(HEAD + body)
-    os.chdir(tmp_path)
     args = build_parser().parse_args(["submit", "--user", "nobody", *cli, str(script)])
     return jobs_from_args(args)
 
@@ -148,7 +153,6 @@ def test_read_script_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_script_or_command(tmp_path: Path) -> None:
-    os.chdir(tmp_path)
     assert not looks_like_script("sleep")  # submit sleep 10 stays a command
     assert looks_like_script("train.sh") and looks_like_script("./train")
     (tmp_path / "train").write_text("#!/bin/sh\n")
@@ -176,7 +180,6 @@ def test_submit_script_command_line_wins_and_the_script_travels(tmp_path: Path) 
 def test_submit_script_array_and_args(tmp_path: Path) -> None:
     script = tmp_path / "arr.sh"
     script.write_text(HEAD + "#SBATCH --array=0-2 -o a-%A_%a.out\n")
-    os.chdir(tmp_path)
     args = build_parser().parse_args(["submit", "--user", "nobody", "--stdout", "x-%a.out",
                                       str(script), "one", "--two"])
     jobs, _ = jobs_from_args(args)
@@ -195,7 +198,6 @@ def test_submit_refuses_unsupported_unless_told(tmp_path: Path, capsys) -> None:
 
 
 def test_old_command_form_is_unchanged(tmp_path: Path) -> None:
-    os.chdir(tmp_path)
     for words in (["--", "job.sh", "x"], ["sleep", "1"]):
         args = build_parser().parse_args(["submit", "--user", "nobody", *words])
         (job,), _ = jobs_from_args(args)
