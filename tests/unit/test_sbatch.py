@@ -271,3 +271,54 @@ def test_slurm_variables_mirror_trellis_ones() -> None:
     }
     assert {k: got.get(k) for k in expected} == expected
     assert "SLURM_ARRAY_JOB_ID" not in slurm_variables(env, _prepare(), "n2")
+
+
+# -- the shim's output files ------------------------------------------------------------------
+def _shim(tmp_path: Path, script: str, **launch: object) -> tuple[dict, bytes]:  # type: ignore[type-arg]
+    import json
+    import subprocess
+    import sys
+
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    (jobdir / "launch.json").write_text(json.dumps({
+        "command": ["sh", "-c", script], "env": {"PATH": "/usr/bin:/bin"},
+        "uid": os.getuid(), "gid": os.getgid(), "workdir": str(tmp_path), "cpus": [],
+        "log_max_bytes": 0, **launch}))
+    # (The shim exits 127 itself when it cannot start the job; exit.json says why.)
+    subprocess.run([sys.executable, "-m", "noded.shim", str(jobdir)], timeout=60,
+                   cwd=Path(__file__).resolve().parents[2])
+    return (json.loads((jobdir / "exit.json").read_text()),
+            (jobdir / "output.log").read_bytes())
+
+
+def test_shim_tees_stdout_and_stderr_files_of_the_log(tmp_path: Path) -> None:
+    out, err = tmp_path / "o.txt", tmp_path / "e.txt"
+    out.write_text("old content is truncated\n")
+    script = "seq 1 200000; echo oops >&2; seq 7 9; echo again >&2"
+    result, log = _shim(tmp_path, script, stdout_file=str(out), stderr_file=str(err))
+    assert result["exit_code"] == 0 and "output_file_error" not in result
+    expected_out = "".join(f"{i}\n" for i in range(1, 200001)) + "7\n8\n9\n"
+    assert out.read_text() == expected_out
+    assert err.read_text() == "oops\nagain\n"
+    # The log holds both streams, every byte once.
+    assert sorted(log.decode().splitlines()) == sorted([*expected_out.splitlines(), "oops",
+                                                        "again"])
+
+
+def test_shim_appends_for_multi_node_parts_and_survives_a_failing_file(tmp_path: Path) -> None:
+    out = tmp_path / "shared.txt"
+    out.write_text("rank 0\n")
+    result, log = _shim(tmp_path, "echo rank 1", stdout_file=str(out), append_output=True)
+    assert out.read_text() == "rank 0\nrank 1\n" and log == b"rank 1\n"
+    # /dev/full refuses every write, as a full disk: the job and its log go on.
+    (tmp_path / "job").rename(tmp_path / "job-1")
+    result, log = _shim(tmp_path, "seq 1 1000; exit 4", stdout_file="/dev/full")
+    assert result["exit_code"] == 4 and "No space left" in result["output_file_error"]
+    assert log.decode().splitlines()[-1] == "1000"
+
+
+def test_shim_fails_the_job_naming_a_file_it_cannot_open(tmp_path: Path) -> None:
+    result, _ = _shim(tmp_path, "echo never", stdout_file=str(tmp_path / "no" / "o.txt"))
+    assert result["exit_code"] == 127
+    assert result["error"].startswith(f"cannot open the output file {tmp_path}/no/o.txt")
