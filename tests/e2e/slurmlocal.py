@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "srun")
 CPUS = 4
 
 
