@@ -33,7 +33,8 @@ DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 # sbatch's spellings: long name -> (short letter or "", takes a value).
 SBATCH_OPTIONS: dict[str, tuple[str, bool]] = {
     "job-name": ("J", True), "time": ("t", True), "cpus-per-task": ("c", True),
-    "mem": ("", True), "gres": ("", True), "gpus": ("G", True), "nodes": ("N", True),
+    "mem": ("", True), "mem-per-cpu": ("", True), "gpus-per-task": ("", True),
+    "gres": ("", True), "gpus": ("G", True), "nodes": ("N", True),
     "gpus-per-node": ("", True), "ntasks": ("n", True), "ntasks-per-node": ("", True),
     "output": ("o", True), "error": ("e", True), "array": ("a", True),
     "dependency": ("d", True), "qos": ("q", True), "account": ("A", True),
@@ -332,11 +333,13 @@ def _resolve(chosen: dict[str, Directive], out: ScriptOptions, where: str) -> No
         raise _bad(where, d, "Trellis runs one task per node")
     if (d := get("mem")) is not None:
         values["memory_mib"] = _mem_mib(where, d) * per_node
+    elif (d := get("mem-per-cpu")) is not None:
+        values["memory_mib"] = _mem_mib(where, d) * (cpus_per_task or 1) * per_node
     gpu_model: str | None = None
     if (d := get("gpus")) is not None:
         gpu_model, values["gpus"] = _gpu_count(where, d)
-    elif (d := get("gpus-per-node")) is not None:
-        gpu_model, count = _gpu_count(where, d)
+    elif (d := get("gpus-per-node") or get("gpus-per-task")) is not None:
+        gpu_model, count = _gpu_count(where, d)  # one task per node: the same thing
         values["gpus"] = count * per_node
     elif (d := get("gres")) is not None:
         gpu_model, count = _gres(where, d)

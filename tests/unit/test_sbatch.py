@@ -78,6 +78,8 @@ def test_resources_per_node_and_task_become_totals() -> None:
     assert parse("#SBATCH -G h100:3 -N 2\n").values == {"max_nodes": 2, "gpus": 3,
                                                         "gpu_model": "h100"}
     assert parse("#SBATCH --gres=gpu\n").values == {"gpus": 1}
+    assert parse("#SBATCH -N 2 -c 4 --mem-per-cpu=1G --gpus-per-task=1\n").values == {
+        "max_nodes": 2, "cpus": 8, "memory_mib": 8192, "gpus": 2}
     assert parse("#SBATCH -N 3-3 -n 3\n").values == {"max_nodes": 3}
 
 
