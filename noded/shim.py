@@ -7,7 +7,9 @@ the shim, not noded, is the job's parent, jobs outlive a noded restart and their
 is not lost while noded is down.
 
 ``JOBDIR/launch.json`` holds: command, env, uid, gid, groups, workdir, cgroup_procs (files to
-write our pid into), cpus, log_max_bytes (the job's output cap; 0: none).
+write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), and optionally
+stdout_file, stderr_file and append_output (the job's own output files, copies of what goes
+into its log: noded/outputfiles.py).
 
 The job's stdout and stderr are one pipe the shim relays into ``JOBDIR/output.log`` (splice(2):
 the bytes never enter this process), so that the shim can cap the log: past
@@ -178,7 +180,7 @@ class LogRelay:
         self.error = ""  # why the log stopped taking output early, if it did
         self._splice = hasattr(os, "splice")
         self._sink = -1  # /dev/null, once output is dropped
-        # Each pipe and its tee; a pipe at its end of file is closed and set to -1.
+        # Each pipe with its tee (a Tee of fd -1 copies nowhere).
         self.sources: list[tuple[int, Tee]] = [(pipe, Tee(tee))] + [
             (p, Tee(t)) for p, t in (more or [])]
         self._tee = self.sources[0][1]
