@@ -111,6 +111,9 @@ def read_script(path: str) -> str:
                          "interpreter, e.g. #!/bin/bash")
     if "\0" in text:
         raise UsageError(f"{path} holds NUL bytes; is it a batch script?")
+    if "\r\n" in text:  # as sbatch: the interpreter would be "/bin/bash\r"
+        raise UsageError(f"{path} has DOS line breaks (\\r\\n); convert it first, e.g. with "
+                         "dos2unix")
     return text
 
 

@@ -20,6 +20,7 @@ line in a killed job's file is left out.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,8 +134,6 @@ def trellis_submit(cluster: LocalCluster, cwd: Path, script: str, *options: str)
     r = ctl(cluster, cwd, "-o", "json", "submit", "--user", USER, *options,
             str(cwd / script), *(["x"] if script == "prep.sh" else []))
     assert r.returncode == 0, r.stderr
-    import json
-
     result = json.loads(r.stdout)
     return [j["id"] for j in result["jobs"]] if "jobs" in result else [result["job"]["id"]]
 

@@ -131,10 +131,12 @@ def test_bad_values_are_one_sentence_with_their_line(line: str, words: list[str]
 def test_read_script_refusals(tmp_path: Path) -> None:
     (tmp_path / "plain.sh").write_text("echo no shebang\n")
     (tmp_path / "bin.sh").write_bytes(b"#!\xff\xfe")
+    (tmp_path / "dos.sh").write_bytes(b"#!/bin/sh\r\necho\r\n")
     (tmp_path / "dir.sh").mkdir()
     os.mkfifo(tmp_path / "fifo.sh")
     cases = {"plain.sh": "has no shebang", "bin.sh": "not UTF-8", "dir.sh": "is a directory",
-             "fifo.sh": "not a regular file", "missing.sh": "no such batch script"}
+             "fifo.sh": "not a regular file", "dos.sh": "DOS line breaks",
+             "missing.sh": "no such batch script"}
     for name, words in cases.items():
         with pytest.raises(UsageError, match=words):
             read_script(str(tmp_path / name))
