@@ -235,10 +235,10 @@ class LaunchSpec:
         if self.script is not None and not self.script.startswith("#!"):
             raise ValueError("launch.script has no shebang (#!) on its first line: the node "
                              "runs a script with the interpreter it names")
-        from shared.outputpattern import check_pattern
-
         for what, pattern in (("stdout", self.stdout), ("stderr", self.stderr)):
             if pattern is not None:
+                from shared.outputpattern import check_pattern
+
                 check_pattern(pattern, f"launch.{what}")
 
 
