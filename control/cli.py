@@ -190,7 +190,7 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
                    help="one job per index, Slurm's syntax: 0-999, 1,3,5-7, 0-99:2; each sees "
                         "its index in $TRELLIS_ARRAY_INDEX and its name (and --id) ends in "
                         "_INDEX")
-    p.add_argument("--name")
+    p.add_argument("--name", "-J", "--job-name", dest="name")
     p.add_argument("--id", help="job id to use (makes retries idempotent)")
     p.add_argument("--kind", choices=("training", "inference", "cpu"))
     p.add_argument("--gpus", type=int)
@@ -201,7 +201,7 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--memory-mib", type=int)
     p.add_argument("--gpu-model")
     p.add_argument("--user", help="Unix user the job runs as (default: you)")
-    p.add_argument("--tenant")
+    p.add_argument("--tenant", "-A", "--account", dest="tenant")
     p.add_argument("--qos", choices=("urgent", "prior", "normal"))
     p.add_argument("--model-type")
     p.add_argument("--model-family", help="e.g. cnn, rnn: finds a similar profiled model")
@@ -222,8 +222,22 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
                    help="order among otherwise equal jobs, higher first (default 0; only "
                         "admins may go above 0)")
     _requeue_arguments(p)
+    _script_arguments(p)
     p.add_argument("job_command", nargs=argparse.REMAINDER,
-                   help="-- followed by the command to run")
+                   help="-- followed by the command to run, or a batch script (a file "
+                        "starting with #!) and its arguments: docs/slurm.md")
+
+
+def _script_arguments(p: argparse.ArgumentParser) -> None:
+    """Batch scripts' options (docs/slurm.md): output files, unsupported #SBATCH lines."""
+    p.add_argument("--stdout", metavar="PATTERN",
+                   help="also write the job's output to this file on its node (relative to "
+                        "the workdir; %%j %%x %%A %%a %%u %%N %%%%), sbatch's --output")
+    p.add_argument("--stderr", metavar="PATTERN",
+                   help="write the job's stderr to this file instead (sbatch's --error)")
+    p.add_argument("--ignore-unsupported", action="store_true",
+                   help="a batch script's #SBATCH options Trellis does not support are "
+                        "reported and ignored instead of refusing the submission")
 
 
 def _requeue_arguments(p: argparse.ArgumentParser) -> None:

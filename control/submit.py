@@ -129,6 +129,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     stop = stop_options(args)
     if stop:
         job["stop"] = stop
+    launch = {key: getattr(args, key) for key in ("stdout", "stderr")
+              if getattr(args, key, None) is not None}
+    if launch:
+        from shared.outputpattern import check_pattern
+
+        for key, pattern in launch.items():
+            try:
+                check_pattern(pattern, key)
+            except ValueError as exc:
+                raise UsageError(f"--{key}: {exc}") from None
+        job["launch"] = launch
     return job
 
 
@@ -181,7 +192,8 @@ def _layered(*layers: dict[str, Any]) -> dict[str, Any]:
     for layer in layers:
         for key, value in layer.items():
             below = job.get(key)
-            if key == "stop" and isinstance(value, dict) and isinstance(below, dict):
+            if key in ("stop", "launch") and isinstance(value, dict) and \
+                    isinstance(below, dict):
                 job[key] = {**below, **value}
             else:
                 job[key] = value
@@ -245,6 +257,9 @@ def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str | None]]:
     """Every job ``submit`` sends and the id each asks for (None: the master picks)."""
+    from control.sbatch import script_job
+
+    scripted = script_job(args)  # submit script.sh [ARGS...]: fills args from the script
     defaults: dict[str, Any] = {}
     listed: list[Any] | None = None
     if args.file:
@@ -264,7 +279,7 @@ def jobs_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list
     overrides = _overrides(args)
     env = _env_items(args.env)
     if listed is None:
-        jobs = [_layered(defaults, overrides)]
+        jobs = [_layered(defaults, scripted or {}, overrides)]
         ids: list[str | None] = [args.id]
     else:
         if not listed:

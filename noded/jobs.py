@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from noded.batch import launch_fields
 from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.gpufence import GpuFence
@@ -104,6 +105,7 @@ class JobRunner:
         numa_of: dict[int, int] | None = None,
         on_exited: Callable[[JobPart], Awaitable[None]] | None = None,
         log_max_bytes: int = 0,
+        slurm_env: str = "requested",
     ) -> None:
         self.node = node
         self.dir = state_dir / "jobs"
@@ -120,6 +122,8 @@ class JobRunner:
         self.on_stale: Callable[[StalePart], None] | None = None
         # The shim caps each part's output at this many bytes (0: no cap); see noded/shim.py.
         self.log_max_bytes = log_max_bytes
+        # Which jobs also see Slurm's variable names ([jobs] slurm_env; noded/batch.py).
+        self.slurm_env = slurm_env
         self.parts: dict[str, JobPart] = {}
         # More channels a job gets in its environment, e.g. the metrics channel:
         # (job id, owner uid) -> variables.
@@ -309,6 +313,13 @@ class JobRunner:
             "cpus": list(alloc.cpus),
             "log_max_bytes": self.log_max_bytes,
         }
+        try:  # a batch script, output files, Slurm's variables (noded/batch.py)
+            launch.update(launch_fields(part.dir, part.prepare, part.job_id, self.node,
+                                        entry.pw_uid, entry.pw_gid, env, launch["workdir"],
+                                        self.slurm_env))
+        except (OSError, ValueError) as exc:
+            raise JobRefused("launch_failed", f"cannot set up job {part.job_id}'s batch "
+                             f"script on {self.node}: {exc}") from exc
         write_atomic(part.dir / "launch.json", launch)
         popen = subprocess.Popen(
             [sys.executable, "-m", "noded.shim", str(part.dir)],
@@ -497,7 +508,9 @@ class JobRunner:
         part.exit_code = result.get("exit_code")
         part.signal = result.get("signal")
         part.error = result.get("error")
-        part.reason = self._exit_reason(part) or part.fenced
+        # The shim's own error (the job could not be started: an output file it may not
+        # write, a program that is not there) says more than the exit code 127.
+        part.reason = self._exit_reason(part) or part.fenced or (part.error or "")
         self._cleanup(part)
         log.info("job=%s exited code=%s signal=%s%s", part.job_id, part.exit_code, part.signal,
                  f" error={part.error!r}" if part.error else "")

@@ -174,6 +174,7 @@ class NodeDaemon:
             allow_root_jobs=config.allow_root_jobs, allowed_users=config.allowed_users,
             numa_of={c.id: c.numa_node for c in self.cpus},
             log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
+            slurm_env=config.jobs.slurm_env,
         )
         # Hard GPU isolation: each job's group refuses the GPUs it was not given.
         self.runner.gpu_fence = GpuFence(config.gpu.fence, self.cgroups, self.gpus)

@@ -7,7 +7,9 @@ the shim, not noded, is the job's parent, jobs outlive a noded restart and their
 is not lost while noded is down.
 
 ``JOBDIR/launch.json`` holds: command, env, uid, gid, groups, workdir, cgroup_procs (files to
-write our pid into), cpus, log_max_bytes (the job's output cap; 0: none).
+write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), and optionally
+stdout_file, stderr_file and append_output (the job's own output files, copies of what goes
+into its log: noded/outputfiles.py).
 
 The job's stdout and stderr are one pipe the shim relays into ``JOBDIR/output.log`` (splice(2):
 the bytes never enter this process), so that the shim can cap the log: past
@@ -79,10 +81,21 @@ def run(jobdir: Path) -> int:
     uid, gid = spec["uid"], spec["gid"]
     if os.geteuid() == 0:
         os.fchown(log_fd, uid, gid)
-    out_read, out = os.pipe()  # the job's stdout and stderr
+    # The job's own output files (sbatch's --output/--error), tees of the log.
+    from noded.outputfiles import open_outputs
+
+    try:
+        tee_out, tee_err = open_outputs(spec)
+    except OSError as exc:
+        os.close(log_fd)
+        return fail(jobdir, exc.strerror or str(exc))
+    out_read, out = os.pipe()  # the job's stdout (and stderr, unless it has a file of its own)
     os.set_inheritable(out_read, False)
     with contextlib.suppress(OSError):  # a smaller pipe is only slower
         fcntl.fcntl(out, F_SETPIPE_SZ, PIPE_SIZE)
+    err_read, err = os.pipe() if tee_err >= 0 else (-1, -1)
+    if err_read >= 0:
+        os.set_inheritable(err_read, False)
     read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
     os.set_inheritable(write_fd, False)
     pid = os.fork()
@@ -92,11 +105,14 @@ def run(jobdir: Path) -> int:
             os.close(read_fd)
             os.close(out_read)
             os.close(log_fd)
+            for fd in (err_read, tee_out, tee_err):
+                if fd >= 0:
+                    os.close(fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.setpgid(0, 0)
             os.dup2(out, 1)
-            os.dup2(out, 2)
+            os.dup2(err if err >= 0 else out, 2)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             if os.geteuid() == 0 and uid != 0:
@@ -113,13 +129,16 @@ def run(jobdir: Path) -> int:
         os._exit(127)
     os.close(write_fd)
     os.close(out)
+    if err >= 0:
+        os.close(err)
     # Write the child's pid so noded can signal the job's process group (pgid == pid).
     write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
     error = b""
     while chunk := os.read(read_fd, 512):
         error += chunk
     os.close(read_fd)
-    log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0))
+    log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0), tee=tee_out,
+                   more=[(err_read, tee_err)] if err_read >= 0 else [])
     log.run(pid)
     while True:
         try:
@@ -130,6 +149,8 @@ def run(jobdir: Path) -> int:
     result: dict = {"time": time.time(), "log_bytes": log.written, "log_dropped": log.dropped}
     if log.error:
         result["log_error"] = log.error
+    if log.tee_error:
+        result["output_file_error"] = log.tee_error
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:
@@ -141,9 +162,16 @@ def run(jobdir: Path) -> int:
 
 
 class LogRelay:
-    """Moves the job's output from its pipe into its log, up to ``cap`` bytes (0: no cap)."""
+    """Moves the job's output from its pipe into its log, up to ``cap`` bytes (0: no cap).
 
-    def __init__(self, pipe: int, log_fd: int, cap: int) -> None:
+    ``tee``: a file that gets a copy of what the pipe gave the log (the job's output file,
+    noded/outputfiles.py); ``more``: other pipes (and their tees) relayed into the same log,
+    e.g. the job's stderr when it has a file of its own."""
+
+    def __init__(self, pipe: int, log_fd: int, cap: int, tee: int = -1,
+                 more: list[tuple[int, int]] | None = None) -> None:
+        from noded.outputfiles import Tee
+
         self.pipe = pipe
         self.log_fd = log_fd
         self.cap = cap
@@ -152,11 +180,22 @@ class LogRelay:
         self.error = ""  # why the log stopped taking output early, if it did
         self._splice = hasattr(os, "splice")
         self._sink = -1  # /dev/null, once output is dropped
-        os.set_blocking(pipe, False)
+        # Each pipe with its tee (a Tee of fd -1 copies nowhere).
+        self.sources: list[tuple[int, Tee]] = [(pipe, Tee(tee))] + [
+            (p, Tee(t)) for p, t in (more or [])]
+        self._tee = self.sources[0][1]
+        for p, _ in self.sources:
+            os.set_blocking(p, False)
+
+    @property
+    def tee_error(self) -> str:
+        return "; ".join(t.error for _, t in self.sources if t.error)
 
     def run(self, pid: int) -> None:
         """Relay until every writer closed the pipe, or the job's process ended and what it
         left in the pipe (and its leftovers wrote within DRAIN_S) is moved."""
+        if len(self.sources) > 1:
+            return self._run_many(pid)
         poller = select.poll()
         poller.register(self.pipe, select.POLLIN)
         try:
@@ -186,9 +225,57 @@ class LogRelay:
             if exited >= 0:
                 os.close(exited)
             os.close(self.pipe)
-            os.close(self.log_fd)
-            if self._sink >= 0:
-                os.close(self._sink)
+            self._close()
+
+    def _close(self) -> None:
+        os.close(self.log_fd)
+        if self._sink >= 0:
+            os.close(self._sink)
+        for _, tee in self.sources:
+            tee.close()
+
+    def _run_many(self, pid: int) -> None:
+        """:meth:`run` over several pipes (stdout and stderr apart): each pumped in turn
+        while it has data, closed at its end of file."""
+        poller = select.poll()
+        open_pipes = {p: tee for p, tee in self.sources}
+        for p in open_pipes:
+            poller.register(p, select.POLLIN)
+        try:
+            exited = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            exited = -1
+        if exited >= 0:
+            poller.register(exited, select.POLLIN)
+        deadline = None
+        try:
+            while open_pipes:
+                timeout = None
+                if deadline is not None:
+                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    events = poller.poll(timeout)
+                except InterruptedError:
+                    continue
+                if exited >= 0 and any(fd == exited for fd, _ in events):
+                    poller.unregister(exited)
+                    os.close(exited)
+                    exited = -1
+                    deadline = time.monotonic() + DRAIN_S
+                for p, tee in list(open_pipes.items()):
+                    self.pipe, self._tee = p, tee
+                    if self.pump():
+                        poller.unregister(p)
+                        os.close(p)
+                        del open_pipes[p]
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+        finally:
+            if exited >= 0:
+                os.close(exited)
+            for p in open_pipes:
+                os.close(p)
+            self._close()
 
     def pump(self) -> bool:
         """Move everything the pipe holds now; True at end of file (no writer left)."""
@@ -199,6 +286,7 @@ class LogRelay:
                 else:
                     step = STEP if not self.cap else min(STEP, self.cap - self.written)
                     moved = self._move(step)
+                    self._tee.copy(self.log_fd, self.written, moved)
                     self.written += moved
                     if moved and self.cap and self.written >= self.cap:
                         self._mark_cap()

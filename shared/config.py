@@ -365,6 +365,9 @@ class JobsConfig:
     log_max_mb: float = bounded(1024.0, min=0, max=1 << 30)
     # Finished jobs' logs are removed this long after the job ended. 0: kept for ever.
     log_retention_h: float = bounded(168.0, min=0, max=24 * 365 * 100)
+    # Which jobs also see Slurm's names for their variables (SLURM_JOB_ID, SLURM_PROCID, ...;
+    # docs/slurm.md): "requested" (those that ask, as batch scripts do), "always", "never".
+    slurm_env: str = bounded("requested", pattern=r"requested|always|never")
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,8 @@ class PrepareJob:
     # from every master stops such a part before the master could requeue it elsewhere
     # (the lease in the hello's ack; docs/high-availability.md).
     requeue_if_lost: bool = False
+    # Every node of the job, in rank order (Slurm's SLURM_JOB_NODELIST; docs/slurm.md).
+    nodes: tuple[str, ...] = bounded(default_factory=tuple, pattern=NAME_PATTERN, max_len=4096)
 
 
 @dataclass(frozen=True)

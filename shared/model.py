@@ -219,7 +219,7 @@ class LaunchSpec:
     # Host paths bound into the container (only with an image).
     mounts: tuple[Mount, ...] = bounded(default_factory=tuple, max_len=64)
     # A batch script's content, sent with the job as sbatch sends it; the node writes it to
-    # the job's directory and runs it (command is then the script's arguments, after it).
+    # the job's directory and runs it (command is then the script's name and its arguments).
     script: str | None = bounded(None, max_len=1 << 20)
     # Where the node writes the job's stdout (and stderr, unless `stderr` is set): a path
     # pattern with Slurm's %j %x %A %a %u %N %%; None: the node's own job log only.
@@ -229,6 +229,17 @@ class LaunchSpec:
     pty: bool = False
     # Also give the job Slurm's names for Trellis' variables (SLURM_JOB_ID, SLURM_PROCID, ...).
     slurm_env: bool = False
+
+    def __post_init__(self) -> None:
+        # Refused at submission, not on the node at start (docs/slurm.md).
+        if self.script is not None and not self.script.startswith("#!"):
+            raise ValueError("launch.script has no shebang (#!) on its first line: the node "
+                             "runs a script with the interpreter it names")
+        for what, pattern in (("stdout", self.stdout), ("stderr", self.stderr)):
+            if pattern is not None:
+                from shared.outputpattern import check_pattern
+
+                check_pattern(pattern, f"launch.{what}")
 
 
 # A job launched as a plain host command: every spec without `launch` shares this one.

@@ -559,7 +559,8 @@ class Master:
                 self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
                     cores=self.events.core_plan(job, a), restarts=job.restarts,
-                    grace_s=grace, requeue_if_lost=requeue_if_lost), spec))
+                    grace_s=grace, requeue_if_lost=requeue_if_lost,
+                    nodes=tuple(b.node for b in placement.allocations)), spec))
                 for rank, a in enumerate(placement.allocations)
             ]
             results = await asyncio.gather(*prepares, return_exceptions=True)

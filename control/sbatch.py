@@ -1,0 +1,423 @@
+"""Batch scripts as ``sbatch`` reads them: ``trellisctl submit script.sh [ARGS...]``.
+
+The script's ``#SBATCH`` lines (and ``#TRELLIS`` lines, which win over them) give submission
+options; options on trellisctl's command line win over both, as with sbatch. As in sbatch,
+directives are read only before the first command: the first line that is neither blank nor a
+comment ends them, and a directive after it is ignored with a warning. An option Trellis has
+no meaning for is named with its line and refuses the submission (``--ignore-unsupported``:
+a warning instead). Values are checked here, with the line they came from, by the parsers the
+command line uses (shared/slurmtime.py, shared/dependency.py, ``submit --array``'s).
+
+Plain synchronous code with no I/O but :func:`read_script`: docs/slurm.md is its user guide.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from control.usage import UsageError
+
+PREFIXES = ("#SBATCH", "#TRELLIS")
+MAX_SCRIPT_BYTES = 1 << 20  # LaunchSpec.script's bound
+QOS_CLASSES = ("urgent", "prior", "normal")
+# Names a path given to ``submit`` without ``--`` has when it is a batch script although it
+# does not exist (so that a typo is an error here, not a job that fails on its node).
+SCRIPT_SUFFIXES = (".sh", ".bash", ".sbatch", ".slurm", ".job", ".batch")
+DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's default output file, in the working directory
+DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
+
+# sbatch's spellings: long name -> (short letter or "", takes a value).
+SBATCH_OPTIONS: dict[str, tuple[str, bool]] = {
+    "job-name": ("J", True), "time": ("t", True), "cpus-per-task": ("c", True),
+    "mem": ("", True), "mem-per-cpu": ("", True), "gpus-per-task": ("", True),
+    "gres": ("", True), "gpus": ("G", True), "nodes": ("N", True),
+    "gpus-per-node": ("", True), "ntasks": ("n", True), "ntasks-per-node": ("", True),
+    "output": ("o", True), "error": ("e", True), "array": ("a", True),
+    "dependency": ("d", True), "qos": ("q", True), "account": ("A", True),
+    "requeue": ("", False), "no-requeue": ("", False), "signal": ("", True),
+    "container-image": ("", True), "chdir": ("D", True), "export": ("", True),
+}
+# What #TRELLIS lines may give beside sbatch's spellings: trellisctl submit's own options.
+TRELLIS_OPTIONS: dict[str, tuple[str, bool]] = {
+    "name": ("", True), "gpu-model": ("", True), "priority": ("", True),
+    "grace": ("", True), "kind": ("", True), "gpu-milli": ("", True), "max-nodes": ("", True),
+    "memory-mib": ("", True), "cpus": ("", True), "tenant": ("", True), "after": ("", True),
+    "deadline": ("", True), "env": ("", True), "stdout": ("", True), "stderr": ("", True),
+}
+_SIZE = re.compile(r"(\d+)([KMGT]?)B?", re.IGNORECASE)
+_MIB_PER = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
+
+
+@dataclass
+class Directive:
+    line: int
+    prefix: str  # "#SBATCH" or "#TRELLIS"
+    option: str  # the long name, e.g. "time"
+    value: str | None
+    spelled: str  # as written, for messages ("-t", "--time")
+
+
+@dataclass
+class ScriptOptions:
+    """What a script asks for: submit's option values (argparse dests, as the command line
+    would give them), its launch table, and what to tell the user."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)  # "--partition (line 3)"
+
+
+def looks_like_script(word: str) -> bool:
+    """Whether ``submit WORD ...`` (no ``--``) means a batch script: a path that exists here,
+    or a word shaped like one (a ``/`` in it, a script's suffix). ``submit sleep 10`` stays a
+    command, as it always was."""
+    return os.path.lexists(word) or "/" in word or word.endswith(SCRIPT_SUFFIXES)
+
+
+def read_script(path: str) -> str:
+    """The script's text; UsageError (one sentence) if it is not a readable text file with a
+    shebang."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{path} is a directory, not a batch script")
+        if not stat.S_ISREG(mode):  # a FIFO or a device would block or never end
+            raise UsageError(f"{path} is not a regular file, so not a batch script")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SCRIPT_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such batch script (to run a command on the node, "
+                         f"write: trellisctl submit -- {path})") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read the batch script {path}: {exc.strerror or exc}") \
+            from None
+    if len(raw) > MAX_SCRIPT_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_SCRIPT_BYTES >> 20} MiB; a batch script "
+                         "travels with its job")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text; is it a batch script?") from None
+    if not text.startswith("#!"):
+        raise UsageError(f"{path} has no shebang (#!) on its first line: name its "
+                         "interpreter, e.g. #!/bin/bash")
+    if "\0" in text:
+        raise UsageError(f"{path} holds NUL bytes; is it a batch script?")
+    if "\r\n" in text:  # as sbatch: the interpreter would be "/bin/bash\r"
+        raise UsageError(f"{path} has DOS line breaks (\\r\\n); convert it first, e.g. with "
+                         "dos2unix")
+    return text
+
+
+def directives(text: str, where: str) -> tuple[list[Directive], list[str], list[str]]:
+    """The script's directives in order, the options it names that Trellis does not know
+    (``--partition (line 3)``) and warnings (directives after the first command)."""
+    found: list[Directive] = []
+    unknown: list[str] = []
+    warnings: list[str] = []
+    in_header = True
+    for number, line in enumerate(text.splitlines(), start=1):
+        if number == 1:
+            continue  # the shebang
+        stripped = line.strip()
+        prefix = next((p for p in PREFIXES if line.startswith(p)
+                       and line[len(p):len(p) + 1] in ("", " ", "\t")), None)
+        if not in_header:
+            if prefix is not None:
+                warnings.append(f"{where} line {number}: {prefix} after the first command is "
+                                "ignored (as sbatch does)")
+            continue
+        if stripped and not stripped.startswith("#"):
+            in_header = False
+            continue
+        if prefix is None:
+            continue
+        for item in _options(line[len(prefix):], prefix, number, where):
+            if isinstance(item, str):
+                unknown.append(item)
+            else:
+                found.append(item)
+    return found, unknown, warnings
+
+
+def _tokens(rest: str, where: str, number: int) -> list[str]:
+    try:
+        words = shlex.split(rest)
+    except ValueError as exc:
+        raise UsageError(f"{where} line {number}: {exc} in {rest.strip()!r}") from None
+    # A word starting with '#' begins a comment, as in a shell.
+    for i, word in enumerate(words):
+        if word.startswith("#"):
+            return words[:i]
+    return words
+
+
+def _options(rest: str, prefix: str, number: int, where: str) -> list[Directive | str]:
+    table = SBATCH_OPTIONS if prefix == "#SBATCH" else {**SBATCH_OPTIONS, **TRELLIS_OPTIONS}
+    shorts = {short: name for name, (short, _) in table.items() if short}
+    words = _tokens(rest, where, number)
+    out: list[Directive | str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            spelled = "--" + name
+            known = table.get(name)
+            inline: str | None = value if eq else None
+        elif word.startswith("-") and len(word) > 1:
+            name = shorts.get(word[1], "")
+            spelled = word[:2]
+            known = table.get(name) if name else None
+            inline = word[2:] or None
+            if inline is not None and inline.startswith("="):
+                inline = inline[1:]
+        else:
+            raise UsageError(f"{where} line {number}: {prefix} expects options, not "
+                             f"{word!r}")
+        if known is None:
+            out.append(f"{spelled} (line {number})")
+            # Skip the unknown option's value too when it is written apart and is one.
+            if not (word.startswith("--") and "=" in word) and i < len(words) \
+                    and not words[i].startswith("-"):
+                i += 1
+            continue
+        takes_value = known[1]
+        if takes_value and inline is None:
+            if i >= len(words):
+                raise UsageError(f"{where} line {number}: {spelled} needs a value")
+            inline = words[i]
+            i += 1
+        elif not takes_value and inline is not None:
+            raise UsageError(f"{where} line {number}: {spelled} takes no value")
+        out.append(Directive(number, prefix, name, inline, spelled))
+    return out
+
+
+def parse_script(text: str, where: str) -> ScriptOptions:
+    """The options a script's directives give, checked, with #TRELLIS lines winning."""
+    found, unknown, warnings = directives(text, where)
+    ordered = [d for d in found if d.prefix == "#SBATCH"] + \
+        [d for d in found if d.prefix == "#TRELLIS"]
+    result = ScriptOptions(warnings=warnings, unsupported=unknown)
+    chosen: dict[str, Directive] = {}
+    for d in ordered:
+        if d.option == "env":
+            key, sep, value = (d.value or "").partition("=")
+            if not sep or not key:
+                raise _bad(where, d, "expected KEY=VALUE")
+            result.env[key] = value
+            continue
+        if d.option in ("requeue", "no-requeue"):
+            chosen.pop("requeue", None)
+            chosen.pop("no-requeue", None)
+        chosen[d.option] = d
+    _resolve(chosen, result, where)
+    return result
+
+
+def _bad(where: str, d: Directive, why: str) -> UsageError:
+    shown = f"{d.spelled}={d.value}" if d.value is not None else d.spelled
+    return UsageError(f"{where} line {d.line}: {shown}: {why}")
+
+
+def _count(where: str, d: Directive, low: int = 1) -> int:
+    text = (d.value or "").strip()
+    if not text.isdigit() or int(text) < low:
+        raise _bad(where, d, f"expected a whole number of at least {low}")
+    return int(text)
+
+
+def _gpu_count(where: str, d: Directive) -> tuple[str | None, int]:
+    """``N`` or ``TYPE:N`` (``--gpus``, ``--gpus-per-node``)."""
+    kind, colon, number = (d.value or "").rpartition(":")
+    if not number.isdigit():
+        raise _bad(where, d, "expected N or TYPE:N GPUs")
+    return (kind or None) if colon else None, int(number)
+
+
+def _gres(where: str, d: Directive) -> tuple[str | None, int]:
+    """``gpu``, ``gpu:N`` or ``gpu:TYPE:N``; other generic resources are not Trellis'."""
+    items = [i.strip() for i in (d.value or "").split(",") if i.strip()]
+    if len(items) != 1 or items[0].split(":")[0] != "gpu":
+        raise _bad(where, d, "only gpu[:TYPE]:N is supported (Trellis schedules GPUs, CPUs "
+                             "and memory, no other generic resources)")
+    parts = items[0].split(":")[1:]
+    if not parts:
+        return None, 1
+    if len(parts) > 2 or not parts[-1].isdigit():
+        raise _bad(where, d, "expected gpu, gpu:N or gpu:TYPE:N")
+    return (parts[0] if len(parts) == 2 else None), int(parts[-1])
+
+
+def _mem_mib(where: str, d: Directive) -> int:
+    match = _SIZE.fullmatch((d.value or "").strip())
+    if match is None:
+        raise _bad(where, d, "expected a size such as 4000, 16G or 512M (no unit: MB)")
+    mib = int(match.group(1)) * _MIB_PER[match.group(2).upper()]
+    return max(1, int(mib)) if mib else 0  # --mem=0: all of the node's, i.e. no limit
+
+
+def _resolve(chosen: dict[str, Directive], out: ScriptOptions, where: str) -> None:
+    from control.submit import dependency_wire, parse_array
+    from shared.outputpattern import check_pattern
+    from shared.slurmtime import parse_signal, parse_time_limit
+
+    values, launch = out.values, out.launch
+    get = chosen.get
+    nodes = None
+    if (d := get("nodes")) is not None:
+        low, dash, high = (d.value or "").partition("-")
+        if dash and low != high:
+            raise _bad(where, d, "a range of node counts is not supported; give one count")
+        nodes = _count(where, Directive(d.line, d.prefix, d.option, low, d.spelled))
+        values["max_nodes"] = nodes
+    per_node = nodes or 1
+    for option, dest in (("job-name", "name"), ("name", "name")):
+        if (d := get(option)) is not None:
+            values[dest] = d.value
+    if (d := get("time")) is not None:
+        try:
+            parse_time_limit(d.value or "")
+        except ValueError as exc:
+            raise _bad(where, d, str(exc)) from None
+        values["time"] = d.value
+    if (d := get("signal")) is not None:
+        try:
+            parse_signal(d.value or "")
+        except ValueError as exc:
+            raise _bad(where, d, str(exc)) from None
+        values["signal"] = d.value
+    for option in ("dependency", "after"):
+        if (d := get(option)) is not None:
+            try:
+                dependency_wire(d.value or "", d.spelled)
+            except UsageError as exc:
+                raise _bad(where, d, str(exc).partition(": ")[2] or str(exc)) from None
+            values["after"] = d.value
+    if (d := get("array")) is not None:
+        try:
+            parse_array(d.value or "")
+        except UsageError as exc:
+            raise _bad(where, d, str(exc).partition(": ")[2] or str(exc)) from None
+        values["array"] = d.value
+    if (d := get("qos")) is not None:
+        if d.value not in QOS_CLASSES:
+            raise _bad(where, d, f"Trellis' QoS classes are {', '.join(QOS_CLASSES)}")
+        values["qos"] = d.value
+    for option in ("account", "tenant"):
+        if (d := get(option)) is not None:
+            values["tenant"] = d.value
+    if "requeue" in chosen or "no-requeue" in chosen:
+        values["requeue"] = "requeue" in chosen
+    for option in ("chdir",):
+        if (d := get(option)) is not None:
+            values["workdir"] = d.value
+    if (d := get("export")) is not None and (d.value or "").upper() != "NONE":
+        raise _bad(where, d, "Trellis does not pass the submitting shell's environment on "
+                             "(as --export=NONE); give variables with #TRELLIS --env KEY=VALUE")
+    # Resources: sbatch's are per task and per node; Trellis' spec holds totals.
+    cpus_per_task = _count(where, d) if (d := get("cpus-per-task")) is not None else None
+    if cpus_per_task is not None:
+        values["cpus"] = cpus_per_task * per_node
+    if (d := get("ntasks")) is not None and _count(where, d) != per_node:
+        raise _bad(where, d, f"Trellis runs one task per node and this job has {per_node} "
+                             f"node(s); ask for -N {d.value} instead")
+    if (d := get("ntasks-per-node")) is not None and _count(where, d) != 1:
+        raise _bad(where, d, "Trellis runs one task per node")
+    if (d := get("mem")) is not None:
+        values["memory_mib"] = _mem_mib(where, d) * per_node
+    elif (d := get("mem-per-cpu")) is not None:
+        values["memory_mib"] = _mem_mib(where, d) * (cpus_per_task or 1) * per_node
+    gpu_model: str | None = None
+    if (d := get("gpus")) is not None:
+        gpu_model, values["gpus"] = _gpu_count(where, d)
+    elif (d := get("gpus-per-node") or get("gpus-per-task")) is not None:
+        gpu_model, count = _gpu_count(where, d)  # one task per node: the same thing
+        values["gpus"] = count * per_node
+    elif (d := get("gres")) is not None:
+        gpu_model, count = _gres(where, d)
+        values["gpus"] = count * per_node
+    if gpu_model is not None:
+        values["gpu_model"] = gpu_model
+    # Trellis' own spellings (#TRELLIS), which win over what sbatch's gave above.
+    for option, dest, convert in (("cpus", "cpus", int), ("memory-mib", "memory_mib", int),
+                                  ("gpu-model", "gpu_model", str), ("priority", "priority", int),
+                                  ("grace", "grace", float), ("kind", "kind", str),
+                                  ("gpu-milli", "gpu_milli", int),
+                                  ("max-nodes", "max_nodes", int), ("deadline", "deadline", str)):
+        if (d := get(option)) is not None:
+            try:
+                values[dest] = convert(d.value or "")
+            except ValueError:
+                raise _bad(where, d, f"expected {convert.__name__}") from None
+    for option, key in (("output", "stdout"), ("stdout", "stdout"), ("error", "stderr"),
+                        ("stderr", "stderr")):
+        if (d := get(option)) is not None:
+            try:
+                check_pattern(d.value or "", key)
+            except ValueError as exc:
+                raise _bad(where, d, str(exc)) from None
+            launch[key] = d.value
+    if (d := get("container-image")) is not None:
+        if not d.value:
+            raise _bad(where, d, "names no image")
+        launch["image"] = d.value
+
+
+def script_job(args: Any) -> dict[str, Any] | None:
+    """For ``submit script.sh [ARGS...]``: fill ``args`` from the script where the command
+    line gave nothing, set the job's command to the script's name and arguments, and return
+    the job fields only a script gives (its launch table, working directory, variables).
+    None when the submission is a command (``--``, or a first word that is no script)."""
+    words = list(getattr(args, "job_command", None) or [])
+    if not words or words[0] == "--" or not looks_like_script(words[0]):
+        return None
+    path, script_args = words[0], words[1:]
+    if getattr(args, "file", None):
+        raise UsageError(f"a batch script ({path}) and -f {args.file} cannot be combined")
+    text = read_script(path)
+    where = path
+    parsed = parse_script(text, where)
+    import sys
+
+    for warning in parsed.warnings:
+        print(f"trellisctl: warning: {warning}", file=sys.stderr)
+    if parsed.unsupported:
+        listed = ", ".join(parsed.unsupported)
+        if not getattr(args, "ignore_unsupported", False):
+            raise UsageError(f"{where}: Trellis does not support {listed}; remove them or "
+                             "submit with --ignore-unsupported")
+        print(f"trellisctl: warning: {where}: ignoring unsupported {listed}", file=sys.stderr)
+    for dest, value in parsed.values.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+    args.job_command = [os.path.basename(path), *script_args]
+    launch: dict[str, Any] = {"script": text, "slurm_env": True, **parsed.launch}
+    for key in ("stdout", "stderr"):
+        given = getattr(args, key, None)
+        if given is not None:
+            launch[key] = given
+    if "stdout" not in launch:
+        launch["stdout"] = DEFAULT_ARRAY_OUTPUT if args.array else DEFAULT_OUTPUT
+    submit_dir = os.getcwd()
+    if args.workdir is None:
+        args.workdir = submit_dir  # sbatch runs a script where it was submitted
+    if not args.name:
+        args.name = _job_name(path)
+    return {"launch": launch, "env": {**parsed.env, "TRELLIS_SUBMIT_DIR": submit_dir}}
+
+
+def _job_name(path: str) -> str:
+    """sbatch names a job after its script; Trellis' names allow letters, digits, - and _."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", os.path.basename(path)).lstrip("-_")[:63]
+    return name or "script"
