@@ -288,6 +288,20 @@ def test_buddy_cells_take_an_aligned_free_cell() -> None:
     assert workers == {"n2", "n3"}  # the cell n0+n1 is split, n2+n3 is whole
 
 
+def test_buddy_cells_keep_the_parameter_server_inside_the_jobs_cell() -> None:
+    core = core_with(make_policy("buddy-cells"), [node(f"n{i}") for i in range(4)])
+    submit(core, "one", spec("one", 1))
+    run_all(core, core.schedule(0.0), 0.0)  # n0 half used: emptier nodes would draw the PS
+    submit(core, "two", spec("two", 2))
+    submit(core, "three", spec("three", 3))
+    starts = {d.job_id: d.placement for d in core.schedule(1.0)}
+    assert set(starts) == {"two", "three"}
+    # A cell of one node: the PS (rank 0, the first allocation) is on it, no other node.
+    assert len(starts["two"].nodes) == 1
+    cell = {a.node for a in starts["three"].allocations if a.gpus}
+    assert set(starts["three"].nodes) == cell and len(cell) == 2
+
+
 def test_even_spread_spreads_and_random_is_seeded() -> None:
     core = core_with(make_policy("even-spread"), [node(f"n{i}") for i in range(4)])
     submit(core, "j", spec("j", 3))
