@@ -127,6 +127,19 @@ class PsNetwork:
         compute = job.profile.compute_s
         return compute / (compute + sync)
 
+    def part_rates(self, job_id: str) -> dict[str, float]:
+        """MB/s through the sockets of each node's part of the job while it trains: its
+        workers' exchanges (``2·G`` per iteration each, local or remote) and, on the PS's
+        node, the PS's side of every worker's (what a node's byte counters would count)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return {}
+        exchanged = 2.0 * job.profile.gradient_mb
+        step = job.profile.compute_s / self.factor(job_id)
+        rates = {node: exchanged * count / step for node, count in job.workers.items()}
+        rates[job.ps] = rates.get(job.ps, 0.0) + exchanged * sum(job.workers.values()) / step
+        return rates
+
     def neighbours(self, job_id: str) -> set[str]:
         job = self._jobs.get(job_id)
         if job is None:

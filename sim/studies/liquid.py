@@ -31,7 +31,7 @@ from sim.tables import Table
 from sim.truth import TruthConfig, TruthModel
 from sim.workloads import openb
 from sim.workloads.base import LoadOptions, Workload
-from sim.workloads.liquid import SYNC_PROFILES, LiquidTestbed, build_testbed, truth_profiles
+from sim.workloads.liquid import SYNC_PROFILES, LiquidTestbed, build_testbed, testbed_truth
 
 # The paper's own figures, quoted next to ours (never computed here).
 LIQUID_PAPER = {
@@ -113,10 +113,7 @@ def batch_stats(result: SimResult) -> dict[str, Any]:
 
 
 def _testbed_truth(config: LiquidTestbed) -> TruthConfig:
-    # Computing is placement-independent here; what placement changes is the PS traffic
-    # (sim.psnet), so the GENIE-style locality and interference terms are off.
-    return TruthConfig(profiles=truth_profiles(config.launch_s), gpu_speed=(("T4", 1.0),),
-                       interference=False, beta_switch=0.0, beta_socket=0.0)
+    return testbed_truth(config.launch_s)
 
 
 def traffic(study: LiquidStudy, worker_mbps: float | None
@@ -236,7 +233,8 @@ def run(study: LiquidStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
     section = Section("liquid", "Liquid (TPDS'22 §7)")
     started = time.monotonic()
     profiles, calibration = traffic(study, study.worker_mbps)
-    model, history = train(profiles, replace(study.history, seed=study.seed))
+    model, history = train(profiles, replace(study.testbed, seed=study.seed),
+                           replace(study.history, seed=study.seed))
     testbeds = {n: run_testbed(study, n, model, True, profiles) for n in study.testbed_nodes}
     headline = max(study.testbed_nodes)
     ablation = run_testbed(study, headline, model, False, profiles)
