@@ -119,3 +119,25 @@ def test_traffic_is_calibrated_to_the_papers_measured_worker() -> None:
             assert "NIC" in str(exc)
         else:
             raise AssertionError("a rate at or above the NIC's was accepted")
+
+
+def test_the_history_is_what_the_simulated_nodes_metered() -> None:
+    from sim.liquid_history import History, history_rows
+    from sim.liquid_meter import MeterConfig
+    from sim.psnet import calibrate
+    from sim.workloads.liquid import SYNC_PROFILES
+
+    profiles, _ = calibrate(SYNC_PROFILES, "vgg16", 200.0, 1875.0)
+    testbed = replace(LiquidTestbed(), nodes=5)
+    quiet = History(runs=12, meter=MeterConfig(util_noise_pct=0.0, bytes_noise=0.0,
+                                               memory_noise=0.0))
+    rows = history_rows(profiles, testbed, quiet)
+    assert len(rows) >= 12  # a report per part: at least one per job
+    for features, labels in rows:
+        assert labels["net_mbps"] >= 0
+        if "gpu_util" in labels:  # a part with GPUs: launching dilutes the mean below 1
+            assert 0.0 < labels["gpu_util"] < 1.0 and "gpu_mem_mib" in labels
+    # Noise changes the measurements, not which runs there were.
+    noisy = history_rows(profiles, testbed, replace(quiet, meter=MeterConfig()))
+    assert [f for f, _ in noisy] == [f for f, _ in rows]
+    assert [lab for _, lab in noisy] != [lab for _, lab in rows]
