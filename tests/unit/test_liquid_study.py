@@ -133,7 +133,7 @@ def test_the_history_is_what_the_simulated_nodes_metered() -> None:
                                                memory_noise=0.0))
     rows = history_rows(profiles, testbed, quiet)
     assert len(rows) >= 12  # a report per part: at least one per job
-    for features, labels in rows:
+    for _features, labels in rows:
         assert labels["net_mbps"] >= 0
         if "gpu_util" in labels:  # a part with GPUs: launching dilutes the mean below 1
             assert 0.0 < labels["gpu_util"] < 1.0 and "gpu_mem_mib" in labels
