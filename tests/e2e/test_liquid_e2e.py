@@ -64,3 +64,4 @@ def test_usage_and_pre_scheduling_on_a_live_cluster(make_cluster) -> None:
     assert 0.5 < usage["pre_s"] < 2.5 and 4.5 < usage["post_s"] < 8.0, usage
     code, text, err = ctl(cluster, "show", first, json_out=False)
     assert code == 0 and "Usage:" in text and "gpu mem peak=5000 MiB" in text, text
+    assert "phases pre=" in text and " post=" in text, text
