@@ -12,7 +12,8 @@ tables on stderr and, last, one JSON line: ``makespan_reduction_pct`` and
 parameter servers' traffic calibrated to the paper's measured VGG-16 worker),
 ``calibrated_worker_mb_per_s`` (what a lone VGG-16 worker exchanges in the calibrated traffic
 model), the same cuts uncalibrated (``uncalibrated``: full model-size exchanges), the resource
-model's held-out R² on the metered testbed history (``history_r2``),
+model's held-out R² on the metered testbed history (``history_r2``), Liquid's batch mode
+against its immediate mode (``immediate_makespan_cut_pct``),
 ``rf_r2`` (mean over labels and splits, measured pairs), ``openb_gpu_alloc_pct``
 (``whole``, ``shared``), the paper's figures beside them, and ``seconds``.
 """
