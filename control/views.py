@@ -228,6 +228,13 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _phases(u: dict[str, Any]) -> str:
+    """Liquid's phases as the node cut them (launching, and saving once the part ended)."""
+    parts = [f"{name}={u[key]:.1f} s" for key, name in (("pre_s", "pre"), ("post_s", "post"))
+             if u.get(key) is not None]
+    return " phases " + " ".join(parts) if parts else ""
+
+
 def show_usage(usage: list[dict[str, Any]] | None,
                resources: dict[str, float] | None) -> list[str]:
     """What the job's parts really used (noded's job_usage), and Liquid's prediction."""
@@ -242,11 +249,13 @@ def show_usage(usage: list[dict[str, Any]] | None,
             f"±{_num(u.get('gpu_util_std'), '.1f')} "
             f"gpu mem peak={_num(u.get('gpu_memory_peak_mib'), '.0f')} MiB "
             f"net tx={_num(net[0], 'd')} rx={_num(net[1], 'd')} B "
-            f"over {_num(u.get('seconds'), '.0f')} s")
+            f"over {_num(u.get('seconds'), '.0f')} s"
+            + _phases(u))
     if resources:
         names = (("liquid.gpu_util", "gpu util", 100.0, "%"), ("liquid.gpu_mem_mib", "gpu mem",
                  1.0, " MiB"), ("liquid.cpu", "cpu", 1.0, ""), ("liquid.mem_mib", "mem", 1.0,
-                 " MiB"), ("liquid.net_mbps", "net", 1.0, " MB/s"))
+                 " MiB"), ("liquid.net_mbps", "net", 1.0, " MB/s"),
+                 ("liquid.pre_s", "pre", 1.0, " s"), ("liquid.post_s", "post", 1.0, " s"))
         lines.append(f"{'Predicted:':<12}" + ", ".join(
             f"{label}={resources[key] * scale:.3g}{unit}" for key, label, scale, unit in names
             if key in resources))

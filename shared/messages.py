@@ -398,6 +398,10 @@ class JobUsage:
     net_tx_bytes: int | None = bounded(None, min=0, max=1 << 62)
     net_rx_bytes: int | None = bounded(None, min=0, max=1 << 62)
     final: bool = False
+    # Liquid §6.1's phases as the part's GPU utilisation showed them (15% crossings): the
+    # launching phase, and (final reports only) the post phase from its start to the exit.
+    pre_s: float | None = bounded(None, min=0, max=1e9)
+    post_s: float | None = bounded(None, min=0, max=1e9)
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,10 @@ class UsageCollector:
             net_tx_bytes=None if net is None else net.get("tx", 0),
             net_rx_bytes=None if net is None else net.get("rx", 0),
             final=final,
+            # Phase lengths (Liquid §6.1): the launching phase once seen, the post phase
+            # only in the final report (it lasts until the part exits).
+            pre_s=track.phase.pre_s,
+            post_s=track.phase.post_s(track.last_report) if final else None,
         )
         log.debug("job=%s usage final=%s cpu_peak=%s mem_mib=%s gpu=%s", track.job_id, final,
                   usage.cpu_peak, usage.memory_peak_mib, usage.gpu_util_mean)
