@@ -26,6 +26,7 @@ from aiohttp import web
 
 from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
+from noded.containers.launcher import ContainerLauncher
 from noded.enforced_metrics import EnforcementCollector
 from noded.enforcer import ContentionEnforcer, running_jobs
 from noded.fencing import EpochFence
@@ -171,6 +172,8 @@ class NodeDaemon:
             numa_of={c.id: c.numa_node for c in self.cpus},
             log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
         )
+        # Jobs that run in their own image (launch.image): podman + runc, noded/containers.
+        self.containers = ContainerLauncher(self.runner, config.containers, state)
         # Jobs' output for the master's read_log, and its removal after log_retention_h.
         self.logs = LogReader(self.runner, config.jobs.log_retention_h * 3600)
         headers, ssl_context = master_credentials(config)
