@@ -9,6 +9,7 @@ in the container at all, and runc's device cgroup denies them even to a ``mknod`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -65,7 +66,5 @@ def write_spec(name: str, nodes: GpuDeviceNodes, gpus: tuple[int, ...],
 
 
 def remove_spec(name: str, spec_dir: Path = SPEC_DIR) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         spec_path(name, spec_dir).unlink()
-    except FileNotFoundError:
-        pass
