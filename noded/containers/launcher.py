@@ -61,7 +61,7 @@ class ContainerLauncher:
             return launch
         alloc = part.prepare.allocation
         name = self._name(part)
-        for d in ("root", "run", "tmp"):
+        for d in ("root", "tmp"):
             (self.podman.storage / d).mkdir(parents=True, exist_ok=True)
         scratch = part.dir / "scratch"
         scratch.mkdir(mode=0o700, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import resource
 import shutil
@@ -24,11 +25,22 @@ def rlimit_flags() -> list[str]:
     flags = []
     for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         soft, hard = resource.getrlimit(which)
+        if name == "nproc":
+            # podman caps its own (and so conmon's, runc's) nproc at pid_max: no more
+            # processes than pids can exist, and runc cannot raise a limit above its own.
+            hard = min(hard, _pid_max())
         if hard == resource.RLIM_INFINITY:
             continue  # no ceiling here: podman's default fits
         soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
         flags += ["--ulimit", f"{name}={soft}:{hard}"]
     return flags
+
+
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 32768
 
 
 @dataclass(frozen=True)
@@ -48,11 +60,18 @@ class Podman:
                 return f"{tool} is not installed"
         return ""
 
+    @property
+    def runroot(self) -> Path:
+        """podman's run state: it refuses a runroot longer than 50 characters (conmon's
+        socket paths must fit sun_path), so it lives under /run, named by the store."""
+        digest = hashlib.sha1(str(self.storage).encode()).hexdigest()[:16]
+        return Path("/run/trellis-podman") / digest
+
     def argv(self, *args: str) -> list[str]:
         return [
             self.executable,
             "--root", str(self.storage / "root"),
-            "--runroot", str(self.storage / "run"),
+            "--runroot", str(self.runroot),
             "--tmpdir", str(self.storage / "tmp"),
             "--runtime", self.runtime,
             "--cgroup-manager", "cgroupfs",

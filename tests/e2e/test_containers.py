@@ -1,0 +1,174 @@
+"""Image jobs end to end: a real docker-registry on loopback, busybox images built here, real
+masterd + noded, podman + runc. One registry and one cluster for the module (lean).
+
+Checked on a container job: it runs as its user with no capabilities and no-new-privileges,
+read-only except /scratch, inside the job's cgroup (cpuset, memory limit, OOM reported as
+out of memory), its output in the job's log, SIGTERM at cancel reaching it; bad input (a
+mount outside the allowed prefixes, a device mount, a missing image, a foreign
+architecture, a registry down) fails the job with one sentence and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from demo.cluster import LocalCluster, default_job_user
+from demo.harness import scratch_dir
+from demo.registry import Registry, build_image, free_port
+from noded.containers.podman import Podman, node_architecture
+from tests.conftest import needs_root
+
+MISSING = [t for t in ("podman", "runc", "docker-registry", "skopeo") if not shutil.which(t)]
+pytestmark = [needs_root, pytest.mark.root,
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {MISSING}")]
+
+FOREIGN = "arm64" if node_architecture() != "arm64" else "amd64"
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[dict]:
+    with scratch_dir("trellis-test-ctr-", mode=0o777) as root:
+        layout = root / "oci"
+        build_image(layout, "v1")
+        build_image(layout, "foreign", arch=FOREIGN, seed=1)
+        allowed = root / "allowed"
+        allowed.mkdir(mode=0o755)
+        (allowed / "data.txt").write_text("from the host\n")
+        with Registry() as reg:
+            image = reg.push(layout, "v1", "trellis-test/busybox")
+            foreign = reg.push(layout, "foreign", "trellis-test/busybox")
+            cluster = LocalCluster(root / "cluster", prefix="trellis-test-ctr", nodes=1,
+                                   gpus_per_node=2, node_sections={"containers": {
+                                       "allowed_mounts": [str(allowed)],
+                                       "insecure_registries": [reg.host, f"127.0.0.1:{1}"],
+                                       "pull_timeout_s": 20.0, "pull_retries": 1}})
+            try:
+                cluster.start()
+                yield {"cluster": cluster, "image": image, "foreign": foreign, "reg": reg,
+                       "allowed": allowed, "root": root}
+            finally:
+                cluster.close()
+                store = root / "cluster" / cluster.node_name(1) / "containers"
+                podman = Podman(store)
+                if store.exists():  # leftover containers' processes, then the store
+                    subprocess.run(podman.argv("rm", "-af", "-t", "0"), capture_output=True,
+                                   timeout=60)
+                    subprocess.run(["umount", "-R", str(store / "root" / "overlay")],
+                                   capture_output=True)
+                shutil.rmtree(podman.runroot, ignore_errors=True)
+
+
+def submit(env: dict, name: str, script: str, **kw: object) -> str:
+    launch = {"image": kw.pop("image", env["image"])}
+    if "mounts" in kw:
+        launch["mounts"] = kw.pop("mounts")
+    job = {"name": name, "user": default_job_user(), "kind": "cpu", "gpus": 0, "cpus": 1,
+           "command": ["/bin/sh", "-c", script], "launch": launch, **kw}
+    return env["cluster"].client().call("submit", {"job": job})["job"]["id"]
+
+
+def ended(env: dict, job_id: str, timeout: float = 90) -> dict:
+    client = env["cluster"].client()
+
+    def check() -> dict | None:
+        job = client.call("job", {"id": job_id})["job"]
+        return job if job["state"] in ("finished", "failed", "cancelled", "timeout") else None
+
+    return env["cluster"].wait_for(f"job {job_id} to end", check, timeout=timeout)
+
+
+def output(env: dict, job_id: str) -> str:
+    reply = env["cluster"].client().call("logs", {"id": job_id})
+    return "".join(p.get("data", "") if isinstance(p.get("data"), str) else
+                   bytes(p.get("data", b"")).decode(errors="replace")
+                   for p in reply["parts"])
+
+
+def podman_ps(env: dict) -> list[str]:
+    store = env["root"] / "cluster" / env["cluster"].node_name(1) / "containers"
+    done = subprocess.run(Podman(store).argv("ps", "-a", "--format", "{{.Names}}"),
+                          capture_output=True, text=True, timeout=30)
+    return done.stdout.split()
+
+
+PROBE = ("id -u; grep -e NoNewPrivs -e CapEff -e Cpus_allowed_list /proc/self/status; "
+         "grep -e memory -e cpuset /proc/self/cgroup; cat /data/data.txt; "
+         "echo x > /scratch/ok && echo scratch-writable; "
+         "touch /etc/nope 2>/dev/null || echo root-read-only; "
+         "echo x > /data/no 2>/dev/null || echo mount-read-only; echo to-stderr >&2")
+
+
+def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
+    job_id = submit(env, "probe", PROBE, memory_mib=128,
+                    mounts=[{"source": str(env["allowed"]), "target": "/data",
+                             "read_only": True}])
+    job = ended(env, job_id)
+    out = output(env, job_id)
+    assert job["state"] == "finished", (job, out)
+    lines = out.splitlines()
+    assert "65534" in lines  # nobody, as submitted (not root)
+    assert "NoNewPrivs:\t1" in out and "CapEff:\t0000000000000000" in out
+    # Its cpuset is the job's one core; its groups nest below the job's own.
+    cpus = [a["cpus"] for a in job["placement"]][0]
+    assert f"Cpus_allowed_list:\t{cpus[0]}" in out, out
+    assert f"/{env['cluster'].node_name(1)}/{job_id}/" in out
+    for want in ("from the host", "scratch-writable", "root-read-only", "mount-read-only",
+                 "to-stderr"):
+        assert want in lines, (want, out)
+    assert podman_ps(env) == []  # removed with the job
+
+
+def test_out_of_memory_in_a_container_is_reported_as_such(env: dict) -> None:
+    hog = "dd if=/dev/zero of=/dev/null bs=256M count=1"  # one 256 MiB buffer, 64 MiB limit
+    job = ended(env, submit(env, "hog", hog, memory_mib=64))
+    assert job["state"] == "failed"
+    assert job["reason"].startswith("out of memory: the kernel's OOM killer"), job
+
+
+def test_cancel_reaches_the_container_with_sigterm(env: dict) -> None:
+    script = "trap 'echo got-term; exit 3' TERM; echo up; while true; do sleep 0.2; done"
+    job_id = submit(env, "term", script)
+    client = env["cluster"].client()
+    env["cluster"].wait_for("the container to be up", lambda: "up" in output(env, job_id),
+                            timeout=60)
+    client.call("cancel", {"id": job_id})
+    job = ended(env, job_id)
+    assert job["state"] == "cancelled"
+    assert "got-term" in output(env, job_id)
+    assert env["cluster"].wait_for("its container to be gone", lambda: podman_ps(env) == [],
+                                   timeout=30) is True
+
+
+def test_bad_input_fails_the_job_with_one_sentence_and_leaves_nothing(env: dict) -> None:
+    down = f"127.0.0.1:{free_port()}/trellis-test/none:v1"
+    cases = {
+        "outside": ({"mounts": [{"source": "/etc", "target": "/x"}]},
+                    "outside the prefixes this node allows"),
+        "device": ({"mounts": [{"source": "/dev/null", "target": "/x"}]}, "is a device"),
+        "missing": ({"image": f"{env['reg'].host}/trellis-test/nothere:v1"},
+                    "does not exist in registry"),
+        "foreign": ({"image": env["foreign"]}, f"is built for {FOREIGN}"),
+        "down": ({"image": down}, "cannot be reached"),
+    }
+    ids = {name: submit(env, name, "echo never", **kw) for name, (kw, _) in cases.items()}
+    for name, (_, words) in cases.items():
+        job = ended(env, ids[name])
+        assert job["state"] == "failed", (name, job)
+        assert words in job["reason"], (name, job["reason"])
+        assert "\n" not in job["reason"] and "Traceback" not in job["reason"]
+        assert "never" not in output(env, ids[name])
+    assert podman_ps(env) == []
+    store = env["root"] / "cluster" / env["cluster"].node_name(1) / "containers"
+    assert not any((store / "tmp").iterdir())  # no half-pulled blob
+    # No foreign image kept, and no group left below the node's parent.
+    parent = Path("/sys/fs/cgroup/cpuset") / env["cluster"].node_name(1)
+    assert not [p for p in parent.iterdir() if p.is_dir()] if parent.exists() else True
+    # The node runs the next job.
+    assert ended(env, submit(env, "next", "echo fine"))["state"] == "finished"
