@@ -37,12 +37,12 @@ class PullFailed(Exception):
 _CAUSES: tuple[tuple[tuple[str, ...], str, bool], ...] = (
     (("no space left on device",), "the node's image store is full (no space left on "
      "device)", False),
-    (("unauthorized", "authentication required", "denied", "401"),
-     "registry {registry} refused the node's credentials for {image}", False),
-    (("manifest unknown", "name unknown", "not found", "404"),
-     "image {image} does not exist in registry {registry}", False),
     (("connection refused", "no such host", "no route to host", "network is unreachable",
       "connection reset"), "registry {registry} cannot be reached", True),
+    (("unauthorized", "authentication required", "denied"),
+     "registry {registry} refused the node's credentials for {image}", False),
+    (("manifest unknown", "name unknown", "not found"),
+     "image {image} does not exist in registry {registry}", False),
     (("i/o timeout", "timeout", "deadline exceeded"),
      "registry {registry} did not answer in time", True),
     (("invalid character", "unexpected", "malformed", "unsupported", "eof", "parse",
@@ -53,7 +53,8 @@ _CAUSES: tuple[tuple[tuple[str, ...], str, bool], ...] = (
 
 
 def classify(stderr: str, image: str, registry: str) -> PullFailed:
-    text = stderr.lower()
+    # Not the names themselves: a port or a path may hold any of the words below.
+    text = stderr.replace(image, "IMAGE").replace(registry or "\0", "REGISTRY").lower()
     for words, sentence, retry in _CAUSES:
         if any(w in text for w in words):
             return PullFailed(sentence.format(image=image, registry=registry or "(default)"),
@@ -78,7 +79,7 @@ class ImageCache:
 
     def _env(self) -> dict[str, str]:
         # Layers are downloaded to TMPDIR first: keep half-pulled blobs in the node's store.
-        return {**os.environ, "TMPDIR": str(self.store / "tmp")}
+        return {**os.environ, "TMPDIR": str(self.store / "pull-tmp")}
 
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.podman.argv(*args), capture_output=True, text=True,
@@ -128,7 +129,7 @@ class ImageCache:
         args = ["pull", f"--tls-verify={'true' if tls_verify else 'false'}"]
         if authfile is not None:
             args += ["--authfile", str(authfile)]
-        (self.store / "tmp").mkdir(parents=True, exist_ok=True)
+        (self.store / "pull-tmp").mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         self._note(state="pulling", image=image, attempt=attempt, attempts=attempts, blobs=0)
         self.progress(f"[trellis] pulling {image} (attempt {attempt} of {attempts})")
@@ -160,7 +161,7 @@ class ImageCache:
 
     def _scrub(self) -> None:
         """Remove what a failed pull left half-written: its temporary blobs."""
-        tmp = self.store / "tmp"
+        tmp = self.store / "pull-tmp"
         for entry in tmp.glob("*") if tmp.is_dir() else ():
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)

@@ -77,7 +77,9 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
 
 def run_argv(podman: Podman, cfg: dict, image_id: str, volumes: list[str]) -> list[str]:
     args = [
-        "run", "--rm", "--name", cfg["name"], "--pull", "never",
+        # Not --rm: noded asks podman whether the OOM killer ended it (its group, where the
+        # kernel counts the kill, is gone by then) and then removes it (launcher.cleanup).
+        "run", "--name", cfg["name"], "--pull", "never",
         # The container's groups nest below the job's: its cpuset, memory limit, OOM count,
         # usage and MBA membership are the job's (noded/cgroups reads nested groups).
         "--cgroup-parent", cfg["cgroup_parent"],

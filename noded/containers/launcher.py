@@ -118,7 +118,32 @@ class ContainerLauncher:
         if part.exit_code == EXIT_LAUNCH_FAILED:
             return ("the container runtime could not start the container (podman exit status "
                     "125); its message is in the job's log")
+        if self._oom_killed(part):
+            limit = part.prepare.allocation.memory_mib
+            log.warning("job=%s container killed by the OOM killer memory_limit_mib=%d",
+                        part.job_id, limit)
+            return (f"out of memory: the kernel's OOM killer stopped it at its memory limit "
+                    f"({limit} MiB)")
         return ""
+
+    def _oom_killed(self, part: JobPart) -> bool:
+        """The container's process died of SIGKILL (podman's status 137) after the job's
+        memory group hit its limit. The OOM killer counts the kill in the group podman
+        nested below the job's, which is gone with the container on cgroup v1 (v1 counts are
+        not hierarchical; v2's memory.events are, and noded's own check sees them); the
+        job's group still says its limit was hit (memory.failcnt)."""
+        if part.exit_code != 137 or part.stopping:
+            return False
+        try:
+            files = self.runner.cgroups.attach_files(part.job_id)
+        except (LookupError, OSError, ValueError):
+            return False
+        for procs in files:
+            failcnt = procs.parent / "memory.failcnt"
+            with contextlib.suppress(OSError, ValueError):
+                if int(failcnt.read_text()) > 0:
+                    return True
+        return False
 
     def cleanup(self, part: JobPart) -> None:
         if not part.prepare.spec.launch.image:
