@@ -163,6 +163,7 @@ class ContainerLauncher:
         not: remove what it nested under the job's groups, and the job's path where noded
         has no group of its own (noded removes its own groups after this)."""
         parent = self.runner.cgroups_parent()
+        managed = self._managed_roots(job_id)
         for root in _cgroup_roots():
             top = root / parent / job_id
             if not top.is_dir():
@@ -171,9 +172,11 @@ class ContainerLauncher:
                               key=lambda p: len(p.parts), reverse=True):
                 with contextlib.suppress(OSError):
                     os.rmdir(sub)
-            if not (top / "cgroup.procs").exists() or root not in self._managed_roots(job_id):
+            if root not in managed:
                 with contextlib.suppress(OSError):
                     os.rmdir(top)
+                with contextlib.suppress(OSError):  # the last job's: podman made it too
+                    os.rmdir(top.parent)
 
     def _managed_roots(self, job_id: str) -> set[Path]:
         parent = self.runner.cgroups_parent()
