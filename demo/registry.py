@@ -130,10 +130,10 @@ class Registry:
             config["auth"] = {"htpasswd": {"realm": "trellis-test",
                                            "path": str(self.dir / "htpasswd")}}
         (self.dir / "config.yml").write_text(json.dumps(config))  # JSON is YAML
-        self.proc = subprocess.Popen(
-            ["docker-registry", "serve", str(self.dir / "config.yml")],
-            stdout=open(self.dir / "registry.log", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+        with open(self.dir / "registry.log", "wb") as out:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                ["docker-registry", "serve", str(self.dir / "config.yml")],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
             try:

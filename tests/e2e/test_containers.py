@@ -10,11 +10,10 @@ architecture, a registry down) fails the job with one sentence and leaves nothin
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,21 +37,28 @@ def env() -> Iterator[dict]:
         layout = root / "oci"
         build_image(layout, "v1")
         build_image(layout, "foreign", arch=FOREIGN, seed=1)
+        build_image(layout, "private", seed=2)
         allowed = root / "allowed"
         allowed.mkdir(mode=0o755)
         (allowed / "data.txt").write_text("from the host\n")
-        with Registry() as reg:
+        creds = root / "creds"
+        creds.mkdir(mode=0o700)
+        with Registry() as reg, Registry(htpasswd=f"tester:{_bcrypt('s3cret')}") as locked:
             image = reg.push(layout, "v1", "trellis-test/busybox")
             foreign = reg.push(layout, "foreign", "trellis-test/busybox")
+            private = locked.push(layout, "private", "trellis-test/private",
+                                  creds="tester:s3cret")
             cluster = LocalCluster(root / "cluster", prefix="trellis-test-ctr", nodes=1,
                                    gpus_per_node=2, node_sections={"containers": {
                                        "allowed_mounts": [str(allowed)],
-                                       "insecure_registries": [reg.host, f"127.0.0.1:{1}"],
+                                       "insecure_registries": [reg.host, locked.host],
+                                       "credentials_dir": str(creds),
                                        "pull_timeout_s": 20.0, "pull_retries": 1}})
             try:
                 cluster.start()
                 yield {"cluster": cluster, "image": image, "foreign": foreign, "reg": reg,
-                       "allowed": allowed, "root": root}
+                       "allowed": allowed, "root": root, "private": private,
+                       "locked": locked, "creds": creds}
             finally:
                 cluster.close()
                 store = root / "cluster" / cluster.node_name(1) / "containers"
@@ -63,6 +69,16 @@ def env() -> Iterator[dict]:
                     subprocess.run(["umount", "-R", str(store / "root" / "overlay")],
                                    capture_output=True)
                 shutil.rmtree(podman.runroot, ignore_errors=True)
+
+
+def _bcrypt(password: str) -> str:
+    """An htpasswd bcrypt hash (the registry accepts only bcrypt), from libxcrypt."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
 
 
 def submit(env: dict, name: str, script: str, **kw: object) -> str:
@@ -116,7 +132,7 @@ def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
     assert "65534" in lines  # nobody, as submitted (not root)
     assert "NoNewPrivs:\t1" in out and "CapEff:\t0000000000000000" in out
     # Its cpuset is the job's one core; its groups nest below the job's own.
-    cpus = [a["cpus"] for a in job["placement"]][0]
+    cpus = next(a["cpus"] for a in job["placement"])
     assert f"Cpus_allowed_list:\t{cpus[0]}" in out, out
     assert f"/{env['cluster'].node_name(1)}/{job_id}/" in out
     for want in ("from the host", "scratch-writable", "root-read-only", "mount-read-only",
@@ -173,3 +189,47 @@ def test_bad_input_fails_the_job_with_one_sentence_and_leaves_nothing(env: dict)
     assert not [p for p in parent.iterdir() if p.is_dir()] if parent.exists() else True
     # The node runs the next job.
     assert ended(env, submit(env, "next", "echo fine"))["state"] == "finished"
+
+
+def test_registry_credentials_are_the_operators_file_mode_0600(env: dict) -> None:
+    path = env["creds"] / env["locked"].host
+    path.write_text("tester:wrong\n")
+    path.chmod(0o644)
+    job = ended(env, submit(env, "open-file", "echo in", image=env["private"]))
+    assert job["state"] == "failed" and "must be 0600" in job["reason"], job["reason"]
+    path.chmod(0o600)
+    job = ended(env, submit(env, "wrong", "echo in", image=env["private"]))
+    assert job["state"] == "failed" and "refused the node's credentials" in job["reason"], \
+        job["reason"]
+    path.write_text("tester:s3cret\n")
+    job_id = submit(env, "right", "cat /etc/seed", image=env["private"])
+    assert ended(env, job_id)["state"] == "finished"
+    assert "2" in output(env, job_id).splitlines()  # the private image's own file
+
+
+def test_a_running_container_follows_a_live_re_pin(env: dict) -> None:
+    """What the CPU tuner does (cgroups.update on the job's group) moves the container's
+    processes too, though podman nested their group below the job's."""
+    from dataclasses import replace
+
+    from noded.cgroups import detect_cgroups
+
+    script = ("while true; do grep Cpus_allowed_list /proc/self/status; "
+              "[ -e /scratch/stop ] && exit 0; sleep 0.2; done")
+    job_id = submit(env, "repin", script, time_limit_s=120)
+    cluster = env["cluster"]
+    first = cluster.wait_for("its first line", lambda: [
+        ln for ln in output(env, job_id).splitlines() if ln.startswith("Cpus_allowed")],
+        timeout=60)[0]
+    placed = int(first.split()[-1])
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: nowhere to re-pin to")
+    other = next(c for c in cores if c != placed)
+    groups = detect_cgroups(cluster.node_name(1))
+    groups.update(job_id, replace(groups.limits(job_id), cpus=(other,)))
+    cluster.wait_for("the container on its new core", lambda: any(
+        ln == f"Cpus_allowed_list:\t{other}" for ln in output(env, job_id).splitlines()),
+        timeout=30)
+    env["cluster"].client().call("cancel", {"id": job_id})
+    assert ended(env, job_id)["state"] == "cancelled"
