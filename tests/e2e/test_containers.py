@@ -61,14 +61,15 @@ def env() -> Iterator[dict]:
                        "locked": locked, "creds": creds}
             finally:
                 cluster.close()
-                store = root / "cluster" / cluster.node_name(1) / "containers"
-                podman = Podman(store)
-                if store.exists():  # leftover containers' processes, then the store
-                    subprocess.run(podman.argv("rm", "-af", "-t", "0"), capture_output=True,
-                                   timeout=60)
-                    subprocess.run(["umount", "-R", str(store / "root" / "overlay")],
-                                   capture_output=True)
-                shutil.rmtree(podman.runroot, ignore_errors=True)
+                for store in (root / "cluster" / cluster.node_name(1) / "containers",
+                              root / "probe-store"):
+                    podman = Podman(store)
+                    if store.exists():  # leftover containers' processes, then the store
+                        subprocess.run(podman.argv("rm", "-af", "-t", "0"),
+                                       capture_output=True, timeout=60)
+                        subprocess.run(["umount", "-R", str(store / "root" / "overlay")],
+                                       capture_output=True)
+                    shutil.rmtree(podman.runroot, ignore_errors=True)
 
 
 def _bcrypt(password: str) -> str:
@@ -233,3 +234,21 @@ def test_a_running_container_follows_a_live_re_pin(env: dict) -> None:
         timeout=30)
     env["cluster"].client().call("cancel", {"id": job_id})
     assert ended(env, job_id)["state"] == "cancelled"
+
+
+def test_a_container_gets_its_gpus_and_no_other(env: dict) -> None:
+    """The CDI spec noded writes from a GpuDeviceNodes puts exactly the job's GPU (and the
+    control file) into the container; the others cannot be opened or made there."""
+    from demo.gpuprobe import fake_gpu_nodes, probe
+
+    with scratch_dir("trellis-test-gpudev-") as scratch:
+        nodes = fake_gpu_nodes(scratch / "dev", 4)
+        result = probe(env["root"] / "probe-store", env["image"], nodes, (1,),
+                       workdir=scratch)
+    assert result.exit_code == 0, result.output
+    assert sorted(result.present) == ["/dev/nvidia1", "/dev/nvidiactl"], result.output
+    # Its own GPU opens as far as the driver (absent here: ENXIO), never EPERM.
+    assert "No such device or address" in result.opened["/dev/nvidia1"], result.output
+    attempts, escapes = result.escapes((1,), nodes)
+    assert attempts == 9 and escapes == 0, result.output
+    assert all("Operation not permitted" in v for v in result.mknod.values()), result.output
