@@ -72,6 +72,9 @@ class ImageCache:
     # Where progress lines go (the job's log) and the pull's record (JOBDIR/pull.json).
     progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     record: Path | None = None
+    # The job's metrics channel (noded/metrics_channel.py): the pull's progress reaches the
+    # master as job_metric events, shown by ``trellisctl show`` (image_pull_*).
+    metric: Callable[[str, float], None] = lambda name, value: None
 
     @property
     def store(self) -> Path:
@@ -105,6 +108,7 @@ class ImageCache:
         cached = self.image_id(image)
         if cached is not None:
             self._note(state="cached", image=image)
+            self.metric("image_cached", 1)
             return cached
         attempts = 1 + self.pull_retries
         for attempt in range(1, attempts + 1):
@@ -145,6 +149,8 @@ class ImageCache:
                 lines.append(line)
                 if line.startswith("Copying blob"):
                     blobs += 1
+                    self.metric("image_pull_layers", blobs)
+                    self.metric("image_pull_s", round(time.monotonic() - start, 3))
                     self._note(state="pulling", image=image, attempt=attempt,
                                attempts=attempts, blobs=blobs,
                                elapsed_s=round(time.monotonic() - start, 1))
@@ -157,6 +163,8 @@ class ImageCache:
         if proc.returncode != 0:
             raise classify("".join(lines[-20:]), image, registry)
         self._note(state="pulled", image=image, elapsed_s=round(time.monotonic() - start, 3))
+        self.metric("image_pull_s", round(time.monotonic() - start, 3))
+        self.metric("image_pulled", 1)
         self.progress(f"[trellis] pulled {image} in {time.monotonic() - start:.1f}s")
 
     def _scrub(self) -> None:

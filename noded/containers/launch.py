@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from noded.containers.cache import ImageCache, PullFailed
@@ -28,6 +29,8 @@ from shared.model import Mount
 
 EXIT_LAUNCH_FAILED = 125  # podman's own status for "the container could not be started"
 ERROR_FILE = "container-error.json"
+# Where a container job finds its metrics channel (TRELLIS_METRICS_FILE points into it).
+METRICS_DIR = "/run/trellis-metrics"
 
 
 class LaunchFailed(Exception):
@@ -50,7 +53,8 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
         raise LaunchFailed(str(exc)) from None
     podman = Podman(Path(cfg["storage"]), cfg["runtime"])
     cache = ImageCache(podman, int(cfg["cache_max_bytes"]), float(cfg["pull_timeout_s"]),
-                       int(cfg["pull_retries"]), record=jobdir / "pull.json")
+                       int(cfg["pull_retries"]), record=jobdir / "pull.json",
+                       metric=metrics_writer(cfg))
     authfile = None
     try:
         creds = read_credentials(Path(cfg["credentials_dir"]), ref.registry)
@@ -75,6 +79,31 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
     return run_argv(podman, cfg, image_id, volumes)
 
 
+def metrics_writer(cfg: dict) -> Callable[[str, float], None]:
+    """Lines for the job's metrics file (its channel to the master), written as the job's
+    user would: the file is created for it and handed to it, links never followed."""
+    path = cfg.get("metrics_file", "")
+    uid, gid = (int(x) for x in cfg["user"].split(":"))
+
+    def write(name: str, value: float) -> None:
+        if not path:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return
+        try:
+            if os.geteuid() == 0 and os.fstat(fd).st_uid != uid:
+                os.fchown(fd, uid, gid)
+            os.write(fd, f"{name} {value:g}\n".encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    return write
+
+
 def run_argv(podman: Podman, cfg: dict, image_id: str, volumes: list[str]) -> list[str]:
     args = [
         # Not --rm: noded asks podman whether the OOM killer ended it (its group, where the
@@ -97,6 +126,8 @@ def run_argv(podman: Podman, cfg: dict, image_id: str, volumes: list[str]) -> li
         args += ["--cap-drop", "all"]
     for volume in volumes:
         args += ["--volume", volume]
+    if cfg.get("metrics_dir"):  # the job's metrics channel, where its env says it is
+        args += ["--volume", f"{cfg['metrics_dir']}:{METRICS_DIR}:rw,nodev,nosuid,noexec"]
     for device in cfg["devices"]:
         args += ["--device", device]
     for key in cfg["env"]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from noded.containers import cdi
-from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED
+from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
 from noded.containers.podman import Podman
 from noded.gpu.devices import GpuDeviceNodes
 from shared.config import ContainersConfig
@@ -72,6 +72,9 @@ class ContainerLauncher:
         # The container sees only its GPUs, numbered from 0 as CUDA enumerates them there.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(alloc.gpus)))
         env["TRELLIS_NODE_GPUS"] = ",".join(str(g) for g in alloc.gpus)
+        metrics_file = env.get("TRELLIS_METRICS_FILE", "")
+        if metrics_file:  # the channel's directory is bound in; the variable follows it
+            env["TRELLIS_METRICS_FILE"] = f"{METRICS_DIR}/{os.path.basename(metrics_file)}"
         devices: list[str] = []
         nodes = self.devices() if alloc.gpus else None
         if nodes is not None:
@@ -95,6 +98,8 @@ class ContainerLauncher:
             "user": f"{launch['uid']}:{launch['gid']}", "root": launch["uid"] == 0,
             "scratch": str(scratch), "workdir": spec.workdir or "/scratch",
             "command": list(launch["command"]), "env": env, "devices": devices,
+            "metrics_file": metrics_file,
+            "metrics_dir": os.path.dirname(metrics_file) if metrics_file else "",
         }
         path = part.dir / "container.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the env

@@ -119,7 +119,9 @@ PROBE = ("id -u; grep -e NoNewPrivs -e CapEff -e Cpus_allowed_list /proc/self/st
          "grep -e memory -e cpuset /proc/self/cgroup; cat /data/data.txt; "
          "echo x > /scratch/ok && echo scratch-writable; "
          "touch /etc/nope 2>/dev/null || echo root-read-only; "
-         "(echo x > /data/no) 2>/dev/null || echo mount-read-only; echo to-stderr >&2")
+         "(echo x > /data/no) 2>/dev/null || echo mount-read-only; echo to-stderr >&2; "
+         # its metrics channel works in the container; held open long enough to be relayed
+         "echo 'probe_value 7' >> $TRELLIS_METRICS_FILE && sleep 2.5")
 
 
 def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
@@ -140,6 +142,11 @@ def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
                  "to-stderr"):
         assert want in lines, (want, out)
     assert podman_ps(env) == []  # removed with the job
+    # The pull's progress and the job's own metric reached the master (trellisctl show).
+    metrics = env["cluster"].client().call("job", {"id": job_id}).get("metrics") or {}
+    assert metrics.get("probe_value", {}).get("last") == 7, metrics
+    assert metrics.get("image_pulled", {}).get("last") == 1, metrics
+    assert metrics["image_pull_s"]["last"] > 0
 
 
 def test_out_of_memory_in_a_container_is_reported_as_such(env: dict) -> None:
