@@ -38,6 +38,8 @@ def env() -> Iterator[dict]:
         build_image(layout, "v1")
         build_image(layout, "foreign", arch=FOREIGN, seed=1)
         build_image(layout, "private", seed=2)
+        for seed in (3, 4, 5):  # three distinct images for the cache's size cap
+            build_image(layout, f"c{seed}", seed=seed, pad_mb=1)
         allowed = root / "allowed"
         allowed.mkdir(mode=0o755)
         (allowed / "data.txt").write_text("from the host\n")
@@ -46,6 +48,7 @@ def env() -> Iterator[dict]:
         with Registry() as reg, Registry(htpasswd=f"tester:{_bcrypt('s3cret')}") as locked:
             image = reg.push(layout, "v1", "trellis-test/busybox")
             foreign = reg.push(layout, "foreign", "trellis-test/busybox")
+            cached = [reg.push(layout, f"c{seed}", "trellis-test/cache") for seed in (3, 4, 5)]
             private = locked.push(layout, "private", "trellis-test/private",
                                   creds="tester:s3cret")
             cluster = LocalCluster(root / "cluster", prefix="trellis-test-ctr", nodes=1,
@@ -58,7 +61,7 @@ def env() -> Iterator[dict]:
                 cluster.start()
                 yield {"cluster": cluster, "image": image, "foreign": foreign, "reg": reg,
                        "allowed": allowed, "root": root, "private": private,
-                       "locked": locked, "creds": creds}
+                       "locked": locked, "creds": creds, "cached": cached}
             finally:
                 cluster.close()
                 for store in (root / "cluster" / cluster.node_name(1) / "containers",
@@ -259,3 +262,31 @@ def test_a_container_gets_its_gpus_and_no_other(env: dict) -> None:
     attempts, escapes = result.escapes((1,), nodes)
     assert attempts == 9 and escapes == 0, result.output
     assert all("Operation not permitted" in v for v in result.mknod.values()), result.output
+
+
+def test_the_cache_evicts_least_recently_used_never_an_image_in_use(env: dict) -> None:
+    from noded.containers.cache import ImageCache
+
+    store = env["root"] / "probe-store"
+    podman = Podman(store)
+    a, b, c = env["cached"]
+    cache = ImageCache(podman, max_bytes=1 << 40, progress=lambda line: None)
+    ids = {ref: cache.ensure(ref, env["reg"].host, None, tls_verify=False) for ref in (a, b, c)}
+    size = max(int(i["Size"]) for i in cache.images() if i["Id"] in ids.values())
+    for ref in (a, b, c):  # a is the least recently used, then b
+        cache.touch(ids[ref])
+    # A container uses a: it must stay though it is the oldest.
+    subprocess.run(podman.argv("create", "--name", "trellis-test-holder", ids[a], "true"),
+                   check=True, capture_output=True, timeout=60)
+    try:
+        others = sum(int(i["Size"]) for i in cache.images() if i["Id"] not in ids.values())
+        cache.max_bytes = others + 2 * size + size // 2  # room for two of the three
+        removed = cache.evict(keep=ids[c])
+        assert removed == [ids[b]]
+        left = {i["Id"] for i in cache.images()}
+        assert ids[a] in left and ids[c] in left and ids[b] not in left
+    finally:
+        subprocess.run(podman.argv("rm", "-f", "trellis-test-holder"), capture_output=True,
+                       timeout=60)
+        for image_id in ids.values():
+            subprocess.run(podman.argv("rmi", "-f", image_id), capture_output=True, timeout=60)
