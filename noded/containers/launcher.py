@@ -72,6 +72,10 @@ class ContainerLauncher:
         # The container sees only its GPUs, numbered from 0 as CUDA enumerates them there.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(alloc.gpus)))
         env["TRELLIS_NODE_GPUS"] = ",".join(str(g) for g in alloc.gpus)
+        # CUDA base images say NVIDIA_VISIBLE_DEVICES=all; an nvidia-container-toolkit OCI
+        # hook on the node would then add every GPU. "void": the toolkit adds none (the CDI
+        # spec below gives the job's).
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
         metrics_file = env.get("TRELLIS_METRICS_FILE", "")
         if metrics_file:  # the channel's directory is bound in; the variable follows it
             env["TRELLIS_METRICS_FILE"] = f"{METRICS_DIR}/{os.path.basename(metrics_file)}"
