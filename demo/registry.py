@@ -173,3 +173,13 @@ class Registry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def layer_bytes(layout: Path, tag: str) -> int:
+    """The compressed size of ``tag``'s layers: what a pull of it transfers."""
+    index = json.loads((layout / "index.json").read_text())
+    entry = next(m for m in index["manifests"]
+                 if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+    digest = entry["digest"].split(":", 1)[1]
+    manifest = json.loads((layout / "blobs" / "sha256" / digest).read_bytes())
+    return sum(int(layer["size"]) for layer in manifest["layers"])

@@ -78,3 +78,16 @@ class Podman:
             "--events-backend", "none",
             *args,
         ]
+
+    def clean(self) -> None:
+        """Remove every container of this store (killing what still runs), unmount the store
+        and remove its run state: what is left of a node's containers is then its storage
+        directory, removed like any directory."""
+        import subprocess
+
+        if self.storage.exists():
+            subprocess.run(self.argv("rm", "--all", "--force", "--time", "0"),
+                           capture_output=True, timeout=120)
+            subprocess.run(["umount", "-R", str(self.storage / "root" / "overlay")],
+                           capture_output=True, timeout=60)
+        shutil.rmtree(self.runroot, ignore_errors=True)

@@ -66,13 +66,7 @@ def env() -> Iterator[dict]:
                 cluster.close()
                 for store in (root / "cluster" / cluster.node_name(1) / "containers",
                               root / "probe-store"):
-                    podman = Podman(store)
-                    if store.exists():  # leftover containers' processes, then the store
-                        subprocess.run(podman.argv("rm", "-af", "-t", "0"),
-                                       capture_output=True, timeout=60)
-                        subprocess.run(["umount", "-R", str(store / "root" / "overlay")],
-                                       capture_output=True)
-                    shutil.rmtree(podman.runroot, ignore_errors=True)
+                    Podman(store).clean()  # then scratch_dir removes the store
 
 
 def _bcrypt(password: str) -> str:
@@ -200,6 +194,13 @@ def test_bad_input_fails_the_job_with_one_sentence_and_leaves_nothing(env: dict)
     assert not [p for p in parent.iterdir() if p.is_dir()] if parent.exists() else True
     # The node runs the next job.
     assert ended(env, submit(env, "next", "echo fine"))["state"] == "finished"
+    # A reference that does not parse never reaches a node: the master refuses it.
+    from control.client import RpcError
+
+    with pytest.raises(RpcError) as refused:
+        submit(env, "unparsable", "true", image="Team/Img:v1")
+    assert refused.value.code == "bad_image"
+    assert "invalid repository component 'Team'" in str(refused.value)
 
 
 def test_registry_credentials_are_the_operators_file_mode_0600(env: dict) -> None:
