@@ -75,6 +75,7 @@ class ImageCache:
     # The job's metrics channel (noded/metrics_channel.py): the pull's progress reaches the
     # master as job_metric events, shown by ``trellisctl show`` (image_pull_*).
     metric: Callable[[str, float], None] = lambda name, value: None
+    pulled: bool = False  # the last ensure() pulled (the cache grew)
 
     @property
     def store(self) -> Path:
@@ -104,7 +105,9 @@ class ImageCache:
                 os.replace(tmp, self.record)
 
     def ensure(self, image: str, registry: str, authfile: Path | None, tls_verify: bool) -> str:
-        """The image's id, pulled first unless the cache holds it."""
+        """The image's id, pulled first unless the cache holds it (``self.pulled`` says
+        whether it was)."""
+        self.pulled = False
         cached = self.image_id(image)
         if cached is not None:
             self._note(state="cached", image=image)
@@ -126,6 +129,7 @@ class ImageCache:
         found = self.image_id(image)
         if found is None:
             raise PullFailed(f"image {image} was pulled but is not in the node's store", False)
+        self.pulled = True
         return found
 
     def _pull_once(self, image: str, registry: str, authfile: Path | None, tls_verify: bool,

@@ -70,12 +70,15 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
     finally:
         if authfile is not None:
             authfile.unlink(missing_ok=True)
-    arch, mine = cache.architecture(image_id), node_architecture()
-    if arch and arch != mine:
-        cache._run("rmi", image_id)  # not a usable cache entry on this node
-        raise LaunchFailed(f"image {image} is built for {arch}; node {cfg['node']} is {mine}")
+    if cache.pulled:  # a cached image was checked when it was pulled
+        arch, mine = cache.architecture(image_id), node_architecture()
+        if arch and arch != mine:
+            cache._run("rmi", image_id)  # not a usable cache entry on this node
+            raise LaunchFailed(f"image {image} is built for {arch}; node {cfg['node']} is "
+                               f"{mine}")
     cache.touch(image_id)
-    cache.evict(keep=image_id)
+    if cache.pulled:  # only a pull grows the cache past its cap
+        cache.evict(keep=image_id)
     return run_argv(podman, cfg, image_id, volumes)
 
 

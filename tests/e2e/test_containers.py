@@ -65,7 +65,7 @@ def env() -> Iterator[dict]:
             finally:
                 cluster.close()
                 for store in (root / "cluster" / cluster.node_name(1) / "containers",
-                              root / "probe-store"):
+                              root / "probe-store", root / "cache-store"):
                     Podman(store).clean()  # then scratch_dir removes the store
 
 
@@ -268,7 +268,7 @@ def test_a_container_gets_its_gpus_and_no_other(env: dict) -> None:
 def test_the_cache_evicts_least_recently_used_never_an_image_in_use(env: dict) -> None:
     from noded.containers.cache import ImageCache
 
-    store = env["root"] / "probe-store"
+    store = env["root"] / "cache-store"
     podman = Podman(store)
     a, b, c = env["cached"]
     cache = ImageCache(podman, max_bytes=1 << 40, progress=lambda line: None)
