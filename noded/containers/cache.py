@@ -81,13 +81,18 @@ class ImageCache:
     def store(self) -> Path:
         return self.podman.storage
 
+    @property
+    def pull_tmp(self) -> Path:
+        """Where this process's pulls download blobs first (podman's TMPDIR): in the node's
+        store, one directory per launch, so a failed pull scrubs only its own."""
+        return self.store / "pull-tmp" / str(os.getpid())
+
     def _env(self) -> dict[str, str]:
-        # Layers are downloaded to TMPDIR first: keep half-pulled blobs in the node's store.
-        return {**os.environ, "TMPDIR": str(self.store / "pull-tmp")}
+        return {**os.environ, "TMPDIR": str(self.pull_tmp)}
 
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.podman.argv(*args), capture_output=True, text=True,
-                              timeout=timeout, env=self._env())
+                              timeout=timeout)
 
     def image_id(self, image: str) -> str | None:
         done = self._run("image", "inspect", "--format", "{{.Id}}", image)
@@ -114,18 +119,21 @@ class ImageCache:
             self.metric("image_cached", 1)
             return cached
         attempts = 1 + self.pull_retries
-        for attempt in range(1, attempts + 1):
-            try:
-                self._pull_once(image, registry, authfile, tls_verify, attempt, attempts)
-                break
-            except PullFailed as exc:
-                self._scrub()
-                if not exc.retry or attempt == attempts:
-                    if attempts > 1 and exc.retry:
-                        raise PullFailed(f"{exc} ({attempts} attempts)", False) from None
-                    raise
-                self.progress(f"[trellis] pull attempt {attempt} failed: {exc}; retrying")
-                time.sleep(min(30.0, 2.0 ** attempt))
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    self._pull_once(image, registry, authfile, tls_verify, attempt, attempts)
+                    break
+                except PullFailed as exc:
+                    self._scrub()
+                    if not exc.retry or attempt == attempts:
+                        if attempts > 1 and exc.retry:
+                            raise PullFailed(f"{exc} ({attempts} attempts)", False) from None
+                        raise
+                    self.progress(f"[trellis] pull attempt {attempt} failed: {exc}; retrying")
+                    time.sleep(min(30.0, 2.0 ** attempt))
+        finally:
+            shutil.rmtree(self.pull_tmp, ignore_errors=True)
         found = self.image_id(image)
         if found is None:
             raise PullFailed(f"image {image} was pulled but is not in the node's store", False)
@@ -137,7 +145,7 @@ class ImageCache:
         args = ["pull", f"--tls-verify={'true' if tls_verify else 'false'}"]
         if authfile is not None:
             args += ["--authfile", str(authfile)]
-        (self.store / "pull-tmp").mkdir(parents=True, exist_ok=True)
+        self.pull_tmp.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         self._note(state="pulling", image=image, attempt=attempt, attempts=attempts, blobs=0)
         self.progress(f"[trellis] pulling {image} (attempt {attempt} of {attempts})")
@@ -173,13 +181,7 @@ class ImageCache:
 
     def _scrub(self) -> None:
         """Remove what a failed pull left half-written: its temporary blobs."""
-        tmp = self.store / "pull-tmp"
-        for entry in tmp.glob("*") if tmp.is_dir() else ():
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
+        shutil.rmtree(self.pull_tmp, ignore_errors=True)
 
     # -- size cap ------------------------------------------------------------------------
     @contextlib.contextmanager
