@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -183,3 +184,44 @@ def layer_bytes(layout: Path, tag: str) -> int:
     digest = entry["digest"].split(":", 1)[1]
     manifest = json.loads((layout / "blobs" / "sha256" / digest).read_bytes())
     return sum(int(layer["size"]) for layer in manifest["layers"])
+
+
+class BrokenRegistry:
+    """A loopback port that is not a registry: ``garbage`` answers every request with an
+    HTML page, ``hang`` accepts connections and never answers. For pull-failure tests."""
+
+    def __init__(self, mode: str) -> None:
+        assert mode in ("garbage", "hang")
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.host = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self._open: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            self._open.append(conn)
+            if self.mode == "garbage":
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 20\r\n\r\n<html>garbage</html>")
+                except OSError:
+                    pass
+                conn.close()
+
+    def __enter__(self) -> BrokenRegistry:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+        for conn in self._open:
+            conn.close()
+        self._thread.join(5)

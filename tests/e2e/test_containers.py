@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -291,3 +292,39 @@ def test_the_cache_evicts_least_recently_used_never_an_image_in_use(env: dict) -
                        timeout=60)
         for image_id in ids.values():
             subprocess.run(podman.argv("rmi", "-f", image_id), capture_output=True, timeout=60)
+
+
+def test_a_hung_or_garbage_registry_or_a_full_disk_fails_the_pull_and_leaves_nothing(
+        env: dict) -> None:
+    """The node's pull code (what a job's launch runs) against a registry that hangs (killed
+    at the timeout, retried once), one that answers garbage and a store on a full disk."""
+    from demo.registry import BrokenRegistry
+    from noded.containers.cache import ImageCache, PullFailed
+
+    cache = ImageCache(Podman(env["root"] / "cache-store"), 1 << 40, pull_timeout_s=2.0,
+                       pull_retries=1, progress=lambda line: None)
+    with BrokenRegistry("hang") as hang:
+        started = time.monotonic()
+        with pytest.raises(PullFailed, match=r"did not finish within 2s \(2 attempts\)"):
+            cache.ensure(f"{hang.host}/trellis-test/x:v1", hang.host, None, tls_verify=False)
+        assert time.monotonic() - started < 15
+    with BrokenRegistry("garbage") as garbage, pytest.raises(
+            PullFailed, match="not an image registry's response"):
+        cache.ensure(f"{garbage.host}/trellis-test/x:v1", garbage.host, None, tls_verify=False)
+    assert not (cache.store / "pull-tmp").exists() or not any(
+        (cache.store / "pull-tmp").iterdir())
+    # A store on a 4 MiB file system cannot take a 3 MiB image's layer (and its copy).
+    tiny = env["root"] / "tiny-store"
+    tiny.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "trellis-test-tiny", str(tiny)],
+                   check=True)
+    try:
+        full = ImageCache(Podman(tiny), 1 << 40, pull_retries=1, progress=lambda line: None)
+        with pytest.raises(PullFailed, match="image store is full") as failed:
+            full.ensure(env["cached"][0], env["reg"].host, None, tls_verify=False)
+        assert "attempts" not in str(failed.value)  # not retried
+        assert full.image_id(env["cached"][0]) is None
+        assert not (tiny / "pull-tmp").exists() or not any((tiny / "pull-tmp").iterdir())
+    finally:
+        Podman(tiny).clean()
+        subprocess.run(["umount", "-l", str(tiny)], check=False)
