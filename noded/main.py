@@ -172,8 +172,6 @@ class NodeDaemon:
             numa_of={c.id: c.numa_node for c in self.cpus},
             log_max_bytes=int(config.jobs.log_max_mb * (1 << 20)),
         )
-        # Jobs that run in their own image (launch.image): podman + runc, noded/containers.
-        self.containers = ContainerLauncher(self.runner, config.containers, state)
         # Jobs' output for the master's read_log, and its removal after log_retention_h.
         self.logs = LogReader(self.runner, config.jobs.log_retention_h * 3600)
         headers, ssl_context = master_credentials(config)
@@ -189,6 +187,11 @@ class NodeDaemon:
                                lease=SelfFence(config.name, self.runner, state))
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
+        # Jobs that run in their own image (launch.image): podman + runc, noded/containers.
+        # After the usage collector: its last reading of a part comes before the container's
+        # groups are removed (cleanup hooks run in order).
+        self.containers = ContainerLauncher(self.runner, config.containers, state)
+        self.usage.group_finders.append(self.containers.usage_groups)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])
         if self.mps is not None:
             mps = self.mps

@@ -21,6 +21,7 @@ from noded.containers import cdi
 from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
 from noded.containers.podman import Podman
 from noded.gpu.devices import GpuDeviceNodes
+from noded.usage.cgroupstat import JobGroups, Mounts
 from shared.config import ContainersConfig
 
 if TYPE_CHECKING:
@@ -116,6 +117,20 @@ class ContainerLauncher:
                 "env": {"PATH": launch["env"].get("PATH", "/usr/bin:/bin"),
                         "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                 "uid": 0, "gid": 0, "groups": [], "workdir": "/"}
+
+    def usage_groups(self, job_id: str, mounts: Mounts) -> JobGroups | None:
+        """What the usage collector meters for a container job: the groups podman makes at
+        the job's path in every hierarchy (runc moves the container there, out of the
+        accounting group the shim joined). Their counters are hierarchical and keep what
+        the removed container group used."""
+        part = self.runner.parts.get(job_id)
+        if part is None or not part.prepare.spec.launch.image:
+            return None
+        rel = Path(self.runner.cgroups_parent()) / job_id
+        cpuacct, memory = mounts.v1.get("cpuacct"), mounts.v1.get("memory")
+        return JobGroups(v2=mounts.v2 / rel if mounts.v2 is not None else None,
+                         cpuacct=cpuacct / rel if cpuacct is not None else None,
+                         memory=memory / rel if memory is not None else None)
 
     def reason(self, part: JobPart) -> str:
         if not part.prepare.spec.launch.image:

@@ -53,7 +53,8 @@ def env() -> Iterator[dict]:
             private = locked.push(layout, "private", "trellis-test/private",
                                   creds="tester:s3cret")
             cluster = LocalCluster(root / "cluster", prefix="trellis-test-ctr", nodes=1,
-                                   gpus_per_node=2, node_sections={"containers": {
+                                   gpus_per_node=2, node_settings={"usage_interval_s": 0.2},
+                                   node_sections={"containers": {
                                        "allowed_mounts": [str(allowed)],
                                        "insecure_registries": [reg.host, locked.host],
                                        "credentials_dir": str(creds),
@@ -166,6 +167,31 @@ def test_cancel_reaches_the_container_with_sigterm(env: dict) -> None:
     assert "got-term" in output(env, job_id)
     assert env["cluster"].wait_for("its container to be gone", lambda: podman_ps(env) == [],
                                    timeout=30) is True
+
+
+def test_a_containers_usage_is_metered_as_the_jobs(env: dict) -> None:
+    """The container's CPU time counts as the job's: what the node meters is at least what
+    the container's own shell says it used (``times``; the machine may be busy, so the
+    amount, not the rate, is compared)."""
+    spin = ("end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do :; done; times")
+    job_id = submit(env, "spin", spin)
+    assert ended(env, job_id)["state"] == "finished"
+    client = env["cluster"].client()
+
+    def final() -> dict | None:
+        usage = client.call("job", {"id": job_id}).get("usage") or []
+        return usage[0] if usage and usage[0]["final"] else None
+
+    usage = env["cluster"].wait_for("its final usage", final, timeout=30)
+    # ash's times: "0m1.20s 0m0.05s" for the shell, then the same for its children.
+    used = 0.0
+    for line in output(env, job_id).splitlines()[-2:]:
+        for field in line.split():
+            minutes, _, secs = field.rstrip("s").partition("m")
+            used += int(minutes) * 60 + float(secs)
+    metered = usage["cpu_mean"] * usage["seconds"]
+    # Without the container's groups the node would meter podman's and the launch's time only.
+    assert used > 0.5 and metered >= 0.8 * used, (used, usage)
 
 
 def test_bad_input_fails_the_job_with_one_sentence_and_leaves_nothing(env: dict) -> None:
