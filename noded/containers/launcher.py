@@ -174,13 +174,25 @@ class ContainerLauncher:
             return
         name = self._name(part)
         if part.shim_pid is not None and not self.unavailable:
-            # podman killed before it removed its container (SIGKILL at the end of the grace).
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(self.podman.argv("rm", "--force", "--ignore", "--time", "0",
-                                                name),
-                               capture_output=True, timeout=30)
+            self._remove_container(name)
         cdi.remove_spec(name, self.cdi_dir)
         self._remove_nested_groups(part.job_id)
+
+    def _remove_container(self, name: str) -> None:
+        """``podman rm``: the container ended (its run not being --rm). Killed with the job
+        at the end of its grace, conmon left no exit record, and the first ``rm`` only marks
+        the container stopped ("container state improper"); the next one removes it."""
+        for _attempt in range(3):
+            try:
+                done = subprocess.run(self.podman.argv("rm", "--force", "--ignore", "--time",
+                                                       "0", name),
+                                      capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("container %s not removed: %s", name, exc)
+                return
+            if done.returncode == 0:
+                return
+        log.warning("container %s not removed: %s", name, done.stderr.strip()[-300:])
 
     def _remove_nested_groups(self, job_id: str) -> None:
         """podman's cgroupfs manager makes the job's path in every v1 hierarchy, noded's or

@@ -167,6 +167,18 @@ def test_cancel_reaches_the_container_with_sigterm(env: dict) -> None:
     assert "got-term" in output(env, job_id)
     assert env["cluster"].wait_for("its container to be gone", lambda: podman_ps(env) == [],
                                    timeout=30) is True
+    # One that ignores SIGTERM is killed at the end of its grace, container and all.
+    stubborn = submit(env, "stubborn", "trap '' TERM; echo up; while true; do sleep 0.2; "
+                      "done", stop={"grace_s": 1.0})
+    env["cluster"].wait_for("it to be up", lambda: "up" in output(env, stubborn), timeout=60)
+    started = time.monotonic()
+    client.call("cancel", {"id": stubborn})
+    assert ended(env, stubborn)["state"] == "cancelled"
+    assert time.monotonic() - started < 20
+    assert env["cluster"].wait_for("its container to be gone", lambda: podman_ps(env) == [],
+                                   timeout=30) is True
+    assert "did not stop within its grace period" in env["cluster"].log(
+        env["cluster"].node_name(1))
 
 
 def test_a_containers_usage_is_metered_as_the_jobs(env: dict) -> None:
