@@ -42,6 +42,8 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
     image = cfg["image"]
     if cfg.get("unavailable"):
         raise LaunchFailed(f"node {cfg['node']} cannot run images: {cfg['unavailable']}")
+    if cfg.get("refused"):
+        raise LaunchFailed(cfg["refused"])
     try:
         ref = parse_image(image)
     except ImageRefError as exc:

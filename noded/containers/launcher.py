@@ -81,17 +81,22 @@ class ContainerLauncher:
         if metrics_file:  # the channel's directory is bound in; the variable follows it
             env["TRELLIS_METRICS_FILE"] = f"{METRICS_DIR}/{os.path.basename(metrics_file)}"
         devices: list[str] = []
-        nodes = self.devices() if alloc.gpus else None
-        if nodes is not None:
-            devices.append(cdi.write_spec(name, nodes, tuple(alloc.gpus), self.cdi_dir))
-        elif alloc.gpus:
-            log.warning("job=%s: the GPU backend names no device files; the container gets "
-                        "no GPU device", part.job_id)
+        refused = ""
+        try:
+            nodes = self.devices() if alloc.gpus else None
+            if nodes is not None:
+                devices.append(cdi.write_spec(name, nodes, tuple(alloc.gpus), self.cdi_dir))
+            elif alloc.gpus:
+                log.warning("job=%s: the GPU backend names no device files; the container "
+                            "gets no GPU device", part.job_id)
+        except (OSError, KeyError, ValueError) as exc:
+            # The launch fails with this sentence (the job's reason), as any bad input does.
+            refused = f"the job's GPUs cannot be given to its container: {exc}"
         registry = spec.launch.image.split("/", 1)[0] if "/" in spec.launch.image else ""
         cfg = {
             "node": self.runner.node, "name": name, "image": spec.launch.image,
             "storage": str(self.podman.storage), "runtime": self.config.runtime,
-            "unavailable": self.unavailable,
+            "unavailable": self.unavailable, "refused": refused,
             "cache_max_bytes": int(self.config.cache_max_mb * (1 << 20)),
             "pull_timeout_s": self.config.pull_timeout_s,
             "pull_retries": self.config.pull_retries,
