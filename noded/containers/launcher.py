@@ -92,6 +92,9 @@ class ContainerLauncher:
         except (OSError, KeyError, ValueError) as exc:
             # The launch fails with this sentence (the job's reason), as any bad input does.
             refused = f"the job's GPUs cannot be given to its container: {exc}"
+        if os.geteuid() != 0:  # rootless podman would be another store, user and network
+            refused = (f"node {self.runner.node} runs unprivileged; image jobs need noded "
+                       "to run as root")
         registry = spec.launch.image.split("/", 1)[0] if "/" in spec.launch.image else ""
         cfg = {
             "node": self.runner.node, "name": name, "image": spec.launch.image,
