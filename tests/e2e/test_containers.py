@@ -366,3 +366,30 @@ def test_a_hung_or_garbage_registry_or_a_full_disk_fails_the_pull_and_leaves_not
     finally:
         Podman(tiny).clean()
         subprocess.run(["umount", "-l", str(tiny)], check=False)
+
+
+def test_a_container_job_outlives_a_noded_crash_and_is_collected_after(env: dict) -> None:
+    import signal
+
+    cluster = env["cluster"]
+    go = env["allowed"] / "go-crash"
+    job_id = submit(env, "crash", "echo up; while [ ! -e /data/go-crash ]; do sleep 0.2; done; "
+                    "echo done", mounts=[{"source": str(env["allowed"]), "target": "/data",
+                                          "read_only": True}])
+    cluster.wait_for("the container to be up", lambda: "up" in output(env, job_id), timeout=60)
+    node = cluster.node_name(1)
+    cluster.node_daemons[node].stop(signal.SIGKILL)
+    try:
+        assert podman_ps(env) == [f"{node}-{job_id}-0"]  # still running without noded
+    finally:
+        cluster.node_daemons[node].start(cluster._env())
+    cluster.wait_nodes(1)
+    go.touch()
+    try:
+        job = ended(env, job_id)
+    finally:
+        go.unlink()
+    assert job["state"] == "finished", job
+    assert "done" in output(env, job_id)
+    assert cluster.wait_for("its container to be gone", lambda: podman_ps(env) == [],
+                            timeout=30) is True
