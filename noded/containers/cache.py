@@ -205,6 +205,10 @@ class ImageCache:
         with self._uses() as uses:
             uses[image_id] = time.time()
 
+    def remove(self, image_id: str) -> bool:
+        """Remove an image (not one a container uses: podman refuses)."""
+        return self._run("rmi", image_id).returncode == 0
+
     def images(self) -> list[dict]:
         done = self._run("images", "--format", "json")
         if done.returncode != 0:
@@ -231,8 +235,7 @@ class ImageCache:
                     break
                 if image["Id"] in busy:
                     continue
-                done = self._run("rmi", image["Id"])
-                if done.returncode == 0:  # podman refuses an image a container uses
+                if self.remove(image["Id"]):  # podman refuses an image a container uses
                     total -= int(image.get("Size", 0))
                     uses.pop(image["Id"], None)
                     removed.append(image["Id"])

@@ -75,7 +75,7 @@ def prepare(jobdir: Path, cfg: dict) -> list[str]:
     if cache.pulled:  # a cached image was checked when it was pulled
         arch, mine = cache.architecture(image_id), node_architecture()
         if arch and arch != mine:
-            cache._run("rmi", image_id)  # not a usable cache entry on this node
+            cache.remove(image_id)  # not a usable cache entry on this node
             raise LaunchFailed(f"image {image} is built for {arch}; node {cfg['node']} is "
                                f"{mine}")
     cache.touch(image_id)

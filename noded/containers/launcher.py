@@ -23,6 +23,7 @@ from noded.containers.podman import Podman
 from noded.gpu.devices import GpuDeviceNodes
 from noded.usage.cgroupstat import JobGroups, Mounts
 from shared.config import ContainersConfig
+from shared.imageref import ImageRefError, parse_image
 
 if TYPE_CHECKING:
     from noded.jobs import JobPart, JobRunner
@@ -68,7 +69,9 @@ class ContainerLauncher:
         scratch.mkdir(mode=0o700, exist_ok=True)
         if os.geteuid() == 0:
             os.chown(scratch, launch["uid"], launch["gid"])
-        env = {k: v for k, v in launch["env"].items() if k not in ("PATH", "PYTHONPATH")}
+        # The host's PATH is not the image's: kept only if the job set it itself.
+        env = {k: v for k, v in launch["env"].items()
+               if k not in ("PATH", "PYTHONPATH") or k in spec.env}
         env["HOME"] = "/scratch"
         # The container sees only its GPUs, numbered from 0 as CUDA enumerates them there.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(alloc.gpus)))
@@ -95,7 +98,10 @@ class ContainerLauncher:
         if os.geteuid() != 0:  # rootless podman would be another store, user and network
             refused = (f"node {self.runner.node} runs unprivileged; image jobs need noded "
                        "to run as root")
-        registry = spec.launch.image.split("/", 1)[0] if "/" in spec.launch.image else ""
+        try:
+            registry = parse_image(spec.launch.image).registry
+        except ImageRefError:
+            registry = ""  # the launch names what is wrong with it
         cfg = {
             "node": self.runner.node, "name": name, "image": spec.launch.image,
             "storage": str(self.podman.storage), "runtime": self.config.runtime,
