@@ -54,7 +54,12 @@ def env() -> Iterator[dict]:
                                   creds="tester:s3cret")
             cluster = LocalCluster(root / "cluster", prefix="trellis-test-ctr", nodes=1,
                                    gpus_per_node=2, node_settings={"usage_interval_s": 0.2},
-                                   node_sections={"containers": {
+                                   node_sections={
+                                       # The contention eliminator's MBA groups, emulated.
+                                       "rdt": {"mode": "emulated"},
+                                       "contention": {"interval_s": 0.2,
+                                                      "peak_bandwidth_mbps": 1000},
+                                       "containers": {
                                        "allowed_mounts": [str(allowed)],
                                        "insecure_registries": [reg.host, locked.host],
                                        "credentials_dir": str(creds),
@@ -393,3 +398,24 @@ def test_a_container_job_outlives_a_noded_crash_and_is_collected_after(env: dict
     assert "done" in output(env, job_id)
     assert cluster.wait_for("its container to be gone", lambda: podman_ps(env) == [],
                             timeout=30) is True
+
+
+def test_the_mba_group_holds_the_containers_processes(env: dict) -> None:
+    """The contention eliminator puts the job's processes in its resctrl group (emulated
+    here): the container's, in the group podman nested below the job's, included."""
+    from rdt import group_for_job
+
+    cluster = env["cluster"]
+    job_id = submit(env, "mba", "echo up; while true; do sleep 0.2; done")
+    cluster.wait_for("the container to be up", lambda: "up" in output(env, job_id), timeout=60)
+    store = env["root"] / "cluster" / cluster.node_name(1) / "containers"
+    name = f"{cluster.node_name(1)}-{job_id}-0"
+    pid = subprocess.run(Podman(store).argv("inspect", "--format", "{{.State.Pid}}", name),
+                         capture_output=True, text=True, timeout=30).stdout.strip()
+    assert pid.isdigit() and int(pid) > 0, pid
+    tasks = env["root"] / "cluster" / cluster.node_name(1) / "resctrl" / group_for_job(
+        job_id) / "tasks"
+    cluster.wait_for("the container's init in the job's MBA group", lambda: tasks.exists()
+                     and pid in tasks.read_text().split(), timeout=30)
+    cluster.client().call("cancel", {"id": job_id})
+    assert ended(env, job_id)["state"] == "cancelled"
