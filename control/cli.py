@@ -214,6 +214,12 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     _time_arguments(p)
     p.add_argument("--workdir")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--image", metavar="REF",
+                   help="run in this OCI image (registry/name:tag), pulled by the node "
+                        "(docs/containers.md)")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]",
+                   help="bind a host path into the job's container (under the node's "
+                        "[containers] allowed_mounts)")
     p.add_argument("-d", "--after", "--dependency", dest="after", metavar="DEPENDENCY",
                    help="start only after other jobs, Slurm's syntax: afterok:ID[:ID...] "
                         "(and afterany, afternotok, aftercorr for arrays); terms separated "

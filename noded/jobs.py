@@ -135,6 +135,12 @@ class JobRunner:
         self.cleanup_hooks: list[Callable[[JobPart], None]] = []
         # The GPU device fence each job's group gets before the job starts (noded/gpufence.py).
         self.gpu_fence: GpuFence | None = None
+        # Rewrite a part's launch before the shim runs it (an image job runs its container
+        # launch instead: noded/containers): (part, launch) -> launch.
+        self.launch_wrappers: list[Callable[[JobPart, dict[str, Any]], dict[str, Any]]] = []
+        # Why a part ended, asked before the kernel's OOM count (a container launch that
+        # failed): part -> sentence, "" when the hook has nothing to say.
+        self.exit_reasons: list[Callable[[JobPart], str]] = []
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -320,6 +326,8 @@ class JobRunner:
         except (OSError, ValueError) as exc:
             raise JobRefused("launch_failed", f"cannot set up job {part.job_id}'s batch "
                              f"script on {self.node}: {exc}") from exc
+        for wrap in self.launch_wrappers:
+            launch = wrap(part, launch)
         write_atomic(part.dir / "launch.json", launch)
         popen = subprocess.Popen(
             [sys.executable, "-m", "noded.shim", str(part.dir)],
@@ -396,6 +404,10 @@ class JobRunner:
         log.warning("job=%s stopped by this node: %s", job_id, reason)
         self.stop(job_id, grace_s, reason)
         return True
+
+    def cgroups_parent(self) -> str:
+        """The name of the group the node's job groups live under (``cgroup_parent``)."""
+        return str(getattr(self.cgroups, "parent", "trellis"))
 
     def is_running(self, job_id: str) -> bool:
         part = self.parts.get(job_id)
@@ -518,6 +530,14 @@ class JobRunner:
     def _exit_reason(self, part: JobPart) -> str:
         """Why the part ended, when the kernel knows better than its exit status: killed by
         the OOM killer at its memory limit (read before the group is removed)."""
+        for explain in self.exit_reasons:
+            try:
+                reason = explain(part)
+            except Exception:  # a hook must never lose the exit itself
+                log.exception("job=%s exit reason hook failed", part.job_id)
+                continue
+            if reason:
+                return reason
         try:
             kills = self.cgroups.oom_kills(part.job_id)
         except (OSError, ValueError) as exc:

@@ -371,6 +371,39 @@ class JobsConfig:
 
 
 @dataclass(frozen=True)
+class ContainersConfig:
+    """Jobs run in their own image, section ``[containers]`` (docs/containers.md)."""
+
+    # The OCI runtime podman starts containers with: runc (crun refuses hybrid cgroup
+    # layouts such as this project's CI machine's).
+    runtime: str = bounded("runc", pattern=r"runc|crun")
+    # Host path prefixes a job may bind into its container (--mount SRC:DST); empty: none.
+    allowed_mounts: tuple[str, ...] = bounded(default_factory=tuple, max_len=1000)
+    # The node's image cache holds at most this many MiB; least recently used images go
+    # first, never one a container still uses.
+    cache_max_mb: float = bounded(20480.0, min=1, max=1 << 40)
+    # One pull attempt may take this long before it counts as a hung registry.
+    pull_timeout_s: float = bounded(600.0, min=1, max=86400)
+    # Attempts after the first for a pull that failed for a reason worth retrying (the
+    # registry down or hanging); a missing image or refused credentials is not retried.
+    pull_retries: int = bounded(2, min=0, max=100)
+    # One file per registry host (e.g. ``registry.example.com:5000``) holding ``user:password``,
+    # mode 0600: the credentials the node pulls with. Never in a job spec.
+    credentials_dir: str = bounded("/etc/trellis/registries", max_len=4096)
+    # Registries reached over plain HTTP or with an unverified certificate (loopback test
+    # registries); every other registry must present a valid certificate.
+    insecure_registries: tuple[str, ...] = bounded(default_factory=tuple, max_len=1000)
+    # podman's image store and run state; empty: STATE_DIR/containers.
+    storage_dir: str = bounded("", max_len=4096)
+
+    def __post_init__(self) -> None:
+        for prefix in self.allowed_mounts:
+            if not prefix.startswith("/"):
+                raise ValueError(f"containers.allowed_mounts entry {prefix!r} must be an "
+                                 "absolute path")
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = bounded(pattern=NAME_PATTERN)
     master_url: str = bounded("http://127.0.0.1:7400", max_len=1024)
@@ -421,6 +454,7 @@ class NodeConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     net: NetConfig = field(default_factory=NetConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    containers: ContainersConfig = field(default_factory=ContainersConfig)
     # Authentication to the master: a token file (one token, mode 0600) and/or TLS.
     token_file: str = bounded("", max_len=4096)
     tls_ca_file: str = bounded("", max_len=4096)

@@ -13,6 +13,7 @@ from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
+from masterd.features.containers import Containers
 from masterd.features.dependencies import Dependencies
 from masterd.features.fencing import Fencing
 from masterd.features.genie.models import ModelStore, build_policy
@@ -58,6 +59,8 @@ class Features:
     # The node lease: a node cut off from every master stops the parts the master would
     # requeue elsewhere, before the master does.
     leases: NodeLeases
+    # Image jobs: the reference and mounts checked at submission (noded runs them).
+    containers: Containers
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -84,5 +87,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
-                        leases=NodeLeases(ctx))
+                        leases=NodeLeases(ctx), containers=Containers(ctx))
     return features, policy
