@@ -11,12 +11,14 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from noded.batch import SCRIPT_NAME
 from noded.containers import cdi
 from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
 from noded.containers.podman import Podman
@@ -73,6 +75,11 @@ class ContainerLauncher:
         env = {k: v for k, v in launch["env"].items()
                if k not in ("PATH", "PYTHONPATH") or k in spec.env}
         env["HOME"] = "/scratch"
+        command = list(launch["command"])
+        if spec.launch.script is not None:
+            # The batch script noded wrote in the job's directory is not in the image: it is
+            # copied into the scratch the container sees, and run from there.
+            command = self._script_in_scratch(part, command, scratch, launch)
         # The container sees only its GPUs, numbered from 0 as CUDA enumerates them there.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(alloc.gpus)))
         env["TRELLIS_NODE_GPUS"] = ",".join(str(g) for g in alloc.gpus)
@@ -116,7 +123,7 @@ class ContainerLauncher:
             "cgroup_parent": f"/{self.runner.cgroups_parent()}/{part.job_id}",
             "user": f"{launch['uid']}:{launch['gid']}", "root": launch["uid"] == 0,
             "scratch": str(scratch), "workdir": spec.workdir or "/scratch",
-            "command": list(launch["command"]), "env": env, "devices": devices,
+            "command": command, "env": env, "devices": devices,
             "metrics_file": metrics_file,
             "metrics_dir": os.path.dirname(metrics_file) if metrics_file else "",
         }
@@ -131,6 +138,19 @@ class ContainerLauncher:
                 "env": {"PATH": launch["env"].get("PATH", "/usr/bin:/bin"),
                         "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                 "uid": 0, "gid": 0, "groups": [], "workdir": "/"}
+
+    @staticmethod
+    def _script_in_scratch(part: JobPart, command: list[str], scratch: Path,
+                           launch: dict[str, Any]) -> list[str]:
+        host_path = str(part.dir / SCRIPT_NAME)
+        if host_path not in command:
+            return command
+        inside = scratch / SCRIPT_NAME
+        shutil.copyfile(host_path, inside)
+        os.chmod(inside, 0o700)
+        if os.geteuid() == 0:
+            os.chown(inside, launch["uid"], launch["gid"])
+        return [f"/scratch/{SCRIPT_NAME}" if arg == host_path else arg for arg in command]
 
     def usage_groups(self, job_id: str, mounts: Mounts) -> JobGroups | None:
         """What the usage collector meters for a container job: the groups podman makes at

@@ -419,3 +419,17 @@ def test_the_mba_group_holds_the_containers_processes(env: dict) -> None:
                      and pid in tasks.read_text().split(), timeout=30)
     cluster.client().call("cancel", {"id": job_id})
     assert ended(env, job_id)["state"] == "cancelled"
+
+
+def test_a_batch_script_runs_in_its_image(env: dict) -> None:
+    """trellisctl submit script.sh with --container-image (pyxis' spelling): the script the
+    job carries is not in the image; the node puts it where the container sees it."""
+    script = "#!/bin/sh\necho \"script in $(cat /etc/hostname >/dev/null; pwd) args: $*\"\n"
+    launch = {"image": env["image"], "script": script}
+    job = {"name": "batch", "user": default_job_user(), "kind": "cpu", "gpus": 0, "cpus": 1,
+           "command": ["batch", "one", "two"], "launch": launch, "workdir": "/scratch"}
+    job_id = env["cluster"].client().call("submit", {"job": job})["job"]["id"]
+    done = ended(env, job_id)
+    out = output(env, job_id)
+    assert done["state"] == "finished", (done, out)
+    assert "script in /scratch args: one two" in out, out
