@@ -31,6 +31,7 @@ import psutil
 from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.shim import write_atomic
+from noded.terminals import Terminals
 from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
 from shared.nodelease import LeasedPart
@@ -128,6 +129,9 @@ class JobRunner:
         # Called as a part's processes are gone and before its groups are removed (the last
         # reading of what it used): part -> None.
         self.cleanup_hooks: list[Callable[[JobPart], None]] = []
+        # The master sides of the pseudo-terminals of jobs run with launch.pty.
+        self.terminals = Terminals()
+        self.cleanup_hooks.append(lambda part: self.terminals.close(part.job_id))
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -289,13 +293,24 @@ class JobRunner:
             "cpus": list(alloc.cpus),
             "log_max_bytes": self.log_max_bytes,
         }
-        write_atomic(part.dir / "launch.json", launch)
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "noded.shim", str(part.dir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-            cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
-        )
+        slave = -1
+        if spec.launch.pty:  # trellisctl run --pty: the shim gets the terminal's slave side
+            slave = self.terminals.allocate(part.job_id, entry.pw_uid, entry.pw_gid)
+            launch["pty_fd"] = slave
+        try:
+            write_atomic(part.dir / "launch.json", launch)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "noded.shim", str(part.dir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, pass_fds=(slave,) if slave >= 0 else (),
+                cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
+            )
+        except BaseException:
+            self.terminals.close(part.job_id)
+            raise
+        finally:
+            if slave >= 0:
+                os.close(slave)
         part.popen = popen
         part.shim_pid = popen.pid
         part.shim_ctime = _ctime(popen.pid)

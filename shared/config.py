@@ -189,6 +189,12 @@ class MasterConfig:
     lease_s: float = bounded(15.0, min=1, max=3600)
     renew_deadline_s: float = bounded(10.0, min=0.5, max=3600)
     retry_s: float = bounded(2.0, min=0.1, max=600)
+    # Interactive jobs (docs/interactive.md): a job run on a terminal whose client is gone
+    # (dropped, or never attached) is cancelled after this long unless one attaches again.
+    terminal_grace_s: float = bounded(30.0, min=0, max=86400)
+    # Bytes a relayed stream (terminal, port-forward) may have unacknowledged per direction:
+    # the most the master, the node and the client hold of it.
+    relay_window_kib: int = bounded(512, min=64, max=65536)
 
     def __post_init__(self) -> None:
         if 0 < self.node_lost_s < self.node_grace_s:

@@ -26,6 +26,7 @@ from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
+from masterd.features.relays import Relays
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
@@ -58,6 +59,9 @@ class Features:
     # The node lease: a node cut off from every master stops the parts the master would
     # requeue elsewhere, before the master does.
     leases: NodeLeases
+    # Jobs' terminals and ports, relayed between clients and nodes (trellisctl run --pty,
+    # port-forward).
+    relays: Relays
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -84,5 +88,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
-                        leases=NodeLeases(ctx))
+                        leases=NodeLeases(ctx), relays=Relays(ctx))
     return features, policy

@@ -1,0 +1,132 @@
+"""``GET /v1/relay``: a client's WebSocket for one relayed stream into a running job, its
+terminal or one TCP connection to a port of it (masterd/features/relays.py, shared/relay.py).
+
+The client's first frame is ``relay_open`` (:class:`shared.relay.ClientOpen`), within
+``hello_timeout_s``; the master answers ``relay_opened`` ``{stream, node, window}`` or an
+``error`` frame ``{code, message}`` and closes. Only the job's owner or an admin may open
+one (as for ``logs``). Then stream frames go both ways until either side closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from masterd.api.authn import authorize_rpc, principal_of
+from masterd.api.caller import CALLER
+from masterd.api.visibility import check_owner
+from masterd.core.scheduler import JobError
+from masterd.features.relays import MasterStream, Relays
+from masterd.service.master import Master
+from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame, error_body
+from shared.relay import STREAM_FRAMES, BadStreamFrame, ClientOpen
+from shared.schema import SchemaError, decode
+
+log = logging.getLogger("trellis.master.relay")
+
+
+async def _refuse(ws: web.WebSocketResponse, code: str, message: str) -> web.WebSocketResponse:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_bytes(encode_frame("error", 0, error_body(code, message)))
+        await ws.close()
+    return ws
+
+
+async def handle_relay(request: web.Request, master: Master, closed: bool
+                       ) -> web.StreamResponse:
+    if closed:
+        raise web.HTTPServiceUnavailable(text="the master is shutting down")
+    principal = principal_of(request)
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=master.config.node_heartbeat_s)
+    await ws.prepare(request)
+    try:
+        # The same rule as the logs RPC: clients reach their own jobs, admins every job.
+        authorize_rpc(principal, "relay", {}, master)
+        CALLER.set(principal)
+        try:
+            msg = await ws.receive(timeout=master.config.hello_timeout_s)
+        except TimeoutError:
+            return await _refuse(ws, "invalid_message", "no relay_open frame in time")
+        if msg.type != WSMsgType.BINARY:
+            return await _refuse(ws, "invalid_message", "the first frame must be a binary "
+                                 "msgpack relay_open")
+        frame = decode_frame(msg.data)
+        if frame.type != "relay_open":
+            return await _refuse(ws, "invalid_message", f"the first frame must be relay_open, "
+                                 f"not {frame.type!r}")
+        try:
+            want = decode(ClientOpen, frame.body, "relay_open")
+        except SchemaError as exc:
+            return await _refuse(ws, "invalid_params", str(exc))
+        job = await master.find_job(want.job)
+        if job is None:
+            return await _refuse(ws, "unknown_job", f"job {want.job!r} does not exist")
+        check_owner(job, "reach the terminal and ports of")
+        relays = master.features.relays
+        stream = await relays.open(job, want.kind, want.port, want.rows, want.cols, want.probe)
+    except ProtocolError as exc:
+        return await _refuse(ws, exc.code, exc.message)
+    except JobError as exc:
+        return await _refuse(ws, exc.code, str(exc))
+    await ws.send_bytes(encode_frame("relay_opened", 0, {
+        "stream": stream.id, "node": stream.node, "window": stream.window}))
+    if want.probe:
+        await ws.close()
+        return ws
+    await _relay(ws, relays, stream)
+    return ws
+
+
+async def _relay(ws: web.WebSocketResponse, relays: Relays, stream: MasterStream) -> None:
+    writer = asyncio.get_running_loop().create_task(_to_client(ws, relays, stream))
+    reason = "the client disconnected"
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.BINARY:
+                break
+            try:
+                frame = decode_frame(msg.data)
+                if frame.type not in STREAM_FRAMES:
+                    raise BadStreamFrame(f"{frame.type!r} is not a stream frame")
+                await relays.from_client(stream, frame.type, frame.body)
+            except (ProtocolError, BadStreamFrame) as exc:
+                reason = f"the client sent a bad frame: {exc}"
+                await ws.send_bytes(encode_frame("error", 0, error_body(
+                    "invalid_message", str(exc))))
+                break
+            if frame.type == "relay_close":
+                reason = ""
+                break
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+        relays.release(stream, reason)
+        await ws.close()
+
+
+async def _to_client(ws: web.WebSocketResponse, relays: Relays, stream: MasterStream) -> None:
+    """The node's frames to the client, in order; a close ends the client's connection."""
+    while True:
+        type_, payload = await stream.outbox.get()
+        body: dict[str, Any] = {"stream": stream.id}
+        if type_ == "relay_data":
+            body["data"] = payload
+        elif type_ == "relay_ack":
+            body["bytes"] = payload
+        else:
+            body["reason"] = payload
+        try:
+            await ws.send_bytes(encode_frame(type_, 0, body))
+        except (ConnectionError, RuntimeError):
+            return
+        finally:
+            if type_ == "relay_data":
+                relays.sent(stream, len(payload))
+        if type_ == "relay_close":
+            await ws.close()
+            return
