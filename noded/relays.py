@@ -36,6 +36,7 @@ log = logging.getLogger("trellis.node.relays")
 
 Send = Callable[[str, dict[str, Any]], Awaitable[None]]
 CONNECT_TIMEOUT_S = 5.0
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 class NodeStream:
@@ -130,8 +131,10 @@ class NodeStream:
             self.writer.close()
         self.ended(self)
         if tell:
-            asyncio.get_running_loop().create_task(
+            task = asyncio.get_running_loop().create_task(
                 self.send("relay_close", {"stream": self.id, "reason": reason[:512]}))
+            _CLOSING.add(task)  # kept until sent: the loop holds tasks only weakly
+            task.add_done_callback(_CLOSING.discard)
         log.info("job=%s stream=%d %s closed: %s", self.job_id, self.id, self.kind, reason)
 
 
