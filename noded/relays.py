@@ -24,7 +24,7 @@ import ipaddress
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -40,15 +40,14 @@ _CLOSING: set[asyncio.Task[None]] = set()
 
 
 class NodeStream:
-    def __init__(self, sid: int, job_id: str, kind: str, window: int,
-                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter, send: Send,
-                 ended: Callable[[NodeStream], None], terminal: int | None = None) -> None:
+    def __init__(self, sid: int, job_id: str, kind: str, window: int, end: Endpoint,
+                 send: Send, ended: Callable[[NodeStream], None],
+                 terminal: int | None = None) -> None:
         self.id = sid
         self.job_id = job_id
         self.kind = kind
         self.window = window
-        self.reader = reader
-        self.writer = writer
+        self.end = end
         self.send = send
         self.ended = ended
         self.terminal = terminal  # the pty's master fd, for resizes
@@ -90,14 +89,14 @@ class NodeStream:
                     self._credit.clear()
                     await self._credit.wait()
                 try:
-                    data = await self.reader.read(min(MAX_CHUNK, self.window - self.unacked))
-                except OSError as exc:
-                    if exc.errno != errno.EIO:  # EIO: the terminal's last user closed it
-                        reason = f"read failed: {exc.strerror or exc}"
+                    data = await self.end.read(min(MAX_CHUNK, self.window - self.unacked))
+                except (OSError, ValueError) as exc:
+                    reason = f"read failed: {getattr(exc, 'strerror', None) or exc}"
                     data = b""
-                if not data:
+                if not data and reason == "closed":
                     reason = ("the job's terminal closed (its session ended)"
                               if self.kind == "pty" else "the job closed the connection")
+                if not data:
                     break
                 self.unacked += len(data)
                 await self.send("relay_data", {"stream": self.id, "data": data})
@@ -109,8 +108,7 @@ class NodeStream:
         try:
             while True:
                 data = await self._incoming.get()
-                self.writer.write(data)
-                await self.writer.drain()
+                await self.end.write(data)
                 self.inbound -= len(data)
                 await self.send("relay_ack", {"stream": self.id, "bytes": len(data)})
         except asyncio.CancelledError:
@@ -128,7 +126,7 @@ class NodeStream:
             if task is not current:
                 task.cancel()
         with contextlib.suppress(OSError, RuntimeError):
-            self.writer.close()
+            self.end.close()
         self.ended(self)
         if tell:
             task = asyncio.get_running_loop().create_task(
@@ -158,7 +156,9 @@ class NodeRelays:
             master = self._terminal_of(cmd)
             if cmd.probe:
                 return {}
-            reader, writer = await self._attach(master, cmd)
+            if cmd.rows and cmd.cols:
+                set_size(master, cmd.rows, cmd.cols)
+            end: Endpoint = TerminalEnd(master)
             terminal = master
         else:
             host = self._listener(part, cmd.port)
@@ -166,14 +166,16 @@ class NodeRelays:
                 return {}
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, cmd.port), CONNECT_TIMEOUT_S)
+                    asyncio.open_connection(host, cmd.port, limit=MAX_CHUNK),
+                    CONNECT_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 raise JobRefused("connect_failed", f"cannot connect to port {cmd.port} of job "
                                  f"{cmd.job_id} on node {node}: "
                                  f"{getattr(exc, 'strerror', None) or exc or 'timed out'}"
                                  ) from None
-        stream = NodeStream(cmd.stream, cmd.job_id, cmd.kind, cmd.window, reader, writer,
-                            self.send, self._ended, terminal)
+            end = SocketEnd(reader, writer)
+        stream = NodeStream(cmd.stream, cmd.job_id, cmd.kind, cmd.window, end, self.send,
+                            self._ended, terminal)
         self.streams[cmd.stream] = stream
         stream.start()
         log.info("job=%s stream=%d %s opened%s", cmd.job_id, cmd.stream, cmd.kind,
@@ -189,32 +191,6 @@ class NodeRelays:
         if any(s.job_id == cmd.job_id and s.kind == "pty" for s in self.streams.values()):
             raise JobRefused("busy", f"job {cmd.job_id}'s terminal is attached already")
         return master
-
-    async def _attach(self, master: int, cmd: RelayOpen
-                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if cmd.rows and cmd.cols:
-            set_size(master, cmd.rows, cmd.cols)
-        loop = asyncio.get_running_loop()
-        # Copies of the master side for the two transports: each closes its own, and
-        # noded's stays open for the next attach.
-        reader = asyncio.StreamReader(limit=MAX_CHUNK)
-        read_pipe = os.fdopen(os.dup(master), "rb", buffering=0)
-        write_pipe = os.fdopen(os.dup(master), "wb", buffering=0)
-        try:
-            read_transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(reader), read_pipe)
-        except BaseException:
-            read_pipe.close()
-            write_pipe.close()
-            raise
-        try:
-            transport, protocol = await loop.connect_write_pipe(
-                asyncio.streams.FlowControlMixin, write_pipe)
-        except BaseException:
-            read_transport.close()
-            write_pipe.close()
-            raise
-        return reader, _TerminalWriter(transport, protocol, reader, loop, read_transport)
 
     def _listener(self, part: Any, port: int) -> str:
         """Where to connect for the job's listening ``port``; refused unless one of the job's
@@ -263,14 +239,79 @@ class NodeRelays:
             stream.close(reason, tell=False)
 
 
-class _TerminalWriter(asyncio.StreamWriter):
-    """The write side of a terminal, which also closes the read side's copy of it."""
+class Endpoint(Protocol):
+    """What a stream relays to and from: the job's terminal or a socket of the job."""
 
-    def __init__(self, transport: Any, protocol: Any, reader: asyncio.StreamReader,
-                 loop: asyncio.AbstractEventLoop, read_transport: Any) -> None:
-        super().__init__(transport, protocol, reader, loop)
-        self._read_transport = read_transport
+    async def read(self, n: int) -> bytes: ...  # b"": over
+
+    async def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TerminalEnd:
+    """The master side of a job's pseudo-terminal, through a copy of noded's descriptor that
+    this end closes (noded's stays open for the next attach). Plain non-blocking reads and
+    writes on the event loop's readiness callbacks: loops differ in what their pipe
+    transports accept (uvloop's take no terminal)."""
+
+    def __init__(self, master: int) -> None:
+        self.fd = os.dup(master)
+        os.set_blocking(self.fd, False)
+        self.loop = asyncio.get_running_loop()
+
+    async def read(self, n: int) -> bytes:
+        while True:
+            try:
+                return os.read(self.fd, n)
+            except BlockingIOError:
+                await self._ready(self.loop.add_reader, self.loop.remove_reader)
+            except OSError as exc:
+                if exc.errno == errno.EIO:  # every user of the terminal closed it
+                    return b""
+                raise
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.fd, view):]
+            except BlockingIOError:
+                await self._ready(self.loop.add_writer, self.loop.remove_writer)
+
+    async def _ready(self, add: Callable[..., None], remove: Callable[[int], Any]) -> None:
+        fd = self.fd
+        if fd < 0:
+            raise ConnectionError("the terminal's relay is closed")
+        ready = self.loop.create_future()
+        add(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            if self.fd == fd:  # close() removed the callbacks with the descriptor
+                remove(fd)
 
     def close(self) -> None:
-        super().close()
-        self._read_transport.close()
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            self.loop.remove_reader(fd)
+            self.loop.remove_writer(fd)
+            os.close(fd)
+
+
+class SocketEnd:
+    """A TCP connection to the job's port."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read(self, n: int) -> bytes:
+        return await self.reader.read(n)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    def close(self) -> None:
+        self.writer.close()
