@@ -56,6 +56,8 @@ class RelayStream:
         self._credit = asyncio.Event()
         self._owed = 0  # bytes handed to the caller and not acknowledged yet
         self._closed = False
+        self._received: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._reader = asyncio.get_running_loop().create_task(self._read_frames())
 
     # -- to the job -------------------------------------------------------------------------
     async def send(self, data: bytes) -> None:
@@ -87,28 +89,40 @@ class RelayStream:
             owed, self._owed = self._owed, 0
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._frame("relay_ack", {"bytes": owed})
-        while not self._closed:
-            msg = await self.ws.receive()
-            if msg.type != aiohttp.WSMsgType.BINARY:
-                self._end(self.reason or "the master closed the connection")
-                break
-            try:
-                frame = decode_frame(msg.data)
-            except ProtocolError as exc:
-                self._end(f"bad frame from the master: {exc.message}")
-                break
-            body = frame.body
-            if frame.type == "relay_data" and isinstance(body.get("data"), bytes):
-                self._owed = len(body["data"])
-                return body["data"]
-            if frame.type == "relay_ack" and isinstance(body.get("bytes"), int):
-                self._unacked = max(0, self._unacked - body["bytes"])
-                self._credit.set()
-            elif frame.type == "relay_close":
-                self._end(str(body.get("reason") or "closed"))
-            elif frame.type == "error":
-                self._end(f"{body.get('code')}: {body.get('message')}")
-        return b""
+        data = await self._received.get()
+        if data is None:
+            self._received.put_nowait(None)  # over: every later call says so too
+            return b""
+        self._owed = len(data)
+        return data
+
+    async def _read_frames(self) -> None:
+        """Read the master's frames as they come, whatever the caller does: pings are
+        answered and acks counted while the caller is busy. What waits for the caller is at
+        most a window of data (the node sends no more before the caller's acks)."""
+        try:
+            while not self._closed:
+                msg = await self.ws.receive()
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    self._end(self.reason or "the master closed the connection")
+                    break
+                try:
+                    frame = decode_frame(msg.data)
+                except ProtocolError as exc:
+                    self._end(f"bad frame from the master: {exc.message}")
+                    break
+                body = frame.body
+                if frame.type == "relay_data" and isinstance(body.get("data"), bytes):
+                    self._received.put_nowait(body["data"])
+                elif frame.type == "relay_ack" and isinstance(body.get("bytes"), int):
+                    self._unacked = max(0, self._unacked - body["bytes"])
+                    self._credit.set()
+                elif frame.type == "relay_close":
+                    self._end(str(body.get("reason") or "closed"))
+                elif frame.type == "error":
+                    self._end(f"{body.get('code')}: {body.get('message')}")
+        finally:
+            self._received.put_nowait(None)
 
     def _end(self, reason: str) -> None:
         if not self._closed:
@@ -123,6 +137,9 @@ class RelayStream:
                     await self._frame("relay_close", {"reason": reason})
                 await self.ws.close()
         self._end(reason or "closed")
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
         await self._http.close()
 
     async def __aenter__(self) -> RelayStream:
