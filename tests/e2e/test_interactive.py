@@ -9,13 +9,10 @@ One cluster for the module (terminal_grace_s = 2 s, so a dropped client ends its
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import termios
@@ -31,6 +28,7 @@ import pytest
 from control.client import RpcError
 from demo.cluster import LocalCluster, default_job_user
 from demo.harness import scratch_dir
+from demo.terminal import Terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
@@ -89,77 +87,9 @@ def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
         raise
 
 
-class Terminal:
-    """trellisctl on a pseudo-terminal of the test's: its controlling terminal, as a user's
-    shell gives it one."""
-
-    def __init__(self, cluster: LocalCluster, *args: str) -> None:
-        self.master, slave = os.openpty()
-        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        self.before = termios.tcgetattr(self.master)
-
-        def controlling() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        self.proc = subprocess.Popen(ctl_argv(cluster, *args), stdin=slave, stdout=slave,
-                                     stderr=slave, cwd=ROOT, env=ctl_env(cluster),
-                                     preexec_fn=controlling)
-        os.close(slave)
-        self.seen = b""
-        self.pos = 0  # where the next expect looks from
-
-    def expect(self, token: bytes, timeout: float = 30.0) -> bytes:
-        """What the terminal showed since the last expect, up to and with ``token``."""
-        deadline = time.monotonic() + timeout
-        while token not in self.seen[self.pos:]:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self.master], [], [], max(0.0, left))
-            if not ready:
-                raise AssertionError(f"no {token!r} within {timeout} s; the terminal shows "
-                                     f"{self.seen[-2000:]!r}")
-            try:
-                self.seen += os.read(self.master, 65536)
-            except OSError:
-                raise AssertionError(f"the terminal closed before {token!r}; it showed "
-                                     f"{self.seen[-2000:]!r}") from None
-        start, self.pos = self.pos, self.seen.index(token, self.pos) + len(token)
-        return self.seen[start:self.pos]
-
-    def type(self, text: bytes) -> None:
-        os.write(self.master, text)
-
-    def resize(self, rows: int, cols: int) -> None:
-        # The kernel sends trellisctl SIGWINCH: it is this terminal's foreground process.
-        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-    def wait(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:  # keep reading: a full terminal would block it
-            if time.monotonic() > deadline:
-                raise AssertionError(f"trellisctl still runs; the terminal shows "
-                                     f"{self.seen[-2000:]!r}")
-            ready, _, _ = select.select([self.master], [], [], 0.1)
-            if ready:
-                with contextlib.suppress(OSError):
-                    self.seen += os.read(self.master, 65536)
-        return self.proc.returncode
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        os.close(self.master)
-
-
-@contextlib.contextmanager
-def terminal(cluster: LocalCluster, *args: str) -> Iterator[Terminal]:
-    term = Terminal(cluster, *args)
-    try:
-        yield term
-    finally:
-        term.close()
+def terminal(cluster: LocalCluster, *args: str) -> Terminal:
+    """trellisctl on a pseudo-terminal of the test's: its controlling terminal."""
+    return Terminal(ctl_argv(cluster, *args), ctl_env(cluster), ROOT)
 
 
 def run_args(job_id: str, *more: str) -> tuple[str, ...]:
@@ -217,7 +147,7 @@ def test_a_dropped_client_ends_the_job_after_the_grace(env: tuple[LocalCluster, 
     assert "terminal_grace_s" in view["reason"]
 
 
-# -- run without a terminal ---------------------------------------------------------------------------
+# -- run without a terminal -------------------------------------------------------------------
 def test_run_streams_output_shows_why_it_waits_and_exits_with_the_code(
         env: tuple[LocalCluster, Path]) -> None:
     cluster, root = env
@@ -340,15 +270,15 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
     assert proc.returncode == 1 and "forbidden" in proc.stderr, proc.stderr
     cluster.client().call("cancel", {"id": "theirs"})
 
-    with forwarding(cluster, "web", f"{local}:{remote}"):
-        with socket.create_connection(("127.0.0.1", local)) as one, \
-                socket.create_connection(("127.0.0.1", local)) as two:
-            one.sendall(b"echo\n")
-            two.sendall(b"send 3000000\n")
-            payload = os.urandom(200_000)
-            one.sendall(payload)
-            assert recv_exactly(one, len(payload)) == payload
-            assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
+    with forwarding(cluster, "web", f"{local}:{remote}"), \
+            socket.create_connection(("127.0.0.1", local)) as one, \
+            socket.create_connection(("127.0.0.1", local)) as two:
+        one.sendall(b"echo\n")
+        two.sendall(b"send 3000000\n")
+        payload = os.urandom(200_000)
+        one.sendall(payload)
+        assert recv_exactly(one, len(payload)) == payload
+        assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
     # trellisctl is gone, and so is its listening socket.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
