@@ -134,6 +134,10 @@ def main() -> int:
                 relayed.sendall(f"send {size}\n".encode())
                 relayed_s = receive(relayed, size)
             client.call("cancel", {"id": "server"})
+        except Exception:
+            print(cluster.log("master")[-2000:], cluster.log(cluster.node_name(1))[-2000:],
+                  file=sys.stderr)
+            raise
         finally:
             if forward is not None and forward.poll() is None:
                 forward.send_signal(signal.SIGINT)

@@ -321,7 +321,7 @@ async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
-        pass
+        pass  # the local peer went away: the stream ends with it
     finally:
         up.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):

@@ -194,7 +194,7 @@ class MasterConfig:
     terminal_grace_s: float = bounded(30.0, min=0, max=86400)
     # Bytes a relayed stream (terminal, port-forward) may have unacknowledged per direction:
     # the most the master, the node and the client hold of it.
-    relay_window_kib: int = bounded(512, min=64, max=65536)
+    relay_window_kib: int = bounded(2048, min=256, max=65536)
 
     def __post_init__(self) -> None:
         if 0 < self.node_lost_s < self.node_grace_s:

@@ -31,7 +31,7 @@ from typing import Any
 from shared.model import NAME_PATTERN
 from shared.schema import bounded
 
-MAX_CHUNK = 64 * 1024  # bytes of one relay_data frame (well under the 1 MiB frame limit)
+MAX_CHUNK = 256 * 1024  # bytes of one relay_data frame (well under the 1 MiB frame limit)
 MAX_WINDOW = 64 << 20
 MAX_EPOCH = 1 << 62  # as shared.messages (which imports this module)
 MAX_RESTARTS = 1 << 31

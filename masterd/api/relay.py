@@ -82,40 +82,55 @@ async def handle_relay(request: web.Request, master: Master, closed: bool
 
 
 async def _relay(ws: web.WebSocketResponse, relays: Relays, stream: MasterStream) -> None:
-    writer = asyncio.get_running_loop().create_task(_to_client(ws, relays, stream))
-    reason = "the client disconnected"
+    """Until either side ends the stream: the client's frames to the node (``_from_client``)
+    beside the node's frames to the client (``_to_client``). Whichever ends first, the other
+    is cancelled, and only then is the connection closed (after what was sent is flushed): a
+    close while a reader waits would cut the last frames off."""
+    loop = asyncio.get_running_loop()
+    reading = loop.create_task(_from_client(ws, relays, stream))
+    writing = loop.create_task(_to_client(ws, stream))
     try:
-        async for msg in ws:
-            if msg.type != WSMsgType.BINARY:
-                break
-            try:
-                frame = decode_frame(msg.data)
-                if frame.type not in STREAM_FRAMES:
-                    raise BadStreamFrame(f"{frame.type!r} is not a stream frame")
-                await relays.from_client(stream, frame.type, frame.body)
-            except (ProtocolError, BadStreamFrame) as exc:
-                reason = f"the client sent a bad frame: {exc}"
-                await ws.send_bytes(encode_frame("error", 0, error_body(
-                    "invalid_message", str(exc))))
-                break
-            if frame.type == "relay_close":
-                reason = ""
-                break
+        await asyncio.wait((reading, writing), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer
+        for task in (reading, writing):
+            task.cancel()
+        await asyncio.gather(reading, writing, return_exceptions=True)
+        reason = (reading.result() if reading.done() and not reading.cancelled()
+                  and reading.exception() is None else "the client disconnected")
         relays.release(stream, reason)
-        await ws.close()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.close()
 
 
-async def _to_client(ws: web.WebSocketResponse, relays: Relays, stream: MasterStream) -> None:
-    """The node's frames to the client, in order; a close ends the client's connection."""
+async def _from_client(ws: web.WebSocketResponse, relays: Relays, stream: MasterStream) -> str:
+    """Pass the client's frames on; returns why it stopped (a relay_close: "")."""
+    async for msg in ws:
+        if msg.type != WSMsgType.BINARY:
+            break
+        try:
+            frame = decode_frame(msg.data)
+            if frame.type not in STREAM_FRAMES:
+                raise BadStreamFrame(f"{frame.type!r} is not a stream frame")
+            await relays.from_client(stream, frame.type, frame.body)
+        except (ProtocolError, BadStreamFrame) as exc:
+            await ws.send_bytes(encode_frame("error", 0, error_body(
+                "invalid_message", str(exc))))
+            return f"the client sent a bad frame: {exc}"
+        if frame.type == "relay_close":
+            return ""
+    return "the client disconnected"
+
+
+async def _to_client(ws: web.WebSocketResponse, stream: MasterStream) -> None:
+    """The node's frames to the client, in order, until the node's relay_close."""
     while True:
         type_, payload = await stream.outbox.get()
         body: dict[str, Any] = {"stream": stream.id}
         if type_ == "relay_data":
             body["data"] = payload
+            # Out of the outbox now: the client may ack it before send_bytes returns, and
+            # the node then sends more at once.
+            stream.buffered -= len(payload)
         elif type_ == "relay_ack":
             body["bytes"] = payload
         else:
@@ -124,9 +139,5 @@ async def _to_client(ws: web.WebSocketResponse, relays: Relays, stream: MasterSt
             await ws.send_bytes(encode_frame(type_, 0, body))
         except (ConnectionError, RuntimeError):
             return
-        finally:
-            if type_ == "relay_data":
-                relays.sent(stream, len(payload))
         if type_ == "relay_close":
-            await ws.close()
             return

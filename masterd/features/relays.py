@@ -162,10 +162,6 @@ class Relays:
         elif type_ == "relay_close":
             self._end_from_node(stream, payload or "closed on the node")
 
-    def sent(self, stream: MasterStream, nbytes: int) -> None:
-        """The API handler wrote ``nbytes`` of data to the client: they left the master."""
-        stream.buffered -= nbytes
-
     def _end_from_node(self, stream: MasterStream, reason: str) -> None:
         stream.node_closed = True
         stream.outbox.put_nowait(("relay_close", reason))
