@@ -80,7 +80,10 @@ def run(client: Any, args: Any) -> int:
             _attach_terminal(client, job_id)
         elif view["state"] in ACTIVE or not args.pty:
             _stream_output(client, job_id)
-        return exit_code(_ended(client, job_id))
+        final = _ended(client, job_id)
+        if final["state"] != "finished" and final.get("reason"):
+            say(f"job {job_id} {final['state']}: {final['reason']}")
+        return exit_code(final)
     except KeyboardInterrupt:
         # Ctrl-C before the start or while the output streams: the job is cancelled (srun).
         _cancel(client, job_id)

@@ -208,7 +208,8 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 continue
             if frame.type in STREAM_FRAMES:  # a relayed stream's bytes (shared/relay.py)
                 if session is not None:
-                    master.features.relays.from_node(session.name, frame.type, frame.body)
+                    master.features.relays.from_node(session.name, frame.type, frame.body,
+                                                      msg.data)
                 continue
             try:
                 schema = NODE_EVENTS.get(frame.type)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -124,19 +123,16 @@ async def _from_client(ws: web.WebSocketResponse, relays: Relays, stream: Master
 async def _to_client(ws: web.WebSocketResponse, stream: MasterStream) -> None:
     """The node's frames to the client, in order, until the node's relay_close."""
     while True:
-        type_, payload = await stream.outbox.get()
-        body: dict[str, Any] = {"stream": stream.id}
+        type_, payload, raw = await stream.outbox.get()
         if type_ == "relay_data":
-            body["data"] = payload
             # Out of the outbox now: the client may ack it before send_bytes returns, and
             # the node then sends more at once.
             stream.buffered -= len(payload)
-        elif type_ == "relay_ack":
-            body["bytes"] = payload
-        else:
-            body["reason"] = payload
+        if raw is None:
+            key = {"relay_data": "data", "relay_ack": "bytes"}.get(type_, "reason")
+            raw = encode_frame(type_, 0, {"stream": stream.id, key: payload})
         try:
-            await ws.send_bytes(encode_frame(type_, 0, body))
+            await ws.send_bytes(raw)
         except (ConnectionError, RuntimeError):
             return
         if type_ == "relay_close":

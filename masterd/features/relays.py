@@ -39,9 +39,10 @@ class MasterStream:
     node: str
     kind: str
     window: int
-    # Frames for the client, in order: (type, payload). At most a window of data, as the
-    # node may have no more than that unacknowledged.
-    outbox: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+    # Frames for the client, in order: (type, payload, the node's frame as it came or
+    # None). At most a window of data, as the node may have no more than that unacked.
+    outbox: asyncio.Queue[tuple[str, Any, bytes | None]] = field(
+        default_factory=asyncio.Queue)
     buffered: int = 0  # data bytes in the outbox
     to_node: int = 0  # bytes the client sent the node that the node has not acked
     closed: bool = False
@@ -136,8 +137,11 @@ class Relays:
         await self._push(stream.node, type_, body)
 
     # -- the node's frames ----------------------------------------------------------------------
-    def from_node(self, node: str, type_: str, body: dict[str, Any]) -> None:
-        """A stream frame from ``node``'s WebSocket, read straight off it: never waits."""
+    def from_node(self, node: str, type_: str, body: dict[str, Any],
+                  raw: bytes | None = None) -> None:
+        """A stream frame from ``node``'s WebSocket, read straight off it: never waits.
+        ``raw``: the frame as it came, passed on to the client as it is (the stream has the
+        same number on both hops), which spares encoding every chunk again."""
         try:
             sid, payload = stream_frame(type_, body)
         except BadStreamFrame as exc:
@@ -155,16 +159,16 @@ class Relays:
                 self.ctx.tasks.spawn(self._push(node, "relay_close", {
                     "stream": sid, "reason": "more data than the window allows"}))
                 return
-            stream.outbox.put_nowait((type_, payload))
+            stream.outbox.put_nowait((type_, payload, raw))
         elif type_ == "relay_ack":
             stream.to_node = max(0, stream.to_node - payload)
-            stream.outbox.put_nowait((type_, payload))
+            stream.outbox.put_nowait((type_, payload, raw))
         elif type_ == "relay_close":
             self._end_from_node(stream, payload or "closed on the node")
 
     def _end_from_node(self, stream: MasterStream, reason: str) -> None:
         stream.node_closed = True
-        stream.outbox.put_nowait(("relay_close", reason))
+        stream.outbox.put_nowait(("relay_close", reason, None))
 
     async def _push(self, node: str, type_: str, body: dict[str, Any]) -> None:
         await self.ctx.nodes.push(node, type_, body)

@@ -133,18 +133,25 @@ def test_pty_without_a_terminal_is_refused_before_submitting(
     assert len(cluster.client().call("jobs")["jobs"]) == before  # no job was created
 
 
-def test_a_dropped_client_ends_the_job_after_the_grace(env: tuple[LocalCluster, Path]) -> None:
+def test_a_client_gone_ends_the_job_after_the_grace(env: tuple[LocalCluster, Path]) -> None:
     cluster, _ = env
-    with terminal(cluster, *run_args("dropped", "--pty", "--", "sh")) as term:
-        term.expect(b"$ ")
-        os.killpg(term.proc.pid, signal.SIGKILL)  # the client is gone, no goodbye
-        term.proc.wait(10)
-        dropped = time.monotonic()
-    view = wait_for("the job cancelled", lambda: (
-        (v := job(cluster, "dropped"))["state"] != "running" and v), timeout=30)
-    assert time.monotonic() - dropped >= GRACE_S - 0.5
-    assert view["state"] == "cancelled"
-    assert "terminal_grace_s" in view["reason"]
+    with terminal(cluster, *run_args("dropped", "--pty", "--", "sh")) as dropped, \
+            terminal(cluster, *run_args("stopped", "--pty", "--", "sh")) as stopped:
+        dropped.expect(b"$ ")
+        stopped.expect(b"$ ")
+        os.killpg(dropped.proc.pid, signal.SIGKILL)  # the connection drops, no goodbye
+        stopped.proc.send_signal(signal.SIGTERM)  # trellisctl is told to go
+        gone = time.monotonic()
+        assert dropped.wait() == -signal.SIGKILL
+        assert stopped.wait() == 128 + signal.SIGTERM
+        # SIGTERM is a way out too: the terminal is as it was before.
+        assert termios.tcgetattr(stopped.master)[3] == stopped.before[3]
+    for job_id in ("dropped", "stopped"):
+        view = wait_for(f"{job_id} cancelled", lambda job_id=job_id: (
+            (v := job(cluster, job_id))["state"] != "running" and v), timeout=30)
+        assert time.monotonic() - gone >= GRACE_S - 0.5
+        assert view["state"] == "cancelled"
+        assert "terminal_grace_s" in view["reason"]
 
 
 # -- run without a terminal -------------------------------------------------------------------
