@@ -350,6 +350,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "show": ("describe a job", _job_id),
     "run": ("run a job and wait for it, its output here (srun): --pty for a terminal on "
             "its node", lambda p, c: _run(p, c)),
+    "attach": ("attach this terminal to a running job's terminal again (run --pty)",
+               _job_id),
     "port-forward": ("relay a local port to a TCP port of a running job (JOB LOCAL[:REMOTE])",
                      lambda p, c: _port_forward(p, c)),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
@@ -557,11 +559,13 @@ def run(args: argparse.Namespace) -> int:
     client = make_client(args)
     if cmd == "logs":
         return logs(client, args)
-    if cmd in ("run", "port-forward"):
+    if cmd in ("run", "attach", "port-forward"):
         from control import interactive
 
         if cmd == "run":
             return interactive.run(client, args)
+        if cmd == "attach":
+            return interactive.attach(client, args.job_id)
         return interactive.port_forward(client, args.job_id, args.ports)
     if cmd in ("nodes", "node", "jobs"):
         if args.watch:

@@ -77,7 +77,9 @@ def run(client: Any, args: Any) -> int:
     try:
         view = _wait_for_start(client, job_id)
         if view["state"] == "running" and args.pty:
-            _attach_terminal(client, job_id)
+            if not _attach_terminal(client, job_id):
+                _cancel(client, job_id)
+                return 1
         elif view["state"] in ACTIVE or not args.pty:
             _stream_output(client, job_id)
         final = _ended(client, job_id)
@@ -88,6 +90,23 @@ def run(client: Any, args: Any) -> int:
         # Ctrl-C before the start or while the output streams: the job is cancelled (srun).
         _cancel(client, job_id)
         return 130
+
+
+def attach(client: Any, job_id: str) -> int:
+    """``trellisctl attach JOB``: this terminal to a running job's terminal again (after a
+    dropped connection, within terminal_grace_s); exits as ``run --pty`` does."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("attach needs a terminal: run it from an interactive shell")
+    view = client.call("job", {"id": job_id})["job"]
+    if view["state"] != "running":
+        say(f"job {job_id} is {view['state']}, not running: there is no terminal to attach to")
+        return 1
+    if not _attach_terminal(client, job_id):
+        return 1
+    final = _ended(client, job_id)
+    if final["state"] != "finished" and final.get("reason"):
+        say(f"job {job_id} {final['state']}: {final['reason']}")
+    return exit_code(final)
 
 
 def _wait_for_start(client: Any, job_id: str) -> dict[str, Any]:
@@ -132,7 +151,9 @@ def _stream_output(client: Any, job_id: str) -> None:
 
 
 # -- the terminal -----------------------------------------------------------------------------
-def _attach_terminal(client: Any, job_id: str) -> None:
+def _attach_terminal(client: Any, job_id: str) -> bool:
+    """Attach this terminal to the job's until its session ends; False when the master
+    refused (the reason said)."""
     import termios
     import tty
 
@@ -149,22 +170,24 @@ def _attach_terminal(client: Any, job_id: str) -> None:
     # SIGTERM and SIGHUP end trellisctl through the finally below (the terminal restored).
     previous = {sig: signal.signal(sig, _raise_exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSADRAIN)  # not TCSAFLUSH: keys typed while it waited count
         _raw_now = True
-        reason = asyncio.run(_terminal_session(client, job_id, fd))
+        refused, reason = asyncio.run(_terminal_session(client, job_id, fd))
     finally:
         restore()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if reason:
         say(reason)
+    return not refused
 
 
 def _raise_exit(signum: int, _: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-async def _terminal_session(client: Any, job_id: str, fd: int) -> str:
+async def _terminal_session(client: Any, job_id: str, fd: int) -> tuple[bool, str]:
+    """(refused, why the session ended when that is news)."""
     from control.relayclient import RelayRefused, open_stream
 
     rows, cols = _size(fd)
@@ -172,7 +195,7 @@ async def _terminal_session(client: Any, job_id: str, fd: int) -> str:
         stream = await open_stream(client, job_id, "pty", rows=rows, cols=cols,
                                    timeout=getattr(client, "timeout", 30.0))
     except RelayRefused as exc:
-        return f"{exc.code}: {exc.message}"
+        return True, f"{exc.code}: {exc.message}"
     loop = asyncio.get_running_loop()
     keys: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
 
@@ -218,7 +241,7 @@ async def _terminal_session(client: Any, job_id: str, fd: int) -> str:
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await typist
         await stream.close()
-    return "" if "session ended" in stream.reason else stream.reason
+    return False, "" if "session ended" in stream.reason else stream.reason
 
 
 def _size(fd: int) -> tuple[int, int]:

@@ -3,7 +3,7 @@ driven through a pseudo-terminal of the test's own, ``trellisctl port-forward`` 
 server the job runs, with real master and node daemons (authenticated: the client token is a
 user's), real jobs under their shims and cgroups.
 
-One cluster for the module (terminal_grace_s = 2 s, so a dropped client ends its job soon).
+One cluster for the module (terminal_grace_s = 4 s, so a dropped client ends its job soon).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from demo.terminal import Terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
-GRACE_S = 2.0
+GRACE_S = 4.0
 T = TypeVar("T")
 
 
@@ -133,25 +133,45 @@ def test_pty_without_a_terminal_is_refused_before_submitting(
     assert len(cluster.client().call("jobs")["jobs"]) == before  # no job was created
 
 
-def test_a_client_gone_ends_the_job_after_the_grace(env: tuple[LocalCluster, Path]) -> None:
+def test_a_client_gone_ends_the_job_after_the_grace_unless_one_attaches(
+        env: tuple[LocalCluster, Path]) -> None:
     cluster, _ = env
     with terminal(cluster, *run_args("dropped", "--pty", "--", "sh")) as dropped, \
             terminal(cluster, *run_args("stopped", "--pty", "--", "sh")) as stopped:
         dropped.expect(b"$ ")
         stopped.expect(b"$ ")
+        # One client at a time on a terminal.
+        busy = ctl(cluster, "attach", "dropped")
+        assert busy.returncode == 2 and "attach needs a terminal" in busy.stderr
+        with terminal(cluster, "attach", "dropped") as second:
+            assert second.wait() == 1
+            assert b"busy: job dropped's terminal is attached to another client" in second.seen
         os.killpg(dropped.proc.pid, signal.SIGKILL)  # the connection drops, no goodbye
         stopped.proc.send_signal(signal.SIGTERM)  # trellisctl is told to go
-        gone = time.monotonic()
+        stopped_at = time.monotonic()
         assert dropped.wait() == -signal.SIGKILL
         assert stopped.wait() == 128 + signal.SIGTERM
         # SIGTERM is a way out too: the terminal is as it was before.
         assert termios.tcgetattr(stopped.master)[3] == stopped.before[3]
-    for job_id in ("dropped", "stopped"):
+        # Within the grace, a client attaches again: the session goes on.
+        with terminal(cluster, "attach", "dropped") as again:
+            wait_for("attach to go raw", lambda: not termios.tcgetattr(again.master)[3]
+                     & termios.ECHO)
+            again.type(b"echo again$((1+1))\r")
+            again.expect(b"again2")
+            os.killpg(again.proc.pid, signal.SIGKILL)
+            again.proc.wait(10)
+            dropped_at = time.monotonic()
+    for job_id, gone in (("dropped", dropped_at), ("stopped", stopped_at)):
         view = wait_for(f"{job_id} cancelled", lambda job_id=job_id: (
             (v := job(cluster, job_id))["state"] != "running" and v), timeout=30)
         assert time.monotonic() - gone >= GRACE_S - 0.5
         assert view["state"] == "cancelled"
         assert "terminal_grace_s" in view["reason"]
+    # Attaching to a job that is no longer running: one sentence.
+    with terminal(cluster, "attach", "dropped") as late:
+        assert late.wait() == 1
+        assert b"job dropped is cancelled, not running" in late.seen
 
 
 # -- run without a terminal -------------------------------------------------------------------
