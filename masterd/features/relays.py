@@ -56,8 +56,6 @@ class Relays:
         self._ids = itertools.count(1)
         self._attached: dict[str, int] = {}  # job id -> the stream of its attached terminal
         self._orphaned: dict[str, asyncio.TimerHandle] = {}  # terminals without a client
-        # The most data bytes any stream held here at once (tests and /metrics read it).
-        self.peak_buffered = 0
         ctx.events.job_transition.subscribe(self._on_transition)
         ctx.events.node_disconnected.subscribe(self._on_node_gone)
         ctx.events.restored.subscribe(self._on_restored)
@@ -152,7 +150,6 @@ class Relays:
             return  # closed here already; the node hears of it
         if type_ == "relay_data":
             stream.buffered += len(payload)
-            self.peak_buffered = max(self.peak_buffered, stream.buffered)
             if stream.buffered > stream.window:
                 log.warning("node=%s stream=%d sent past its window; closed", node, sid)
                 self._end_from_node(stream, "the node sent more than the window allows")
