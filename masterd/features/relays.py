@@ -146,7 +146,7 @@ class Relays:
             log.warning("node=%s bad stream frame: %s", node, exc)
             return
         stream = self.streams.get(sid)
-        if stream is None or stream.node != node:
+        if stream is None or stream.node != node or stream.node_closed:
             return  # closed here already; the node hears of it
         if type_ == "relay_data":
             stream.buffered += len(payload)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -134,5 +135,113 @@ def test_a_terminal_end_reads_until_the_job_closes_it() -> None:
             os.close(master)
             if slave >= 0:
                 os.close(slave)
+
+    asyncio.run(main())
+
+
+# -- the master's relay feature, with a stand-in for the rest of the master ----------------------
+class _Master:
+    """What masterd.features.relays.Relays uses of a FeatureContext."""
+
+    def __init__(self, job: Any) -> None:
+        from masterd.runtime.events import MasterEvents
+        from shared.config import MasterConfig
+
+        self.job = job
+        self.pushed: list[tuple[str, str, dict[str, Any]]] = []
+        self.commands: list[tuple[str, str, Any]] = []
+        self.stopped: list[tuple[str, Any, str]] = []
+        self.tasks: set[asyncio.Future[Any]] = set()
+        config = MasterConfig(relay_window_kib=256, terminal_grace_s=0.05)
+        self.ctx = SimpleNamespace(
+            events=MasterEvents(), config=lambda: config,
+            core=SimpleNamespace(job=lambda job_id: self.job if job_id == job.id else None,
+                                 active_jobs=lambda: {}),
+            nodes=SimpleNamespace(send=self._send, push=self._push),
+            tasks=SimpleNamespace(spawn=self._spawn),
+            jobs=SimpleNamespace(stop=self._stop))
+
+    async def _send(self, node: str, type_: str, body: Any) -> dict[str, Any]:
+        self.commands.append((node, type_, body))
+        return {}
+
+    async def _push(self, node: str, type_: str, body: dict[str, Any]) -> None:
+        self.pushed.append((node, type_, body))
+
+    def _spawn(self, awaitable: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(awaitable)
+        self.tasks.add(task)
+        return task
+
+    async def _stop(self, job_id: str, end: Any, reason: str) -> None:
+        self.stopped.append((job_id, end, reason))
+
+
+def _running_job(pty: bool) -> Any:
+    from shared.model import (
+        Job,
+        JobKind,
+        JobSpec,
+        JobState,
+        LaunchSpec,
+        NodeAllocation,
+        Placement,
+    )
+
+    spec = JobSpec(name="sh", command=("sh",), user="nobody", kind=JobKind.CPU, cpus=1,
+                   launch=LaunchSpec(pty=pty))
+    return Job(id="sh-1", spec=spec, submit_time=0.0, state=JobState.RUNNING,
+               placement=Placement((NodeAllocation(node="n1", cpus=(0,)),)))
+
+
+def test_the_master_holds_no_more_than_a_window_and_drops_a_node_that_sends_more() -> None:
+    from masterd.features.relays import Relays
+
+    async def main() -> None:
+        master = _Master(_running_job(pty=True))
+        relays = Relays(master.ctx)  # type: ignore[arg-type]
+        stream = await relays.open(master.job, "pty", rows=40, cols=100)
+        assert master.commands[0][:2] == ("n1", "relay_open")
+        assert (master.commands[0][2].rows, master.commands[0][2].window) == (40, 256 * 1024)
+        chunk = b"x" * (64 * 1024)
+        for _ in range(4):  # a whole window: queued for the client
+            relays.from_node("n1", "relay_data", {"stream": stream.id, "data": chunk})
+        relays.from_node("other", "relay_data", {"stream": stream.id, "data": chunk})
+        assert stream.buffered == 256 * 1024 and stream.outbox.qsize() == 4
+        relays.from_node("n1", "relay_data", {"stream": stream.id, "data": b"y"})
+        assert stream.node_closed and stream.buffered == 256 * 1024 + 1
+        relays.from_node("n1", "relay_data", {"stream": stream.id, "data": b"z"})
+        assert stream.buffered == 256 * 1024 + 1  # nothing more is taken
+        assert stream.outbox.qsize() == 5  # the four chunks, then the close
+        await asyncio.gather(*master.tasks)
+        assert master.pushed[-1][1] == "relay_close"
+        # A second client is refused while one is attached; the terminal's client leaving
+        # starts the grace, after which the job is cancelled.
+        with pytest.raises(Exception, match="attached to another client"):
+            await relays.open(master.job, "pty")
+        relays.release(stream, "the client disconnected")
+        for _ in range(100):
+            if master.stopped:
+                break
+            await asyncio.sleep(0.01)
+        assert master.stopped and "terminal_grace_s" in master.stopped[0][2]
+
+    asyncio.run(main())
+
+
+def test_a_job_without_a_terminal_or_not_running_is_refused() -> None:
+    from masterd.core.scheduler import JobError
+    from masterd.features.relays import Relays
+    from shared.model import JobState
+
+    async def main() -> None:
+        master = _Master(_running_job(pty=False))
+        relays = Relays(master.ctx)  # type: ignore[arg-type]
+        with pytest.raises(JobError, match="was not started on a terminal"):
+            await relays.open(master.job, "pty")
+        master.job.state = JobState.QUEUED
+        with pytest.raises(JobError, match="is queued, not running"):
+            await relays.open(master.job, "tcp", port=80)
+        assert master.commands == []
 
     asyncio.run(main())
