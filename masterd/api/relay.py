@@ -71,8 +71,12 @@ async def handle_relay(request: web.Request, master: Master, closed: bool
         return await _refuse(ws, exc.code, exc.message)
     except JobError as exc:
         return await _refuse(ws, exc.code, str(exc))
-    await ws.send_bytes(encode_frame("relay_opened", 0, {
-        "stream": stream.id, "node": stream.node, "window": stream.window}))
+    try:
+        await ws.send_bytes(encode_frame("relay_opened", 0, {
+            "stream": stream.id, "node": stream.node, "window": stream.window}))
+    except (ConnectionError, RuntimeError):
+        relays.release(stream, "the client disconnected")  # gone before it heard
+        return ws
     if want.probe:
         await ws.close()
         return ws
