@@ -174,7 +174,10 @@ class Relays:
     def _arm_orphan_timer(self, job_id: str) -> None:
         self._cancel_orphan_timer(job_id)
         grace = self.ctx.config().terminal_grace_s
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a restore outside the daemon (tools, tests): nothing to time
+            return
         self._orphaned[job_id] = loop.call_later(
             grace, lambda: self.ctx.tasks.spawn(self._orphan_expired(job_id, grace)))
 
