@@ -8,6 +8,7 @@ One cluster for the module (terminal_grace_s = 4 s, so a dropped client ends its
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -22,13 +23,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import psutil
 import pytest
 
 from control.client import RpcError
+from control.relayclient import RelayRefused, open_stream
 from demo.cluster import LocalCluster, default_job_user
 from demo.harness import scratch_dir
 from demo.terminal import Terminal
+from shared.protocol import decode_frame, encode_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
@@ -350,3 +354,33 @@ def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
         recv_exactly(sock, 4 << 20)
         assert sent() > stalled
     cluster.client().call("cancel", {"id": "flood"})
+
+
+def test_the_relay_endpoint_refuses_bad_peers_with_one_sentence(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, _ = env
+    url = cluster.url + "/v1/relay"
+    token = {"Authorization": f"Bearer {cluster.tokens['client']}"}
+
+    async def first_answer(headers: dict[str, str], frame: bytes) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http, \
+                http.ws_connect(url, headers=headers) as ws:
+            await ws.send_bytes(frame)
+            msg = await ws.receive(timeout=10)
+            return decode_frame(msg.data).body
+
+    async def main() -> None:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await first_answer({}, b"")
+        assert refused.value.status == 401
+        body = await first_answer(token, b"\xc1 not msgpack")
+        assert body["code"] and "msgpack" in body["message"]
+        body = await first_answer(token, encode_frame("relay_open", 0, {"job": "x",
+                                                                        "kind": "ssh"}))
+        assert body["code"] == "invalid_params" and "kind" in body["message"]
+        body = await first_answer(token, encode_frame("relay_data", 0, {"stream": 1}))
+        assert body["code"] == "invalid_message" and "relay_open" in body["message"]
+        with pytest.raises(RelayRefused, match="unknown_job: job 'nope' does not exist"):
+            await open_stream(cluster.client(role="client"), "nope", "tcp", port=80)
+
+    asyncio.run(main())
