@@ -308,6 +308,7 @@ def port_forward(client: Any, job_id: str, ports: str) -> int:
 
 async def _serve(client: Any, job_id: str, rport: int, listener: socket.socket,
                  timeout: float) -> int:
+    from control.client import Unreachable
     from control.relayclient import RelayRefused, open_stream
 
     over: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -321,8 +322,8 @@ async def _serve(client: Any, job_id: str, rport: int, listener: socket.socket,
             if exc.code == "not_running" and not over.done():
                 over.set_result(1)
             return
-        except (OSError, TimeoutError) as exc:
-            say(f"cannot reach the master: {exc}")
+        except Unreachable as exc:
+            say(str(exc))
             writer.close()
             return
         await _splice(reader, writer, stream)

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from control.client import Unreachable
 from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame
 from shared.relay import MAX_CHUNK
 
@@ -156,7 +157,7 @@ async def open_stream(client: Any, job: str, kind: str, port: int = 0, rows: int
                       ) -> RelayStream:
     """Open a stream into ``job``: its terminal (``kind="pty"``) or a TCP connection to
     ``port`` on its node (``kind="tcp"``). Raises RelayRefused (the master's code and
-    sentence) or OSError/aiohttp.ClientError when the master cannot be reached. With
+    sentence) or control.client.Unreachable when the master cannot be reached. With
     ``probe`` the master only checks it could be opened; the stream comes back closed."""
     url, headers, ssl_context = endpoint(client)
     http = aiohttp.ClientSession()
@@ -186,6 +187,10 @@ async def open_stream(client: Any, job: str, kind: str, port: int = 0, rows: int
                                ) from None
         raise RelayRefused("unavailable", f"the master refused the relay connection (HTTP "
                            f"{exc.status})") from None
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        await http.close()
+        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+        raise Unreachable(f"cannot reach the master at {url}: {reason}") from None
     except BaseException:
         await http.close()
         raise
