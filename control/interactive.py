@@ -27,6 +27,7 @@ from control.usage import UsageError
 # Exit codes for jobs that did not end by themselves (documented in docs/interactive.md).
 END_CODES = {"cancelled": 130, "timeout": 124, "node_lost": 255}
 WAIT_POLL_S = 0.2
+JOB_CHECK_S = 2.0  # how often port-forward looks whether its job still runs
 ACTIVE = ("queued", "starting", "running")
 
 
@@ -328,9 +329,27 @@ async def _serve(client: Any, job_id: str, rport: int, listener: socket.socket,
             return
         await _splice(reader, writer, stream)
 
+    async def watch() -> None:
+        """The forward ends with the job (checked every JOB_CHECK_S)."""
+        loop = asyncio.get_running_loop()
+        while not over.done():
+            await asyncio.sleep(JOB_CHECK_S)
+            try:
+                view = (await loop.run_in_executor(None, client.call, "job",
+                                                   {"id": job_id}))["job"]
+            except Exception:  # unreachable for a moment: the next look decides
+                continue
+            if view["state"] != "running" and not over.done():
+                say(f"job {job_id} is {view['state']}: the forward ends")
+                over.set_result(1)
+
     server = await asyncio.start_server(connection, sock=listener, limit=64 * 1024)
-    async with server:
-        return await over
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        async with server:
+            return await over
+    finally:
+        watcher.cancel()
 
 
 async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -292,8 +292,11 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
     # Bad ports, a job that does not run, a job that is not the caller's.
     proc = ctl(cluster, "port-forward", "web", "http")
     assert proc.returncode == 2 and "LOCAL:REMOTE" in proc.stderr
-    proc = ctl(cluster, "port-forward", "tty-shell", f"{local}:{remote}")
-    assert proc.returncode == 1 and "not running" in proc.stderr
+    cluster.client().call("submit", {"id": "ended", "job": {
+        "name": "ended", "command": ["true"], "user": USER, "kind": "cpu", "cpus": 1}})
+    wait_for("a job that ended", lambda: job(cluster, "ended")["state"] == "finished")
+    proc = ctl(cluster, "port-forward", "ended", f"{local}:{remote}")
+    assert proc.returncode == 1 and "job ended is finished, not running" in proc.stderr
     cluster.client().call("submit", {"id": "theirs", "job": {
         "name": "theirs", "command": ["sleep", "600"], "user": "daemon", "kind": "cpu",
         "cpus": 1}})
@@ -301,19 +304,22 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
     assert proc.returncode == 1 and "forbidden" in proc.stderr, proc.stderr
     cluster.client().call("cancel", {"id": "theirs"})
 
-    with forwarding(cluster, "web", f"{local}:{remote}"), \
-            socket.create_connection(("127.0.0.1", local)) as one, \
-            socket.create_connection(("127.0.0.1", local)) as two:
-        one.sendall(b"echo\n")
-        two.sendall(b"send 3000000\n")
-        payload = os.urandom(200_000)
-        one.sendall(payload)
-        assert recv_exactly(one, len(payload)) == payload
-        assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
+    with forwarding(cluster, "web", f"{local}:{remote}") as forward:
+        with socket.create_connection(("127.0.0.1", local)) as one, \
+                socket.create_connection(("127.0.0.1", local)) as two:
+            one.sendall(b"echo\n")
+            two.sendall(b"send 3000000\n")
+            payload = os.urandom(200_000)
+            one.sendall(payload)
+            assert recv_exactly(one, len(payload)) == payload
+            assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
+        # The forward ends with its job.
+        cluster.client().call("cancel", {"id": "web"})
+        assert forward.wait(30) == 1
+        assert b"job web is cancelled: the forward ends" in forward.stderr.read()  # type: ignore[union-attr]
     # trellisctl is gone, and so is its listening socket.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
-    cluster.client().call("cancel", {"id": "web"})
 
 
 def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
