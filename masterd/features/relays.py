@@ -86,7 +86,9 @@ class Relays:
         try:
             await self.ctx.nodes.send(node, "relay_open", cmd)
         except CommandFailed as exc:
-            self.release(stream, "", tell_node=False)
+            # A node that answered late may have opened it all the same: it is told.
+            self.release(stream, "the master gave up waiting for the node",
+                         tell_node=exc.code == "timeout")
             if exc.code == "node_unreachable":
                 raise JobError("node_unreachable", f"job {job.id}'s node {node} is not "
                                f"connected to the master ({exc.message})") from None
