@@ -292,11 +292,12 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
     # Bad ports, a job that does not run, a job that is not the caller's.
     proc = ctl(cluster, "port-forward", "web", "http")
     assert proc.returncode == 2 and "LOCAL:REMOTE" in proc.stderr
-    cluster.client().call("submit", {"id": "ended", "job": {
-        "name": "ended", "command": ["true"], "user": USER, "kind": "cpu", "cpus": 1}})
-    wait_for("a job that ended", lambda: job(cluster, "ended")["state"] == "finished")
-    proc = ctl(cluster, "port-forward", "ended", f"{local}:{remote}")
-    assert proc.returncode == 1 and "job ended is finished, not running" in proc.stderr
+    # A job that waits for web to finish: queued while web runs.
+    cluster.client().call("submit", {"id": "later", "job": {
+        "name": "later", "command": ["true"], "user": USER, "kind": "cpu", "cpus": 1,
+        "after": [{"type": "afterok", "jobs": ["web"]}]}})
+    proc = ctl(cluster, "port-forward", "later", f"{local}:{remote}")
+    assert proc.returncode == 1 and "job later is queued, not running" in proc.stderr
     cluster.client().call("submit", {"id": "theirs", "job": {
         "name": "theirs", "command": ["sleep", "600"], "user": "daemon", "kind": "cpu",
         "cpus": 1}})
