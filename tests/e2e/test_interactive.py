@@ -255,8 +255,8 @@ def start_server(cluster: LocalCluster, root: Path, job_id: str) -> tuple[int, P
         "name": job_id, "command": ["python3", str(root / "server.py"), str(portfile),
                                     str(countfile)],
         "user": USER, "kind": "cpu", "cpus": 1}})
-    port = int(wait_for(f"the job's server ({job_id}: {job(cluster, job_id)})",
-                        lambda: portfile.exists() and portfile.read_text()))
+    port = int(wait_for(f"the job's server ({job_id})",
+                        lambda: portfile.exists() and portfile.read_text(), timeout=60))
     return port, countfile
 
 
