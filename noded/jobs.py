@@ -406,6 +406,10 @@ class JobRunner:
             return
         part.stopping = True
         log.info("job=%s stopping grace=%.1fs reason=%s", job_id, grace_s, reason)
+        if part.prepare.spec.launch.pty:
+            # A job on a terminal is stopped as a hung-up terminal stops a session: an
+            # interactive shell ignores SIGTERM, not SIGHUP.
+            self._signal(part, signal.SIGHUP)
         self._signal(part, signal.SIGTERM)
         asyncio.get_running_loop().call_later(grace_s, self._kill, part)
 
