@@ -271,6 +271,21 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
                         "master's max_grace_s; default its stop_grace_s)")
 
 
+def _run(p: argparse.ArgumentParser, command: Any) -> None:
+    """``trellisctl run``: submit's options, and --pty (docs/interactive.md)."""
+    p.add_argument("--pty", action="store_true",
+                   help="run the command on a terminal on its node, attached to this one "
+                        "(srun --pty): e.g. run --gpus 1 --pty -- bash")
+    _submit(p, command)
+
+
+def _port_forward(p: argparse.ArgumentParser, _: Any) -> None:
+    p.add_argument("job_id", help="a running job of yours")
+    p.add_argument("ports", metavar="LOCAL[:REMOTE]",
+                   help="listen on 127.0.0.1:LOCAL here; each connection reaches the job's "
+                        "port REMOTE (default LOCAL) on its node")
+
+
 def _update(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("job_id", help="job id")
     p.add_argument("--qos", choices=("urgent", "prior", "normal"), help="new QoS class")
@@ -353,6 +368,12 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "update": ("change a job's QoS, time limit or priority (users may only lower them)",
                _update),
     "show": ("describe a job", _job_id),
+    "run": ("run a job and wait for it, its output here (srun): --pty for a terminal on "
+            "its node", lambda p, c: _run(p, c)),
+    "attach": ("attach this terminal to a running job's terminal again (run --pty)",
+               _job_id),
+    "port-forward": ("relay a local port to a TCP port of a running job (JOB LOCAL[:REMOTE])",
+                     lambda p, c: _port_forward(p, c)),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
     "gpu": ("return a GPU that is out of service to service (gpu reset NODE INDEX)",
@@ -558,6 +579,14 @@ def run(args: argparse.Namespace) -> int:
     client = make_client(args)
     if cmd == "logs":
         return logs(client, args)
+    if cmd in ("run", "attach", "port-forward"):
+        from control import interactive
+
+        if cmd == "run":
+            return interactive.run(client, args)
+        if cmd == "attach":
+            return interactive.attach(client, args.job_id)
+        return interactive.port_forward(client, args.job_id, args.ports)
     if cmd in ("nodes", "node", "jobs"):
         if args.watch:
             try:

@@ -33,6 +33,7 @@ from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.gpufence import GpuFence
 from noded.shim import write_atomic
+from noded.terminals import Terminals
 from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
 from shared.nodelease import LeasedPart
@@ -141,6 +142,9 @@ class JobRunner:
         # Why a part ended, asked before the kernel's OOM count (a container launch that
         # failed): part -> sentence, "" when the hook has nothing to say.
         self.exit_reasons: list[Callable[[JobPart], str]] = []
+        # The master sides of the pseudo-terminals of jobs run with launch.pty.
+        self.terminals = Terminals()
+        self.cleanup_hooks.append(lambda part: self.terminals.close(part.job_id))
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -328,13 +332,24 @@ class JobRunner:
                              f"script on {self.node}: {exc}") from exc
         for wrap in self.launch_wrappers:
             launch = wrap(part, launch)
-        write_atomic(part.dir / "launch.json", launch)
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "noded.shim", str(part.dir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-            cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
-        )
+        slave = -1
+        if spec.launch.pty:  # trellisctl run --pty: the shim gets the terminal's slave side
+            slave = self.terminals.allocate(part.job_id, entry.pw_uid, entry.pw_gid)
+            launch["pty_fd"] = slave
+        try:
+            write_atomic(part.dir / "launch.json", launch)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "noded.shim", str(part.dir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, pass_fds=(slave,) if slave >= 0 else (),
+                cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
+            )
+        except BaseException:
+            self.terminals.close(part.job_id)
+            raise
+        finally:
+            if slave >= 0:
+                os.close(slave)
         part.popen = popen
         part.shim_pid = popen.pid
         part.shim_ctime = _ctime(popen.pid)
@@ -434,6 +449,10 @@ class JobRunner:
             return
         part.stopping = True
         log.info("job=%s stopping grace=%.1fs reason=%s", job_id, grace_s, reason)
+        if part.prepare.spec.launch.pty:
+            # A job on a terminal is stopped as a hung-up terminal stops a session: an
+            # interactive shell ignores SIGTERM, not SIGHUP.
+            self._signal(part, signal.SIGHUP)
         self._signal(part, signal.SIGTERM)
         asyncio.get_running_loop().call_later(grace_s, self._kill, part)
 

@@ -7,9 +7,10 @@ the shim, not noded, is the job's parent, jobs outlive a noded restart and their
 is not lost while noded is down.
 
 ``JOBDIR/launch.json`` holds: command, env, uid, gid, groups, workdir, cgroup_procs (files to
-write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), and optionally
+write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), optionally
 stdout_file, stderr_file and append_output (the job's own output files, copies of what goes
-into its log: noded/outputfiles.py).
+into its log: noded/outputfiles.py), and pty_fd for a job on a terminal (the slave side of its
+pseudo-terminal, passed open: run_on_terminal).
 
 The job's stdout and stderr are one pipe the shim relays into ``JOBDIR/output.log`` (splice(2):
 the bytes never enter this process), so that the shim can cap the log: past
@@ -29,6 +30,7 @@ import os
 import select
 import signal
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -76,6 +78,8 @@ def run(jobdir: Path) -> int:
     # The shim must outlive signals aimed at the job, so it can record how the job ended.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    if spec.get("pty_fd") is not None:
+        return run_on_terminal(jobdir, spec, int(spec["pty_fd"]))
     # Not O_APPEND: splice(2) refuses to write to an append-only file; this is its only writer.
     log_fd = os.open(jobdir / "output.log", os.O_RDWR | os.O_CREAT, 0o640)
     uid, gid = spec["uid"], spec["gid"]
@@ -151,6 +155,64 @@ def run(jobdir: Path) -> int:
         result["log_error"] = log.error
     if log.tee_error:
         result["output_file_error"] = log.tee_error
+    if os.WIFSIGNALED(status):
+        result.update(exit_code=None, signal=os.WTERMSIG(status))
+    else:
+        result.update(exit_code=os.WEXITSTATUS(status), signal=None)
+    if error:
+        result["error"] = error.decode(errors="replace")
+    write_atomic(jobdir / "exit.json", result)
+    return 0
+
+
+def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
+    """``trellisctl run --pty``: the job runs on the pseudo-terminal noded allocated (its
+    slave side is ``slave``, passed open), as the leader of a new session whose controlling
+    terminal it is, as login(1) and sshd start a shell. noded keeps the master side and
+    relays it (noded/relays.py); what the job writes goes to the terminal, not to the log.
+    The job's process group is its session (pgid == pid), as for a batch job."""
+    uid, gid = spec["uid"], spec["gid"]
+    read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
+    os.set_inheritable(write_fd, False)
+    pid = os.fork()
+    if pid == 0:  # the job
+        step = "cannot set up the job's terminal"
+        try:
+            os.close(read_fd)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(slave, fd)
+            if slave > 2:
+                os.close(slave)
+            if os.geteuid() == 0 and uid != 0:
+                os.setgroups(spec.get("groups", []))
+                os.setgid(gid)
+                os.setuid(uid)
+            step = f"cannot enter the working directory {spec.get('workdir') or '/'}"
+            os.chdir(spec.get("workdir") or "/")
+            command = spec["command"]
+            step = f"cannot execute {command[0]}"
+            os.execvpe(command[0], command, spec["env"])
+        except OSError as exc:
+            os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
+        os._exit(127)
+    os.close(write_fd)
+    os.close(slave)  # only the job holds the terminal: its end hangs the terminal up
+    write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
+    error = b""
+    while chunk := os.read(read_fd, 512):
+        error += chunk
+    os.close(read_fd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    result: dict = {"time": time.time(), "terminal": True}
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:

@@ -192,6 +192,12 @@ class MasterConfig:
     retry_s: float = bounded(2.0, min=0.1, max=600)
     # The account tree ([[master.accounts]], docs/governance.md); empty: accounts are off.
     accounts: tuple[Account, ...] = bounded(default_factory=tuple, max_len=100_000)
+    # Interactive jobs (docs/interactive.md): a job run on a terminal whose client is gone
+    # (dropped, or never attached) is cancelled after this long unless one attaches again.
+    terminal_grace_s: float = bounded(30.0, min=0, max=86400)
+    # Bytes a relayed stream (terminal, port-forward) may have unacknowledged per direction:
+    # the most the master, the node and the client hold of it.
+    relay_window_kib: int = bounded(2048, min=256, max=65536)
 
     def __post_init__(self) -> None:
         try:

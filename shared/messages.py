@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.nodelease import LeaseTerms
+from shared.relay import RelayOpen
 from shared.schema import bounded
 
 # Upper bounds on the wire of a master's leadership epoch and of a job's restart count.
@@ -453,6 +454,8 @@ NODE_COMMANDS = {
     "signal_job": SignalJob,
     "read_log": ReadLog,
     "reset_gpu": ResetGpu,
+    # A job's terminal or TCP port, relayed (shared/relay.py, docs/interactive.md).
+    "relay_open": RelayOpen,
 }
 # Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
 # fields named in their docstrings).

@@ -193,6 +193,14 @@ class NodeCommands:
     gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
     # The leadership epoch this master commands nodes at (every command carries it).
     epoch: Callable[[], int] = lambda: 0
+    # (node, frame type, body): send a frame that is not a command (no ack awaited): the
+    # bytes of a relayed stream (shared/relay.py). Dropped when the node is not connected.
+    push: Callable[[str, str, dict[str, Any]], Awaitable[None]] = (
+        lambda node, type_, body: _no_push())
+
+
+async def _no_push() -> None:
+    return None
 
 
 async def _no_power() -> None:

@@ -27,6 +27,7 @@ from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
+from masterd.features.relays import Relays
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
@@ -61,6 +62,9 @@ class Features:
     leases: NodeLeases
     # Image jobs: the reference and mounts checked at submission (noded runs them).
     containers: Containers
+    # Jobs' terminals and ports, relayed between clients and nodes (trellisctl run --pty,
+    # port-forward).
+    relays: Relays
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -87,5 +91,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
-                        leases=NodeLeases(ctx), containers=Containers(ctx))
+                        leases=NodeLeases(ctx), containers=Containers(ctx),
+                        relays=Relays(ctx))
     return features, policy

@@ -166,7 +166,7 @@ class Master:
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state,
                                gpu_health=self.set_gpu_health,
-                               epoch=lambda: self.leadership.epoch),
+                               epoch=lambda: self.leadership.epoch, push=self._push),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
@@ -732,6 +732,12 @@ class Master:
         if timeout_s is None:
             return await session.request(type_, wire)
         return await session.request(type_, wire, timeout_s)
+
+    async def _push(self, node: str, type_: str, body: dict[str, Any]) -> None:
+        """A frame without an ack to ``node`` (relayed streams); dropped if not connected."""
+        session = self.sessions.get(node)
+        if session is not None and not self.halted:
+            await session.push(type_, body)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
         job = self.core.jobs.get(job_id)
