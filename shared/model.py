@@ -244,9 +244,6 @@ class LaunchSpec:
             # The terminal is the shim's; podman would need its own (-t) and a relay of it.
             raise ValueError("launch.pty with launch.image: a job on a terminal runs on the "
                              "host for now (docs/interactive.md); drop --pty or --image")
-        if self.mounts and self.image is None:
-            raise ValueError("launch.mounts without launch.image: only a container job has "
-                             "mounts")
 
 
 # A job launched as a plain host command: every spec without `launch` shares this one.
