@@ -4,7 +4,7 @@ Liquid learns from the usage earlier runs left (§4.2). In the replay those runs
 (:class:`MeteredSimulator`: a :class:`~sim.liquid_sim.LiquidSimulator` with the parameter
 servers' traffic) and every part of a job — one per node, as noded runs them — is metered as
 noded meters it (``noded/usage/collector.py``): a GPU utilisation sample every
-``interval_s`` into noded's accumulator (:class:`noded.usage.stats.Running`), the bytes
+``interval_s`` into noded's accumulator (:class:`noded.policy.stats.Running`), the bytes
 through the part's sockets counted, the peak GPU memory kept; at the part's exit a final
 :class:`shared.messages.JobUsage` is built, passed through the wire schema (encode, decode:
 the bounds the master enforces) and turned into the model's labels by the master's own
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from masterd.features.liquid.jobfeatures import features_of, labels_of
-from noded.usage.stats import Running
+from noded.policy.stats import Running
 from shared.messages import JobUsage
 from shared.model import JobSpec
 from shared.schema import decode, encode

@@ -24,6 +24,7 @@ from typing import Any
 
 from noded.gpu.base import GpuBackend, GpuSample
 from noded.jobs import JobPart, JobRunner
+from noded.policy.stats import Running
 from noded.usage.acctgroup import AccountingGroups
 from noded.usage.cgroupstat import (
     JobGroups,
@@ -35,7 +36,6 @@ from noded.usage.cgroupstat import (
 )
 from noded.usage.netcount import NetCounters
 from noded.usage.phase import PhaseDetector
-from noded.usage.stats import Running
 from shared.messages import JobPhase, JobUsage
 from shared.schema import encode
 

@@ -18,9 +18,9 @@ from noded.agent import NodeAgent
 from noded.gpu.declared import read_declared
 from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
 from noded.mps import BINARY, MpsControl, MpsError, open_mps, share_env
+from noded.policy.stats import Running
 from noded.usage.cgroupstat import JobGroups, cpu_seconds, memory_bytes, parse_proc_cgroup
 from noded.usage.phase import PhaseDetector
-from noded.usage.stats import Running
 from shared.model import GpuInfo
 
 
