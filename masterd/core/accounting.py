@@ -1,0 +1,116 @@
+"""Accounting: who used what over a window, from the journal's history (Slurm's sreport).
+
+Plain aggregation over :class:`masterd.journal.history.JobHistory` records; the report RPC
+runs it off the event loop, the simulator's ``whatif`` uses it for "what really happened".
+Per group (an account, a user or a GPU model) over ``[since, until)``:
+
+* ``gpu_hours_allocated``: GPUs held × hours, each run clipped to the window (a run still
+  going counts up to ``until``);
+* ``gpu_hours_busy``: those GPU-hours × the GPU utilisation the job's nodes measured (mean of
+  its parts' final ``job_usage`` reports), summed over the jobs that have a measurement;
+  ``gpu_hours_measured`` is the allocated GPU-hours it covers (busy is nil where none);
+* ``jobs``: jobs that ended in the window, by end state; ``running`` at ``until``;
+* ``wait_p50_s``/``wait_p95_s``: submission to first start, of jobs first started in the
+  window (nearest-rank percentiles);
+* ``requeues``: times a job went back to the queue after running (preempted or requeued
+  after a failure), in the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from masterd.journal.history import JobHistory
+
+GROUPINGS = ("account", "user", "gpu-model")
+END_STATES = ("finished", "failed", "cancelled", "timeout", "node_lost")
+
+
+def group_of(by: str) -> Callable[[JobHistory], str]:
+    if by == "account":
+        return lambda job: job.account
+    if by == "user":
+        return lambda job: job.user
+    if by == "gpu-model":
+        return lambda job: job.gpu_model or ("cpu" if job.gpus == 0 else "any")
+    raise ValueError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+
+
+@dataclass
+class _Acc:
+    gpu_s: float = 0.0
+    busy_s: float = 0.0
+    measured_s: float = 0.0
+    ended: dict[str, int] = field(default_factory=dict)
+    running: int = 0
+    waits: list[float] = field(default_factory=list)
+    requeues: int = 0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of ``values`` (sorted in place); None when empty."""
+    if not values:
+        return None
+    values.sort()
+    rank = max(1, math.ceil(q / 100.0 * len(values)))
+    return values[rank - 1]
+
+
+def report(jobs: Iterable[JobHistory], by: str, since: float, until: float
+           ) -> list[dict[str, Any]]:
+    """One row per group with anything in the window, sorted by GPU-hours (most first)."""
+    if until <= since:
+        raise ValueError("--until must be after --since")
+    key = group_of(by)
+    groups: dict[str, _Acc] = {}
+    for job in jobs:
+        if job.submit >= until:
+            continue
+        acc: _Acc | None = None
+        allocated = 0.0
+        for run in job.runs:
+            end = until if run.end is None else min(run.end, until)
+            seconds = max(0.0, end - max(run.start, since)) * run.gpus
+            allocated += seconds
+        first = job.first_start
+        ended_here = job.end is not None and since <= job.end < until and job.state in END_STATES
+        running = any(r.start < until and (r.end is None or r.end >= until) for r in job.runs)
+        started_here = first is not None and since <= first < until
+        requeues = sum(1 for t in job.requeued_at if since <= t < until)
+        if not (allocated or ended_here or running or started_here or requeues):
+            continue
+        acc = groups.setdefault(key(job), _Acc())
+        acc.gpu_s += allocated
+        if job.gpu_util is not None and allocated:
+            acc.busy_s += allocated * job.gpu_util
+            acc.measured_s += allocated
+        if ended_here:
+            acc.ended[job.state] = acc.ended.get(job.state, 0) + 1
+        if running:
+            acc.running += 1
+        if started_here and first is not None:
+            acc.waits.append(max(0.0, first - job.submit))
+        acc.requeues += requeues
+    rows = []
+    for name, acc in groups.items():
+        rows.append({
+            by.replace("-", "_"): name,
+            "gpu_hours_allocated": round(acc.gpu_s / 3600.0, 4),
+            "gpu_hours_busy": round(acc.busy_s / 3600.0, 4) if acc.measured_s else None,
+            "gpu_hours_measured": round(acc.measured_s / 3600.0, 4),
+            "jobs": {state: acc.ended.get(state, 0) for state in END_STATES},
+            "running": acc.running,
+            "started": len(acc.waits),
+            "wait_p50_s": _round(percentile(acc.waits, 50)),
+            "wait_p95_s": _round(percentile(acc.waits, 95)),
+            "requeues": acc.requeues,
+        })
+    rows.sort(key=lambda r: (-r["gpu_hours_allocated"], r[by.replace("-", "_")]))
+    return rows
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
