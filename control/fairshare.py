@@ -1,4 +1,4 @@
-"""``trellisctl share`` and ``trellisctl report``: fair share and accounting (docs/governance.md)."""
+"""``trellisctl share`` and ``report``: fair share and accounting (docs/governance.md)."""
 
 from __future__ import annotations
 
