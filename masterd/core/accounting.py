@@ -27,6 +27,7 @@ from masterd.journal.history import JobHistory
 
 GROUPINGS = ("account", "user", "gpu-model")
 END_STATES = ("finished", "failed", "cancelled", "timeout", "node_lost")
+_ENDS = frozenset(END_STATES)
 
 
 def group_of(by: str) -> Callable[[JobHistory], str]:
@@ -69,20 +70,30 @@ def report(jobs: Iterable[JobHistory], by: str, since: float, until: float
     for job in jobs:
         if job.submit >= until:
             continue
-        acc: _Acc | None = None
         allocated = 0.0
+        running = False
         for run in job.runs:
-            end = until if run.end is None else min(run.end, until)
-            seconds = max(0.0, end - max(run.start, since)) * run.gpus
-            allocated += seconds
-        first = job.first_start
-        ended_here = job.end is not None and since <= job.end < until and job.state in END_STATES
-        running = any(r.start < until and (r.end is None or r.end >= until) for r in job.runs)
+            start, end = run.start, run.end
+            if end is None or end >= until:
+                end = until
+                running = running or start < until
+            if start < since:
+                start = since
+            if end > start:
+                allocated += (end - start) * run.gpus
+        runs = job.runs
+        first = runs[0].start if runs else None
+        ended_here = job.end is not None and since <= job.end < until and job.state in _ENDS
         started_here = first is not None and since <= first < until
-        requeues = sum(1 for t in job.requeued_at if since <= t < until)
+        requeues = 0
+        for t in job.requeued_at:
+            if since <= t < until:
+                requeues += 1
         if not (allocated or ended_here or running or started_here or requeues):
             continue
-        acc = groups.setdefault(key(job), _Acc())
+        acc = groups.get(key(job))
+        if acc is None:
+            acc = groups[key(job)] = _Acc()
         acc.gpu_s += allocated
         if job.gpu_util is not None and allocated:
             acc.busy_s += allocated * job.gpu_util
@@ -91,8 +102,8 @@ def report(jobs: Iterable[JobHistory], by: str, since: float, until: float
             acc.ended[job.state] = acc.ended.get(job.state, 0) + 1
         if running:
             acc.running += 1
-        if started_here and first is not None:
-            acc.waits.append(max(0.0, first - job.submit))
+        if started_here:
+            acc.waits.append(max(0.0, first - job.submit))  # type: ignore[operator]
         acc.requeues += requeues
     rows = []
     for name, acc in groups.items():

@@ -25,8 +25,8 @@ from masterd.core.accounting import report
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.fairshare import FairShare, ShareRow, UsageWeights
 from masterd.core.scheduler import Transition
+from masterd.journal.accounting import backfill, create_tables, read_jobs, record_ended
 from masterd.journal.backends import open_reader
-from masterd.journal.history import read_history
 from masterd.runtime.context import FeatureContext
 from shared.accounts import AccountTree
 from shared.config import FairShareConfig
@@ -59,7 +59,13 @@ class FairShareFeature:
                                  weights_of(config.fairshare))
         self.ordering: FairShareOrdering | None = None
         self.rebuilt: dict[str, Any] = {}
+        # Ended jobs whose accounting row is still to be written, and the write in flight.
+        self._ended: list[str] = []
+        self._writing: asyncio.Future[None] | None = None
+        self.backfilled = 0
+        ctx.journal.now(create_tables)
         ctx.events.restored.subscribe(self.restored)
+        ctx.events.job_ended.subscribe(self.ended)
         ctx.events.job_submitted.subscribe(lambda job: self.tracker.note(job.spec.tenant))
         ctx.events.job_transition.subscribe(self.on_transition)
         ctx.events.config_changed.subscribe(self.reconfigured)
@@ -71,10 +77,10 @@ class FairShareFeature:
         config = self.ctx.config().fairshare
         now = self.ctx.clock()
         since = now - config.history_half_lives * config.half_life_s
-        history = self.ctx.journal.now(lambda store: read_history(
-            store.db, submitted_since=since, utilisation=False))
+        jobs = self.ctx.journal.now(lambda store: read_jobs(
+            store.db, ended_since=since, utilisation=False))
         runs = 0
-        for record in history.jobs:
+        for record in jobs:
             self.tracker.note(record.account)
             for run in record.runs:
                 if run.end is not None:
@@ -85,10 +91,40 @@ class FairShareFeature:
             if job.state is JobState.RUNNING and job.start_time is not None:
                 self.tracker.started(job.id, job.spec.tenant, *job_resources(job),
                                      job.start_time)
-        self.rebuilt = {"time": now, "jobs": len(history.jobs), "runs": runs,
+        self.rebuilt = {"time": now, "jobs": len(jobs), "runs": runs,
                         "running": self.tracker.running()}
         log.info("fairshare usage rebuilt from the journal: jobs=%d runs=%d running=%d",
-                 len(history.jobs), runs, self.tracker.running())
+                 len(jobs), runs, self.tracker.running())
+        self.ctx.tasks.spawn(self._backfill(), name="accounting-backfill")
+
+    async def _backfill(self) -> None:
+        """Accounting rows of jobs that ended before they were written (a journal from
+        before the table, a master stopped in between), a chunk per journal call so other
+        writes interleave."""
+        while True:
+            done = await self.ctx.journal.call(backfill, 2000)
+            self.backfilled += done
+            if not done:
+                break
+        if self.backfilled:
+            log.info("accounting rows derived for %d ended jobs", self.backfilled)
+
+    def ended(self, job: Job) -> None:
+        """A job ended: its accounting row is written (batched while a write is out)."""
+        self._ended.append(job.id)
+        if self._writing is None:
+            self._writing = self.ctx.tasks.spawn(self._write_ended(), name="accounting-rows")
+
+    async def _write_ended(self) -> None:
+        try:
+            while self._ended:
+                ids, self._ended = self._ended, []
+                try:
+                    await self.ctx.journal.call(record_ended, ids)
+                except Exception as exc:  # derived again by the next start's backfill
+                    log.warning("accounting rows of %d jobs not written: %s", len(ids), exc)
+        finally:
+            self._writing = None
 
     async def on_transition(self, job: Job, transition: Transition) -> None:
         if transition.state is JobState.RUNNING:
@@ -142,10 +178,10 @@ def report_from_journal(location: str, by: str, since: float, until: float,
                         user: str | None = None) -> list[dict[str, Any]]:
     db = open_reader(location, application_name="trellis-report")
     try:
-        history = read_history(db, submitted_until=until)
+        jobs = read_jobs(db, ended_since=since, submitted_until=until,
+                         users=None if user is None else (user,))
     finally:
         db.close()
-    jobs = history.jobs if user is None else [j for j in history.jobs if j.user == user]
     return report(jobs, by, since, until)
 
 
