@@ -63,6 +63,8 @@ class FairShareFeature:
         self._ended: list[str] = []
         self._writing: asyncio.Future[None] | None = None
         self.backfilled = 0
+        # (account, end state) -> jobs ended since this master started (Prometheus).
+        self.ended_counts: dict[tuple[str, str], int] = {}
         ctx.journal.now(create_tables)
         ctx.events.restored.subscribe(self.restored)
         ctx.events.job_ended.subscribe(self.ended)
@@ -112,6 +114,8 @@ class FairShareFeature:
     def ended(self, job: Job) -> None:
         """A job ended: its accounting row is written (batched while a write is out)."""
         self._ended.append(job.id)
+        key = (job.spec.tenant, job.state.value)
+        self.ended_counts[key] = self.ended_counts.get(key, 0) + 1
         if self._writing is None:
             self._writing = self.ctx.tasks.spawn(self._write_ended(), name="accounting-rows")
 
