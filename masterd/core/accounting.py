@@ -109,9 +109,9 @@ def report(jobs: Iterable[JobHistory], by: str, since: float, until: float
     for name, acc in groups.items():
         rows.append({
             by.replace("-", "_"): name,
-            "gpu_hours_allocated": round(acc.gpu_s / 3600.0, 4),
-            "gpu_hours_busy": round(acc.busy_s / 3600.0, 4) if acc.measured_s else None,
-            "gpu_hours_measured": round(acc.measured_s / 3600.0, 4),
+            "gpu_hours_allocated": round(acc.gpu_s / 3600.0, 6),
+            "gpu_hours_busy": round(acc.busy_s / 3600.0, 6) if acc.measured_s else None,
+            "gpu_hours_measured": round(acc.measured_s / 3600.0, 6),
             "jobs": {state: acc.ended.get(state, 0) for state in END_STATES},
             "running": acc.running,
             "started": len(acc.waits),
