@@ -14,6 +14,7 @@ import io
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,11 @@ def test_report_through_trellisctl(cluster: LocalCluster) -> None:
     assert heavy["gpu_hours_allocated"] > light["gpu_hours_allocated"] > 0
     assert heavy["started"] == 3 and heavy["wait_p95_s"] >= heavy["wait_p50_s"] >= 0
     assert heavy["requeues"] == 0
+    # The same through the SDK.
+    sdk = cluster.client()
+    by_account = {r["account"]: r for r in sdk.report(since=time.time() - 3600)}
+    assert by_account["heavy"]["jobs"] == heavy["jobs"]
+    assert {r["account"] for r in sdk.share()} == {"heavy", "light"}
     code, out, err = ctl(cluster, "report", "--by", "user", "--since", "1h")
     assert code == 0 and [r["user"] for r in out["rows"]] == [USER], err
     code, text, err = ctl(cluster, "-o", "csv", "report", "--since", "1h", json_out=False)
