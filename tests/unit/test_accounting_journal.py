@@ -1,0 +1,142 @@
+"""The journal side of accounting: runs read back from job rows and events, the compact
+``accounting`` table (written, back-filled, and derived on the fly when a row is missing),
+and ``trellis-sim whatif`` on a synthetic journal written through the journal's own code."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from bench.governance_report import build
+from masterd.core.accounting import report
+from masterd.journal import accounting, liquid
+from masterd.journal.history import read_history
+from masterd.journal.store import Store
+from shared.model import Job, JobSpec, JobState, NodeAllocation, Placement
+from sim import cli as sim_cli
+
+
+def _spec(tenant: str, gpus: int = 2) -> JobSpec:
+    return JobSpec(name="t", command=("true",), user="alice", tenant=tenant, gpus=gpus,
+                   cpus=4, memory_mib=1024)
+
+
+def _placed(gpus: int) -> Placement:
+    return Placement((NodeAllocation(node="n1", gpus=tuple(range(gpus)), cpus=(0, 1, 2, 3),
+                                     memory_mib=1024),))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "journal.db")
+    liquid.create_tables(s)
+    accounting.create_tables(s)
+    yield s
+    s.close()
+
+
+def _journal_two_jobs(store: Store) -> None:
+    """``once`` ran once (100..400 s, finished); ``twice`` ran 100..200, was requeued after a
+    node loss, and ran again 300..700 before failing."""
+    once = Job(id="once", spec=_spec("phys"), submit_time=50.0)
+    twice = Job(id="twice", spec=_spec("bio", gpus=1), submit_time=60.0)
+    store.insert_jobs([(1, once), (2, twice)])
+    place = [{"node": "n1", "gpus": [0], "cpus": [0, 1, 2, 3]}]
+    once.state, once.placement, once.start_time, once.end_time = (
+        JobState.FINISHED, _placed(2), 100.0, 400.0)
+    twice.state, twice.placement, twice.start_time, twice.end_time = (
+        JobState.FAILED, _placed(1), 300.0, 700.0)
+    twice.restarts = 1
+    store.update_jobs([once, twice], [
+        (99.0, "twice", None, "placed", {"placement": place}),
+        (100.0, "twice", None, "running", {}),
+        (200.0, "twice", None, "requeued", {"reason": "node lost"}),
+        (299.0, "twice", None, "placed", {"placement": place}),
+        (300.0, "twice", None, "running", {}),
+        (700.0, "twice", None, "failed", {"reason": "exited with code 1"}),
+    ])
+    liquid.insert_usage(store, [("once", "n1", 400.0, True,
+                                 {"seconds": 300.0, "gpu_util_mean": 80.0}, None, None)])
+
+
+def test_runs_come_from_rows_and_for_reruns_from_events(store: Store) -> None:
+    _journal_two_jobs(store)
+    jobs = {j.id: j for j in read_history(store.db).jobs}
+    once, twice = jobs["once"], jobs["twice"]
+    assert [(r.start, r.end, r.gpus, r.cpus) for r in once.runs] == [(100.0, 400.0, 2, 4)]
+    assert once.gpu_util == pytest.approx(0.8)
+    assert [(r.start, r.end, r.gpus) for r in twice.runs] == [(100.0, 200.0, 1),
+                                                              (300.0, 700.0, 1)]
+    assert twice.requeued_at == [200.0] and twice.account == "bio"
+
+
+def test_the_table_gives_what_derivation_gives_and_fills_gaps(store: Store) -> None:
+    _journal_two_jobs(store)
+    derived = report(read_history(store.db).jobs, "account", 0.0, 1000.0)
+    # Nothing in the table yet: every ended job is derived on the fly.
+    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    assert accounting.record_ended(store, ["once"]) == 1
+    assert accounting.record_ended(store, ["once"]) == 0  # written once
+    # One row from the table, one derived: the same report.
+    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    assert accounting.backfill(store, 10) == 1 and accounting.backfill(store, 10) == 0
+    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    rows = {r["account"]: r for r in derived}
+    assert rows["bio"]["gpu_hours_allocated"] == pytest.approx(500 / 3600, abs=1e-6)
+    assert rows["bio"]["requeues"] == 1 and rows["bio"]["jobs"]["failed"] == 1
+    assert rows["phys"]["gpu_hours_busy"] == pytest.approx(0.8 * 600 / 3600, abs=1e-6)
+    # A window that ended before "twice" ended leaves its end out.
+    early = {r["account"]: r for r in report(accounting.read_jobs(store.db, ended_since=0.0),
+                                             "account", 0.0, 250.0)}
+    assert early["bio"]["jobs"]["failed"] == 0 and early["bio"]["requeues"] == 1
+
+
+def test_a_journal_without_the_table_is_still_reported(tmp_path: Path) -> None:
+    s = Store(tmp_path / "old.db")
+    try:
+        _journal_two_jobs_no_usage(s)
+        db = sqlite3.connect(f"file:{tmp_path / 'old.db'}?mode=ro", uri=True)
+        rows = {r["account"] for r in report(accounting.read_jobs(db), "account", 0, 1000)}
+        db.close()
+        assert rows == {"phys", "bio"}
+    finally:
+        s.close()
+
+
+def _journal_two_jobs_no_usage(store: Store) -> None:
+    once = Job(id="a", spec=_spec("phys"), submit_time=1.0)
+    other = Job(id="b", spec=_spec("bio"), submit_time=2.0)
+    store.insert_jobs([(1, once), (2, other)])
+    for job in (once, other):
+        job.state, job.placement, job.start_time, job.end_time = (
+            JobState.FINISHED, _placed(2), 10.0, 20.0)
+    store.update_jobs([once, other], [])
+
+
+def test_whatif_on_a_synthetic_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    store = Store(tmp_path / "journal.db")
+    try:
+        jobs, _ = build(store, days=1, per_day=120, rng=random.Random(7))
+    finally:
+        store.close()
+    out = tmp_path / "w.json"
+    code = sim_cli.main(["whatif", "--journal", str(tmp_path / "journal.db"),
+                         "--policies", "fifo,sjf", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "actual" in text and "share acct" in text
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["name"] for r in runs] == ["actual", "fifo", "sjf"]
+    assert all(r["jobs"] == jobs for r in runs)
+    # Every job's run time is replayed as measured: the GPU-hours per account match.
+    for account, share in runs[0]["shares"].items():
+        assert runs[1]["shares"][account] == pytest.approx(share, abs=0.02)
+    # --since after the last submission: nothing to replay, one sentence.
+    code = sim_cli.main(["whatif", "--journal", str(tmp_path / "journal.db"),
+                         "--since", "2100-01-01"])
+    assert code == 2 and "nothing to replay" in capsys.readouterr().err
