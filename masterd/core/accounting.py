@@ -23,9 +23,50 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from masterd.journal.history import JobHistory
-
 GROUPINGS = ("account", "user", "gpu-model")
+
+
+@dataclass(slots=True)
+class Run:
+    """One run of a job: ``gpus`` GPUs and ``cpus`` cores from ``start`` to ``end`` (None:
+    still running as the journal was read)."""
+
+    start: float
+    end: float | None
+    gpus: int
+    cpus: int
+    memory_mib: int
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class JobHistory:
+    """One job as accounting sees it (masterd/journal/history.py reads it back)."""
+
+    id: str
+    account: str
+    user: str
+    name: str
+    kind: str
+    gpus: int  # as asked
+    cpus: int
+    memory_mib: int
+    gpu_model: str | None  # asked for, else the model of the nodes it ran on
+    submit: float
+    state: str
+    end: float | None
+    runs: list[Run] = field(default_factory=list)
+    # When it went back to the queue after having run (preempted or requeued).
+    requeued_at: list[float] = field(default_factory=list)
+    # Mean GPU utilisation its parts measured (0..1), None where no node reported it.
+    gpu_util: float | None = None
+    spec: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def first_start(self) -> float | None:
+        return self.runs[0].start if self.runs else None
+
+
 END_STATES = ("finished", "failed", "cancelled", "timeout", "node_lost")
 _ENDS = frozenset(END_STATES)
 
