@@ -131,17 +131,23 @@ def main() -> int:
     p.add_argument("--days", type=int, default=365)
     p.add_argument("--jobs-per-day", type=int, default=1000)
     p.add_argument("--keep", action="store_true", help="keep the scratch journal")
+    p.add_argument("--journal", help="time the report over this journal (one an earlier "
+                   "--keep run left) instead of writing a new one")
     args = p.parse_args()
     began = time.perf_counter()
     rng = random.Random(31)
     with exit_on_signals(), scratch_dir("trellis-test-governance-report-",
                                         keep=args.keep) as root:
         path = Path(root) / "journal.db"
-        store = Store(path)
-        try:
-            jobs, events = build(store, args.days, args.jobs_per_day, rng)
-        finally:
-            store.close()
+        if args.journal:
+            path = Path(args.journal)
+            jobs = events = -1  # not counted
+        else:
+            store = Store(path)
+            try:
+                jobs, events = build(store, args.days, args.jobs_per_day, rng)
+            finally:
+                store.close()
         write_s = time.perf_counter() - began
         since, until = ORIGIN, ORIGIN + args.days * DAY + DAY
         t0 = time.perf_counter()

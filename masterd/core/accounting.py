@@ -19,7 +19,7 @@ Per group (an account, a user or a GPU model) over ``[since, until)``:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,14 +71,23 @@ END_STATES = ("finished", "failed", "cancelled", "timeout", "node_lost")
 _ENDS = frozenset(END_STATES)
 
 
-def group_of(by: str) -> Callable[[JobHistory], str]:
-    if by == "account":
-        return lambda job: job.account
-    if by == "user":
-        return lambda job: job.user
-    if by == "gpu-model":
-        return lambda job: job.gpu_model or ("cpu" if job.gpus == 0 else "any")
-    raise ValueError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+# What a report needs of one job, as a plain tuple (a year of jobs is 365,000 of them: no
+# object per job): (account, user, GPU model label, submitted, ended or None, state,
+# runs ((start, end or None, gpus), ...), requeued at (times, ...), GPU utilisation or None).
+Fact = tuple[str, str, str, float, float | None, str,
+             tuple[tuple[float, float | None, int], ...], tuple[float, ...], float | None]
+_GROUP_INDEX = {"account": 0, "user": 1, "gpu-model": 2}
+
+
+def model_label(gpu_model: str | None, gpus: int) -> str:
+    """What ``--by gpu-model`` groups a job under."""
+    return gpu_model or ("cpu" if gpus == 0 else "any")
+
+
+def fact_of(job: JobHistory) -> Fact:
+    return (job.account, job.user, model_label(job.gpu_model, job.gpus), job.submit, job.end,
+            job.state, tuple((r.start, r.end, r.gpus) for r in job.runs),
+            tuple(job.requeued_at), job.gpu_util)
 
 
 @dataclass
@@ -101,67 +110,111 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[rank - 1]
 
 
-def report(jobs: Iterable[JobHistory], by: str, since: float, until: float
+def report_jobs(jobs: Iterable[JobHistory], by: str, since: float, until: float
+                ) -> list[dict[str, Any]]:
+    return report(map(fact_of, jobs), by, since, until)
+
+
+def report(facts: Iterable[Fact], by: str, since: float, until: float
            ) -> list[dict[str, Any]]:
     """One row per group with anything in the window, sorted by GPU-hours (most first)."""
-    if until <= since:
-        raise ValueError("--until must be after --since")
-    key = group_of(by)
-    groups: dict[str, _Acc] = {}
-    for job in jobs:
-        if job.submit >= until:
-            continue
+    aggregate = Aggregate(by, since, until)
+    for fact in facts:
+        aggregate.add(fact)
+    return aggregate.rows()
+
+
+class Aggregate:
+    """A report being summed: fed job by job (:meth:`add`), or with sums a database computed
+    for many jobs at once (:meth:`add_sums`, :meth:`add_ended`, :meth:`add_waits`, the
+    journal's fast path for jobs that ran once: masterd/journal/accounting.py)."""
+
+    def __init__(self, by: str, since: float, until: float) -> None:
+        if by not in _GROUP_INDEX:
+            raise ValueError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+        if until <= since:
+            raise ValueError("--until must be after --since")
+        self.by, self.since, self.until = by, since, until
+        self._index = _GROUP_INDEX[by]
+        self.groups: dict[str, _Acc] = {}
+
+    def _acc(self, group: str) -> _Acc:
+        acc = self.groups.get(group)
+        if acc is None:
+            acc = self.groups[group] = _Acc()
+        return acc
+
+    def add(self, fact: Fact) -> None:
+        since, until = self.since, self.until
+        _, _, _, submit, end_time, state, runs, requeued, util = fact
+        if submit >= until:
+            return
         allocated = 0.0
         running = False
-        for run in job.runs:
-            start, end = run.start, run.end
+        for start, end, gpus in runs:
             if end is None or end >= until:
                 end = until
                 running = running or start < until
             if start < since:
                 start = since
             if end > start:
-                allocated += (end - start) * run.gpus
-        runs = job.runs
-        first = runs[0].start if runs else None
-        ended_here = job.end is not None and since <= job.end < until and job.state in _ENDS
+                allocated += (end - start) * gpus
+        first = runs[0][0] if runs else None
+        ended_here = end_time is not None and since <= end_time < until and state in _ENDS
         started_here = first is not None and since <= first < until
         requeues = 0
-        for t in job.requeued_at:
+        for t in requeued:
             if since <= t < until:
                 requeues += 1
         if not (allocated or ended_here or running or started_here or requeues):
-            continue
-        acc = groups.get(key(job))
-        if acc is None:
-            acc = groups[key(job)] = _Acc()
+            return
+        acc = self._acc(fact[self._index])
         acc.gpu_s += allocated
-        if job.gpu_util is not None and allocated:
-            acc.busy_s += allocated * job.gpu_util
+        if util is not None and allocated:
+            acc.busy_s += allocated * util
             acc.measured_s += allocated
         if ended_here:
-            acc.ended[job.state] = acc.ended.get(job.state, 0) + 1
+            acc.ended[state] = acc.ended.get(state, 0) + 1
         if running:
             acc.running += 1
         if started_here:
-            acc.waits.append(max(0.0, first - job.submit))  # type: ignore[operator]
+            acc.waits.append(max(0.0, first - submit))  # type: ignore[operator]
         acc.requeues += requeues
-    rows = []
-    for name, acc in groups.items():
-        rows.append({
-            by.replace("-", "_"): name,
-            "gpu_hours_allocated": round(acc.gpu_s / 3600.0, 6),
-            "gpu_hours_busy": round(acc.busy_s / 3600.0, 6) if acc.measured_s else None,
-            "gpu_hours_measured": round(acc.measured_s / 3600.0, 6),
-            "jobs": {state: acc.ended.get(state, 0) for state in END_STATES},
-            "running": acc.running,
-            "started": len(acc.waits),
-            "wait_p50_s": _round(percentile(acc.waits, 50)),
-            "wait_p95_s": _round(percentile(acc.waits, 95)),
-            "requeues": acc.requeues,
-        })
-    rows.sort(key=lambda r: (-r["gpu_hours_allocated"], r[by.replace("-", "_")]))
-    return rows
+
+    def add_sums(self, group: str, gpu_s: float, busy_s: float, measured_s: float,
+                 running: int) -> None:
+        if gpu_s or running:
+            acc = self._acc(group)
+            acc.gpu_s += gpu_s
+            acc.busy_s += busy_s
+            acc.measured_s += measured_s
+            acc.running += running
+
+    def add_ended(self, group: str, state: str, count: int) -> None:
+        acc = self._acc(group)
+        acc.ended[state] = acc.ended.get(state, 0) + count
+
+    def add_waits(self, group: str, waits: list[float]) -> None:
+        self._acc(group).waits.extend(w if w > 0.0 else 0.0 for w in waits)
+
+    def rows(self) -> list[dict[str, Any]]:
+        key = self.by.replace("-", "_")
+        rows = []
+        for name, acc in self.groups.items():
+            rows.append({
+                key: name,
+                "gpu_hours_allocated": round(acc.gpu_s / 3600.0, 6),
+                "gpu_hours_busy": round(acc.busy_s / 3600.0, 6) if acc.measured_s else None,
+                "gpu_hours_measured": round(acc.measured_s / 3600.0, 6),
+                "jobs": {state: acc.ended.get(state, 0) for state in END_STATES},
+                "running": acc.running,
+                "started": len(acc.waits),
+                "wait_p50_s": _round(percentile(acc.waits, 50)),
+                "wait_p95_s": _round(percentile(acc.waits, 95)),
+                "requeues": acc.requeues,
+            })
+        rows.sort(key=lambda r: (-r["gpu_hours_allocated"], r[key]))
+        return rows
 
 
 def _round(value: float | None) -> float | None:

@@ -21,11 +21,16 @@ import asyncio
 import logging
 from typing import Any
 
-from masterd.core.accounting import report
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.fairshare import FairShare, ShareRow, UsageWeights
 from masterd.core.scheduler import Transition
-from masterd.journal.accounting import backfill, create_tables, read_jobs, record_ended
+from masterd.journal.accounting import (
+    backfill,
+    create_tables,
+    read_jobs,
+    record_ended,
+    report_journal,
+)
 from masterd.journal.backends import open_reader
 from masterd.runtime.context import FeatureContext
 from shared.accounts import AccountTree
@@ -182,11 +187,9 @@ def report_from_journal(location: str, by: str, since: float, until: float,
                         user: str | None = None) -> list[dict[str, Any]]:
     db = open_reader(location, application_name="trellis-report")
     try:
-        jobs = read_jobs(db, ended_since=since, submitted_until=until,
-                         users=None if user is None else (user,))
+        return report_journal(db, by, since, until, None if user is None else (user,))
     finally:
         db.close()
-    return report(jobs, by, since, until)
 
 
 def share_row(row: ShareRow) -> dict[str, Any]:

@@ -17,15 +17,16 @@ The fair-share feature records ended jobs in batches through the journal writer
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from masterd.core.accounting import END_STATES, Aggregate, Fact, JobHistory, Run, fact_of
 from masterd.journal.history import (
-    JobHistory,
-    Run,
     attach_utilisation,
     read_history,
     read_nodes,
+    utilisation_map,
 )
 from masterd.journal.store import Store
 from shared.model import JobState
@@ -130,6 +131,78 @@ def _from_row(row: Any) -> JobHistory:
     return job
 
 
+_FACT_COLUMNS = ("a.job_id, a.account, a.username, a.gpu_model, a.gpus, a.submit_time, "
+                 "a.end_time, a.state, a.run_start, a.run_end, a.run_gpus, a.runs, "
+                 "a.requeued_at")
+
+
+def read_facts(db: Any, ended_since: float | None = None,
+               submitted_until: float | None = None,
+               users: Iterable[str] | None = None) -> list[Fact]:
+    """What a report needs (masterd.core.accounting.Fact) of the same jobs as
+    :func:`read_jobs`, read as plain tuples: the table's rows become facts without an object
+    per job, which is what keeps a year of journal within seconds."""
+    where, args = [], []
+    if ended_since is not None:
+        where.append("end_time >= ?")
+        args.append(ended_since)
+    if submitted_until is not None:
+        where.append("submit_time <= ?")
+        args.append(submitted_until)
+    wanted = None if users is None else set(users)
+    try:
+        complete = _complete(db)
+    except Exception as exc:
+        if "accounting" not in str(exc):
+            raise
+        complete = False  # never created here: read_jobs derives everything
+    if not complete:
+        return [fact_of(job) for job in read_jobs(db, ended_since, submitted_until,
+                                                   users=wanted)]
+    sql = f"SELECT {_FACT_COLUMNS} FROM accounting a"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    util = utilisation_map(db)
+    rows = db.execute(sql, args)
+    if wanted is not None:
+        rows = (row for row in rows if row[2] in wanted)
+    facts = _facts(rows, util)
+    live = read_history(db, states=ACTIVE, submitted_until=submitted_until,
+                        utilisation=False).jobs
+    if wanted is not None:
+        live = [j for j in live if j.user in wanted]
+    for job in live:
+        job.gpu_util = util.get(job.id)
+        facts.append(fact_of(job))
+    return facts
+
+
+def _facts(rows: Iterable[Any], util: dict[str, float]) -> list[Fact]:
+    """Table rows (``_FACT_COLUMNS``) as facts."""
+    facts: list[Fact] = []
+    append = facts.append
+    loads = json.loads
+    for (job_id, account, user, gpu_model, gpus, submit, end, state, run_start, run_end,
+         run_gpus, runs, requeued) in rows:
+        if run_start is not None:
+            job_runs: tuple[Any, ...] = ((run_start, run_end, run_gpus),)
+        elif runs:
+            job_runs = tuple((r[0], r[1], r[2]) for r in loads(runs))
+        else:
+            job_runs = ()
+        label = gpu_model or ("cpu" if gpus == 0 else "any")  # model_label, inlined
+        append((account, user, label, submit, end, state, job_runs,
+                tuple(loads(requeued)) if requeued else (), util.get(job_id)))
+    return facts
+
+
+def _complete(db: Any) -> bool:
+    """Whether every ended job has its row (two counts over indexes)."""
+    ended = db.execute(f"SELECT COUNT(*) FROM jobs WHERE state IN "
+                       f"({','.join('?' * len(ENDED))})", ENDED).fetchone()[0]
+    return bool(ended == db.execute("SELECT COUNT(*) FROM accounting").fetchone()[0])
+
+
 def read_jobs(db: Any, ended_since: float | None = None,
               submitted_until: float | None = None, utilisation: bool = True,
               users: Iterable[str] | None = None) -> list[JobHistory]:
@@ -191,3 +264,108 @@ def _fill_models(db: Any, jobs: list[JobHistory]) -> None:
                 if view is not None and view.gpu_model:
                     job.gpu_model = view.gpu_model
                     break
+
+
+# Rows of jobs that ran at most once and were never requeued: the database sums them.
+_ONCE = "a.runs IS NULL AND a.requeued_at IS NULL"
+
+
+def _group_sql(by: str) -> str:
+    if by == "account":
+        return "a.account"
+    if by == "user":
+        return "a.username"
+    if by == "gpu-model":  # masterd.core.accounting.model_label
+        return ("CASE WHEN a.gpu_model IS NOT NULL THEN a.gpu_model WHEN a.gpus = 0 "
+                "THEN 'cpu' ELSE 'any' END")
+    raise ValueError(f"--by must be one of account, user, gpu-model, got {by!r}")
+
+
+def _utilisation_sql(db: Any) -> str | None:
+    """Per job, the run-time-weighted mean GPU utilisation (0..1) of its final reports, as a
+    sub-query; None when the journal has no usage table."""
+    try:
+        db.execute("SELECT 1 FROM liquid_usage LIMIT 1").fetchall()
+    except Exception:
+        return None
+    if isinstance(db, sqlite3.Connection):
+        util = "json_extract(usage, '$.gpu_util_mean')"
+        weight = "MAX(COALESCE(json_extract(usage, '$.seconds'), 0), 1e-9)"
+    else:
+        util = "(usage::json->>'gpu_util_mean')::float8"
+        weight = "GREATEST(COALESCE((usage::json->>'seconds')::float8, 0), 1e-9)"
+    return ("SELECT job_id, SUM(u * w) / SUM(w) AS util FROM ("
+            f"SELECT job_id, {util} / 100.0 AS u, {weight} AS w FROM liquid_usage "
+            "WHERE final = 1) AS r WHERE u IS NOT NULL GROUP BY job_id")
+
+
+def report_journal(db: Any, by: str, since: float, until: float,
+                   users: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """``masterd.core.accounting.report`` over the journal, the same rows, faster: the jobs
+    that ran once (nearly all) are summed by the database from the accounting table, the
+    others (requeued, preempted, still running) go through the core's own aggregation job by
+    job. A journal whose table is not complete yet is reported the slow way."""
+    aggregate = Aggregate(by, since, until)
+    group = _group_sql(by)
+    wanted = None if users is None else sorted(set(users))
+    try:
+        complete = _complete(db)
+    except Exception as exc:
+        if "accounting" not in str(exc):
+            raise
+        complete = False
+    if not complete:
+        for fact in read_facts(db, ended_since=since, submitted_until=until, users=wanted):
+            aggregate.add(fact)
+        return aggregate.rows()
+    s, u = repr(float(since)), repr(float(until))  # floats: safe as SQL literals
+    user_sql, user_args = "", []
+    if wanted is not None:
+        user_sql = f" AND a.username IN ({','.join('?' * len(wanted))})"
+        user_args = wanted
+    window = f"a.submit_time < {u} AND a.end_time >= {s}{user_sql}"
+    end_c = f"(CASE WHEN a.run_end IS NULL OR a.run_end > {u} THEN {u} ELSE a.run_end END)"
+    start_c = f"(CASE WHEN a.run_start < {s} THEN {s} ELSE a.run_start END)"
+    alloc = (f"CASE WHEN a.run_start IS NOT NULL AND {end_c} > {start_c} "
+             f"THEN a.run_gpus * ({end_c} - {start_c}) ELSE 0 END")
+    running = (f"CASE WHEN a.run_start IS NOT NULL AND a.run_start < {u} AND "
+               f"(a.run_end IS NULL OR a.run_end >= {u}) THEN 1 ELSE 0 END")
+    util_sql = _utilisation_sql(db)
+    join = f" LEFT JOIN ({util_sql}) AS ut ON ut.job_id = a.job_id" if util_sql else ""
+    util = "ut.util" if util_sql else "NULL"
+    sums = (f"SELECT g, SUM(alloc), SUM(alloc * util), SUM(CASE WHEN util IS NULL THEN 0 "
+            f"ELSE alloc END), SUM(running) FROM (SELECT {group} AS g, {alloc} AS alloc, "
+            f"{running} AS running, {util} AS util FROM accounting a{join} "
+            f"WHERE {_ONCE} AND {window}) AS x GROUP BY g")
+    for g, gpu_s, busy_s, measured_s, run_count in db.execute(sums, user_args).fetchall():
+        aggregate.add_sums(g, float(gpu_s or 0.0), float(busy_s or 0.0),
+                           float(measured_s or 0.0), int(run_count or 0))
+    ends = ",".join(f"'{state}'" for state in END_STATES)
+    for g, state, count in db.execute(
+            f"SELECT {group} AS g, a.state, COUNT(*) FROM accounting a WHERE {_ONCE} AND "
+            f"{window} AND a.end_time < {u} AND a.state IN ({ends}) GROUP BY {group}, a.state",
+            user_args).fetchall():
+        aggregate.add_ended(g, state, int(count))
+    waits: dict[str, list[float]] = {}
+    for g, wait in db.execute(
+            f"SELECT {group}, a.run_start - a.submit_time FROM accounting a WHERE {_ONCE} AND "
+            f"{window} AND a.run_start >= {s} AND a.run_start < {u}", user_args):
+        found = waits.get(g)
+        if found is None:
+            found = waits[g] = []
+        found.append(wait)
+    for g, found in waits.items():
+        aggregate.add_waits(g, found)
+    # The rest, job by job: runs more than once, requeues, and jobs not ended yet.
+    rest = db.execute(f"SELECT {_FACT_COLUMNS} FROM accounting a WHERE NOT ({_ONCE}) AND "
+                      f"{window}", user_args).fetchall()
+    live = read_history(db, states=ACTIVE, submitted_until=until, utilisation=False).jobs
+    ids = [row[0] for row in rest] + [job.id for job in live]
+    util_of = utilisation_map(db, ids if len(ids) <= 20_000 else None) if ids else {}
+    for fact in _facts(rest, util_of):
+        aggregate.add(fact)
+    for job in live:
+        if wanted is None or job.user in wanted:
+            job.gpu_util = util_of.get(job.id)
+            aggregate.add(fact_of(job))
+    return aggregate.rows()

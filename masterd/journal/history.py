@@ -179,12 +179,21 @@ def _runs_from_events(db: Any, record: JobHistory, seq: int) -> None:
 
 
 def attach_utilisation(db: Any, jobs: list[JobHistory]) -> None:
-    """Mean of the final ``gpu_util_mean`` reports of each job's parts, weighted by how long
-    each part ran (a journal without Liquid's table has none). The JSON is taken apart by the
-    database (SQLite's json_extract, PostgreSQL's ->>): a year of reports in Python's json
-    module cost a second."""
+    """Each job's ``gpu_util`` from :func:`utilisation_map`."""
     if not jobs:
         return
+    found = utilisation_map(db, [job.id for job in jobs] if len(jobs) <= 2000 else None)
+    for record in jobs:
+        util = found.get(record.id)
+        if util is not None:
+            record.gpu_util = util
+
+
+def utilisation_map(db: Any, ids: list[str] | None = None) -> dict[str, float]:
+    """job id -> mean of the final ``gpu_util_mean`` reports of its parts (0..1), weighted by
+    how long each part ran; ``ids``: only these jobs (None: every job). A journal without
+    Liquid's table has none. The JSON is taken apart by the database (SQLite's json_extract,
+    PostgreSQL's ->>): a year of reports in Python's json module cost a second."""
     if isinstance(db, sqlite3.Connection):
         sql = ("SELECT job_id, json_extract(usage, '$.gpu_util_mean'), "
                "json_extract(usage, '$.seconds') FROM liquid_usage WHERE final = 1")
@@ -192,9 +201,8 @@ def attach_utilisation(db: Any, jobs: list[JobHistory]) -> None:
         sql = ("SELECT job_id, (usage::json->>'gpu_util_mean')::float8, "
                "(usage::json->>'seconds')::float8 FROM liquid_usage WHERE final = 1")
     try:
-        if len(jobs) <= 2000:
+        if ids is not None:
             rows = []
-            ids = [job.id for job in jobs]
             for start in range(0, len(ids), 500):
                 part = ids[start:start + 500]
                 rows += db.execute(f"{sql} AND job_id IN ({','.join('?' * len(part))})",
@@ -203,16 +211,15 @@ def attach_utilisation(db: Any, jobs: list[JobHistory]) -> None:
             rows = db.execute(sql).fetchall()
     except Exception as exc:  # no such table: a journal written before usage was journalled
         log.debug("no utilisation in the journal: %s", exc)
-        return
+        return {}
     sums: dict[str, list[float]] = {}
     for job_id, util, seconds in rows:
         if util is None:
             continue
         weight = max(float(seconds or 0.0), 1e-9)
-        acc = sums.setdefault(job_id, [0.0, 0.0])
+        acc = sums.get(job_id)
+        if acc is None:
+            acc = sums[job_id] = [0.0, 0.0]
         acc[0] += float(util) / 100.0 * weight
         acc[1] += weight
-    for record in jobs:
-        acc = sums.get(record.id)
-        if acc is not None and acc[1] > 0:
-            record.gpu_util = min(1.0, acc[0] / acc[1])
+    return {job_id: min(1.0, acc[0] / acc[1]) for job_id, acc in sums.items() if acc[1] > 0}

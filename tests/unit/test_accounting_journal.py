@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.governance_report import build
-from masterd.core.accounting import report
+from masterd.core.accounting import report, report_jobs
 from masterd.journal import accounting, liquid
 from masterd.journal.history import read_history
 from masterd.journal.store import Store
@@ -76,21 +76,24 @@ def test_runs_come_from_rows_and_for_reruns_from_events(store: Store) -> None:
 
 def test_the_table_gives_what_derivation_gives_and_fills_gaps(store: Store) -> None:
     _journal_two_jobs(store)
-    derived = report(read_history(store.db).jobs, "account", 0.0, 1000.0)
+    derived = report_jobs(read_history(store.db).jobs, "account", 0.0, 1000.0)
     # Nothing in the table yet: every ended job is derived on the fly.
-    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    assert report_jobs(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
     assert accounting.record_ended(store, ["once"]) == 1
     assert accounting.record_ended(store, ["once"]) == 0  # written once
     # One row from the table, one derived: the same report.
-    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    assert report_jobs(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
     assert accounting.backfill(store, 10) == 1 and accounting.backfill(store, 10) == 0
-    assert report(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    assert report_jobs(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
+    # The table complete, facts are read from it as plain tuples: the same report.
+    assert report(accounting.read_facts(store.db), "account", 0.0, 1000.0) == derived
+    assert report(accounting.read_facts(store.db, users=["bob"]), "user", 0.0, 1000.0) == []
     rows = {r["account"]: r for r in derived}
     assert rows["bio"]["gpu_hours_allocated"] == pytest.approx(500 / 3600, abs=1e-6)
     assert rows["bio"]["requeues"] == 1 and rows["bio"]["jobs"]["failed"] == 1
     assert rows["phys"]["gpu_hours_busy"] == pytest.approx(0.8 * 600 / 3600, abs=1e-6)
     # A window that ended before "twice" ended leaves its end out.
-    early = {r["account"]: r for r in report(accounting.read_jobs(store.db, ended_since=0.0),
+    early = {r["account"]: r for r in report_jobs(accounting.read_jobs(store.db, ended_since=0.0),
                                              "account", 0.0, 250.0)}
     assert early["bio"]["jobs"]["failed"] == 0 and early["bio"]["requeues"] == 1
 
@@ -100,7 +103,7 @@ def test_a_journal_without_the_table_is_still_reported(tmp_path: Path) -> None:
     try:
         _journal_two_jobs_no_usage(s)
         db = sqlite3.connect(f"file:{tmp_path / 'old.db'}?mode=ro", uri=True)
-        rows = {r["account"] for r in report(accounting.read_jobs(db), "account", 0, 1000)}
+        rows = {r["account"] for r in report_jobs(accounting.read_jobs(db), "account", 0, 1000)}
         db.close()
         assert rows == {"phys", "bio"}
     finally:
@@ -115,6 +118,43 @@ def _journal_two_jobs_no_usage(store: Store) -> None:
         job.state, job.placement, job.start_time, job.end_time = (
             JobState.FINISHED, _placed(2), 10.0, 20.0)
     store.update_jobs([once, other], [])
+
+
+def test_the_databases_sums_equal_the_cores_aggregation(tmp_path: Path) -> None:
+    """report_journal (SQL sums for jobs that ran once) gives exactly the core's report."""
+    store = Store(tmp_path / "journal.db")
+    try:
+        build(store, days=2, per_day=150, rng=random.Random(3))
+        jobs = read_history(store.db).jobs
+        first = min(j.submit for j in jobs)
+        for by in ("account", "user", "gpu-model"):
+            for since, until in ((first - 10, first + 3 * 86400), (first + 3600, first + 40_000),
+                                 (first + 86400, first + 86400 + 600)):
+                expected = report_jobs(jobs, by, since, until)
+                got = accounting.report_journal(store.db, by, since, until)
+                assert _close(got, expected), (by, since, until)
+        user = jobs[0].user
+        assert _close(accounting.report_journal(store.db, "user", first - 10, first + 3 * 86400,
+                                                [user]),
+                      report_jobs([j for j in jobs if j.user == user], "user", first - 10,
+                                  first + 3 * 86400))
+    finally:
+        store.close()
+
+
+def _close(got: list[dict], expected: list[dict]) -> bool:  # type: ignore[type-arg]
+    """Equal rows, GPU-hours up to float summation order."""
+    if [r.get("account", r.get("user", r.get("gpu_model"))) for r in got] != \
+            [r.get("account", r.get("user", r.get("gpu_model"))) for r in expected]:
+        return False
+    for a, b in zip(got, expected, strict=True):
+        for key, value in b.items():
+            if isinstance(value, float):
+                if a[key] is None or abs(a[key] - value) > 1e-5:
+                    return False
+            elif a[key] != value:
+                return False
+    return True
 
 
 def test_whatif_on_a_synthetic_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]

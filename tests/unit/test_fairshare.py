@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from masterd.core.accounting import percentile, report
+from masterd.core.accounting import percentile, report_jobs
 from masterd.core.cluster import ClusterState
 from masterd.core.fairorder import FACTOR_KEY, FairShareOrdering, fair_key
 from masterd.core.fairshare import FairShare, UsageWeights, decayed
@@ -188,7 +188,7 @@ def test_report_aggregates_gpu_hours_states_waits_and_requeues() -> None:
         _hist("b2", "bio", [], state="cancelled", submit=300.0),
         _hist("late", "bio", [Run(9000.0, 9500.0, 8, 1, 0)], submit=8000.0),
     ]
-    rows = {r["account"]: r for r in report(jobs, "account", 0.0, 7200.0)}
+    rows = {r["account"]: r for r in report_jobs(jobs, "account", 0.0, 7200.0)}
     phys, bio = rows["phys"], rows["bio"]
     assert phys["gpu_hours_allocated"] == _h(2.0 + (1000 + 3600) / 3600)
     assert phys["gpu_hours_busy"] == _h(1.0)  # a1 only: 2 GPU-h at 50%
@@ -200,12 +200,12 @@ def test_report_aggregates_gpu_hours_states_waits_and_requeues() -> None:
     assert bio["gpu_hours_busy"] is None
     assert bio["running"] == 1 and bio["jobs"]["cancelled"] == 0  # b2 never ended in window
     # The window clips runs: only the second hour.
-    clipped = {r["account"]: r for r in report(jobs, "account", 3600.0, 7200.0)}
+    clipped = {r["account"]: r for r in report_jobs(jobs, "account", 3600.0, 7200.0)}
     assert clipped["phys"]["gpu_hours_allocated"] == _h((2 * 100 + 3000) / 3600)
-    by_model = report(jobs, "gpu-model", 0.0, 7200.0)
+    by_model = report_jobs(jobs, "gpu-model", 0.0, 7200.0)
     assert [r["gpu_model"] for r in by_model] == ["A100"]
     with pytest.raises(ValueError, match="--by"):
-        report(jobs, "colour", 0.0, 1.0)
+        report_jobs(jobs, "colour", 0.0, 1.0)
 
 
 def test_percentile_is_nearest_rank() -> None:
