@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -90,6 +91,15 @@ def test_the_account_that_used_less_starts_first(cluster: LocalCluster) -> None:
 
 
 def test_report_through_trellisctl(cluster: LocalCluster) -> None:
+    # Each ended job got its accounting row through the journal writer (the report's fast
+    # path reads them).
+    db = sqlite3.connect(f"file:{cluster.root / 'master' / 'master.db'}?mode=ro", uri=True)
+    try:
+        rows = cluster.wait_for("the accounting rows", lambda: db.execute(
+            "SELECT COUNT(*) FROM accounting").fetchone()[0] == 5)
+    finally:
+        db.close()
+    assert rows
     code, out, err = ctl(cluster, "report", "--by", "account", "--since", "1h")
     assert code == 0, err
     rows = {r["account"]: r for r in out["rows"]}
