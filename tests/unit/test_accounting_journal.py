@@ -180,3 +180,32 @@ def test_whatif_on_a_synthetic_journal(tmp_path: Path, capsys: pytest.CaptureFix
     code = sim_cli.main(["whatif", "--journal", str(tmp_path / "journal.db"),
                          "--since", "2100-01-01"])
     assert code == 2 and "nothing to replay" in capsys.readouterr().err
+
+
+def test_report_and_whatif_on_either_store(store_factory) -> None:  # type: ignore[no-untyped-def]
+    """The same journal code on SQLite and PostgreSQL: the database's sums equal the core's
+    aggregation, and whatif reads the journal by its location (path or URL)."""
+    from masterd.journal.backends import open_reader
+    from sim.whatif import load_journal
+
+    store = store_factory()
+    try:
+        liquid.create_tables(store)
+        accounting.create_tables(store)
+        count, _ = build(store, days=1, per_day=60, rng=random.Random(5))
+        location = store.location
+    finally:
+        store.close()
+    db = open_reader(location)
+    try:
+        jobs = read_history(db).jobs
+        first = min(j.submit for j in jobs)
+        window = (first - 1, first + 2 * 86400)
+        assert any(j.gpu_util is not None for j in jobs)
+        for by in ("account", "gpu-model"):
+            assert _close(accounting.report_journal(db, by, *window),
+                          report_jobs(jobs, by, *window))
+    finally:
+        db.close()
+    data = load_journal(location)
+    assert len(data.workload.jobs) == count
