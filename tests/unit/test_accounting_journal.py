@@ -166,9 +166,13 @@ def test_whatif_on_a_synthetic_journal(tmp_path: Path, capsys: pytest.CaptureFix
         store.close()
     out = tmp_path / "w.json"
     code = sim_cli.main(["whatif", "--journal", str(tmp_path / "journal.db"),
-                         "--policies", "fifo,sjf", "--json", str(out)])
+                         "--policies", "fifo,sjf", "--json", str(out),
+                         "--plots", str(tmp_path / "plots")])
     text = capsys.readouterr().out
     assert code == 0, text
+    pytest.importorskip("matplotlib")
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"whatif_summary.png",
+                                                                "whatif_shares.png"}
     assert "actual" in text and "share acct" in text
     runs = json.loads(out.read_text())["runs"]
     assert [r["name"] for r in runs] == ["actual", "fifo", "sjf"]
