@@ -29,12 +29,14 @@ from masterd.journal.accounting import (
     create_tables,
     read_jobs,
     record_ended,
+    refresh_utilisation,
     report_journal,
 )
 from masterd.journal.backends import open_reader
 from masterd.runtime.context import FeatureContext
 from shared.accounts import AccountTree
 from shared.config import FairShareConfig
+from shared.messages import JobUsage
 from shared.model import Job, JobState
 
 log = logging.getLogger("trellis.master.fairshare")
@@ -68,6 +70,7 @@ class FairShareFeature:
         self._ended: list[str] = []
         self._writing: asyncio.Future[None] | None = None
         self.backfilled = 0
+        self._listening = False
         # (account, end state) -> jobs ended since this master started (Prometheus).
         self.ended_counts: dict[tuple[str, str], int] = {}
         ctx.journal.now(create_tables)
@@ -103,6 +106,17 @@ class FairShareFeature:
         log.info("fairshare usage rebuilt from the journal: jobs=%d runs=%d running=%d",
                  len(jobs), runs, self.tracker.running())
         self.ctx.tasks.spawn(self._backfill(), name="accounting-backfill")
+        # Subscribed now, not in __init__: after Liquid's feature, which journals a usage
+        # report before this handler reads it (the subscribers run in order).
+        if not self._listening:
+            self._listening = True
+            self.ctx.events.node_event.subscribe(self.node_event)
+
+    async def node_event(self, node: str, body: Any) -> None:
+        """A part's final usage report: its job's accounting row gets its utilisation (the
+        row may have been written before the report came)."""
+        if isinstance(body, JobUsage) and body.final:
+            await self.ctx.journal.call(refresh_utilisation, body.job_id)
 
     async def _backfill(self) -> None:
         """Accounting rows of jobs that ended before they were written (a journal from

@@ -17,7 +17,6 @@ The fair-share feature records ended jobs in batches through the journal writer
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,7 +50,8 @@ CREATE TABLE IF NOT EXISTS accounting (
     run_cpus INTEGER,
     run_memory_mib INTEGER,
     runs TEXT,
-    requeued_at TEXT
+    requeued_at TEXT,
+    gpu_util REAL
 );
 CREATE INDEX IF NOT EXISTS accounting_end ON accounting(end_time);
 """
@@ -60,7 +60,7 @@ ENDED = tuple(s.value for s in JobState if s.terminal)
 ACTIVE = tuple(s.value for s in JobState if not s.terminal)
 _COLUMNS = ("job_id, job_seq, account, username, kind, gpu_model, gpus, cpus, memory_mib, "
             "submit_time, end_time, state, run_start, run_end, run_gpus, run_cpus, "
-            "run_memory_mib, runs, requeued_at")
+            "run_memory_mib, runs, requeued_at, gpu_util")
 _MISSING = (f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(ENDED))}) AND NOT EXISTS "
             "(SELECT 1 FROM accounting a WHERE a.job_id = jobs.id)")
 
@@ -78,14 +78,14 @@ def _row(job: JobHistory, seq: int) -> tuple[Any, ...]:
             single.start if single else None, single.end if single else None,
             single.gpus if single else None, single.cpus if single else None,
             single.memory_mib if single else None, runs,
-            json.dumps(job.requeued_at) if job.requeued_at else None)
+            json.dumps(job.requeued_at) if job.requeued_at else None, job.gpu_util)
 
 
 def _insert(store: Store, ids: list[str]) -> int:
     """Derive and insert the rows of these ended jobs (those already there are kept)."""
     if not ids:
         return 0
-    history = read_history(store.db, ids=ids, states=ENDED, utilisation=False)
+    history = read_history(store.db, ids=ids, states=ENDED)
     seqs: dict[str, int] = {}
     for start in range(0, len(ids), 500):
         part = ids[start:start + 500]
@@ -94,7 +94,7 @@ def _insert(store: Store, ids: list[str]) -> int:
             part).fetchall())
     rows = [_row(job, seqs[job.id]) for job in history.jobs]
     store.db.executemany(f"INSERT INTO accounting ({_COLUMNS}) VALUES "
-                         f"({','.join('?' * 19)}) ON CONFLICT (job_id) DO NOTHING", rows)
+                         f"({','.join('?' * 20)}) ON CONFLICT (job_id) DO NOTHING", rows)
     return len(rows)
 
 
@@ -110,6 +110,15 @@ def record_ended(store: Store, ids: list[str]) -> int:
     return store.transaction(_insert, store, todo) if todo else 0
 
 
+def refresh_utilisation(store: Store, job_id: str) -> None:
+    """Journal writer: a job's final usage report came in after its row was written (a
+    node's report and its exit race): its utilisation again, from every report so far."""
+    util = utilisation_map(store.db, [job_id]).get(job_id)
+    if util is not None:
+        store.transaction(lambda: store.db.execute(
+            "UPDATE accounting SET gpu_util = ? WHERE job_id = ?", (util, job_id)))
+
+
 def backfill(store: Store, limit: int) -> int:
     """Journal writer: derive up to ``limit`` missing rows; how many it wrote (0: done)."""
     ids = [r[0] for r in store.db.execute(f"{_MISSING} LIMIT ?", (*ENDED, limit)).fetchall()]
@@ -118,10 +127,10 @@ def backfill(store: Store, limit: int) -> int:
 
 def _from_row(row: Any) -> JobHistory:
     (job_id, _, account, user, kind, gpu_model, gpus, cpus, memory, submit, end, state,
-     run_start, run_end, run_gpus, run_cpus, run_memory, runs, requeued) = row
+     run_start, run_end, run_gpus, run_cpus, run_memory, runs, requeued, util) = row
     job = JobHistory(id=job_id, account=account, user=user, name="", kind=kind, gpus=gpus,
                      cpus=cpus, memory_mib=memory, gpu_model=gpu_model, submit=submit,
-                     state=state, end=end)
+                     state=state, end=end, gpu_util=util)
     if run_start is not None:
         job.runs.append(Run(run_start, run_end, run_gpus, run_cpus, run_memory))
     elif runs:
@@ -133,7 +142,7 @@ def _from_row(row: Any) -> JobHistory:
 
 _FACT_COLUMNS = ("a.job_id, a.account, a.username, a.gpu_model, a.gpus, a.submit_time, "
                  "a.end_time, a.state, a.run_start, a.run_end, a.run_gpus, a.runs, "
-                 "a.requeued_at")
+                 "a.requeued_at, a.gpu_util")
 
 
 def read_facts(db: Any, ended_since: float | None = None,
@@ -162,28 +171,24 @@ def read_facts(db: Any, ended_since: float | None = None,
     sql = f"SELECT {_FACT_COLUMNS} FROM accounting a"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    util = utilisation_map(db)
     rows = db.execute(sql, args)
     if wanted is not None:
         rows = (row for row in rows if row[2] in wanted)
-    facts = _facts(rows, util)
-    live = read_history(db, states=ACTIVE, submitted_until=submitted_until,
-                        utilisation=False).jobs
+    facts = _facts(rows)
+    live = read_history(db, states=ACTIVE, submitted_until=submitted_until).jobs
     if wanted is not None:
         live = [j for j in live if j.user in wanted]
-    for job in live:
-        job.gpu_util = util.get(job.id)
-        facts.append(fact_of(job))
+    facts += [fact_of(job) for job in live]
     return facts
 
 
-def _facts(rows: Iterable[Any], util: dict[str, float]) -> list[Fact]:
+def _facts(rows: Iterable[Any]) -> list[Fact]:
     """Table rows (``_FACT_COLUMNS``) as facts."""
     facts: list[Fact] = []
     append = facts.append
     loads = json.loads
-    for (job_id, account, user, gpu_model, gpus, submit, end, state, run_start, run_end,
-         run_gpus, runs, requeued) in rows:
+    for (_, account, user, gpu_model, gpus, submit, end, state, run_start, run_end,
+         run_gpus, runs, requeued, util) in rows:
         if run_start is not None:
             job_runs: tuple[Any, ...] = ((run_start, run_end, run_gpus),)
         elif runs:
@@ -192,7 +197,7 @@ def _facts(rows: Iterable[Any], util: dict[str, float]) -> list[Fact]:
             job_runs = ()
         label = gpu_model or ("cpu" if gpus == 0 else "any")  # model_label, inlined
         append((account, user, label, submit, end, state, job_runs,
-                tuple(loads(requeued)) if requeued else (), util.get(job_id)))
+                tuple(loads(requeued)) if requeued else (), util))
     return facts
 
 
@@ -281,24 +286,6 @@ def _group_sql(by: str) -> str:
     raise ValueError(f"--by must be one of account, user, gpu-model, got {by!r}")
 
 
-def _utilisation_sql(db: Any) -> str | None:
-    """Per job, the run-time-weighted mean GPU utilisation (0..1) of its final reports, as a
-    sub-query; None when the journal has no usage table."""
-    try:
-        db.execute("SELECT 1 FROM liquid_usage LIMIT 1").fetchall()
-    except Exception:
-        return None
-    if isinstance(db, sqlite3.Connection):
-        util = "json_extract(usage, '$.gpu_util_mean')"
-        weight = "MAX(COALESCE(json_extract(usage, '$.seconds'), 0), 1e-9)"
-    else:
-        util = "(usage::json->>'gpu_util_mean')::float8"
-        weight = "GREATEST(COALESCE((usage::json->>'seconds')::float8, 0), 1e-9)"
-    return ("SELECT job_id, SUM(u * w) / SUM(w) AS util FROM ("
-            f"SELECT job_id, {util} / 100.0 AS u, {weight} AS w FROM liquid_usage "
-            "WHERE final = 1) AS r WHERE u IS NOT NULL GROUP BY job_id")
-
-
 def report_journal(db: Any, by: str, since: float, until: float,
                    users: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """``masterd.core.accounting.report`` over the journal, the same rows, faster: the jobs
@@ -330,12 +317,9 @@ def report_journal(db: Any, by: str, since: float, until: float,
              f"THEN a.run_gpus * ({end_c} - {start_c}) ELSE 0 END")
     running = (f"CASE WHEN a.run_start IS NOT NULL AND a.run_start < {u} AND "
                f"(a.run_end IS NULL OR a.run_end >= {u}) THEN 1 ELSE 0 END")
-    util_sql = _utilisation_sql(db)
-    join = f" LEFT JOIN ({util_sql}) AS ut ON ut.job_id = a.job_id" if util_sql else ""
-    util = "ut.util" if util_sql else "NULL"
     sums = (f"SELECT g, SUM(alloc), SUM(alloc * util), SUM(CASE WHEN util IS NULL THEN 0 "
             f"ELSE alloc END), SUM(running) FROM (SELECT {group} AS g, {alloc} AS alloc, "
-            f"{running} AS running, {util} AS util FROM accounting a{join} "
+            f"{running} AS running, a.gpu_util AS util FROM accounting a "
             f"WHERE {_ONCE} AND {window}) AS x GROUP BY g")
     for g, gpu_s, busy_s, measured_s, run_count in db.execute(sums, user_args).fetchall():
         aggregate.add_sums(g, float(gpu_s or 0.0), float(busy_s or 0.0),
@@ -359,13 +343,9 @@ def report_journal(db: Any, by: str, since: float, until: float,
     # The rest, job by job: runs more than once, requeues, and jobs not ended yet.
     rest = db.execute(f"SELECT {_FACT_COLUMNS} FROM accounting a WHERE NOT ({_ONCE}) AND "
                       f"{window}", user_args).fetchall()
-    live = read_history(db, states=ACTIVE, submitted_until=until, utilisation=False).jobs
-    ids = [row[0] for row in rest] + [job.id for job in live]
-    util_of = utilisation_map(db, ids if len(ids) <= 20_000 else None) if ids else {}
-    for fact in _facts(rest, util_of):
+    for fact in _facts(rest):
         aggregate.add(fact)
-    for job in live:
+    for job in read_history(db, states=ACTIVE, submitted_until=until).jobs:
         if wanted is None or job.user in wanted:
-            job.gpu_util = util_of.get(job.id)
             aggregate.add(fact_of(job))
     return aggregate.rows()

@@ -182,7 +182,7 @@ def attach_utilisation(db: Any, jobs: list[JobHistory]) -> None:
     """Each job's ``gpu_util`` from :func:`utilisation_map`."""
     if not jobs:
         return
-    found = utilisation_map(db, [job.id for job in jobs] if len(jobs) <= 2000 else None)
+    found = utilisation_map(db, [job.id for job in jobs] if len(jobs) <= 20_000 else None)
     for record in jobs:
         util = found.get(record.id)
         if util is not None:

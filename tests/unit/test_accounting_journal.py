@@ -213,3 +213,17 @@ def test_report_and_whatif_on_either_store(store_factory) -> None:  # type: igno
         db.close()
     data = load_journal(location)
     assert len(data.workload.jobs) == count
+
+
+def test_a_usage_report_after_the_row_fills_its_utilisation(store: Store) -> None:
+    _journal_two_jobs_no_usage(store)
+    assert accounting.record_ended(store, ["a", "b"]) == 2
+    window = (0.0, 100.0)
+    assert accounting.report_journal(store.db, "account", *window)[0]["gpu_hours_busy"] is None
+    liquid.insert_usage(store, [("a", "n1", 20.0, True, {"seconds": 10.0, "gpu_util_mean": 50.0},
+                                 None, None)])
+    accounting.refresh_utilisation(store, "a")
+    accounting.refresh_utilisation(store, "nobody")  # no row, no report: nothing happens
+    rows = {r["account"]: r for r in accounting.report_journal(store.db, "account", *window)}
+    assert rows["phys"]["gpu_hours_busy"] == pytest.approx(0.5 * 20 / 3600, abs=1e-6)
+    assert rows["bio"]["gpu_hours_busy"] is None
