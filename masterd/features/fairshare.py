@@ -122,11 +122,10 @@ class FairShareFeature:
         """Accounting rows of jobs that ended before they were written (a journal from
         before the table, a master stopped in between), a chunk per journal call so other
         writes interleave."""
-        while True:
-            done = await self.ctx.journal.call(backfill, 2000)
+        after: int | None = 0
+        while after is not None:
+            done, after = await self.ctx.journal.call(backfill, 2000, after)
             self.backfilled += done
-            if not done:
-                break
         if self.backfilled:
             log.info("accounting rows derived for %d ended jobs", self.backfilled)
 

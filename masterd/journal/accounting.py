@@ -61,8 +61,8 @@ ACTIVE = tuple(s.value for s in JobState if not s.terminal)
 _COLUMNS = ("job_id, job_seq, account, username, kind, gpu_model, gpus, cpus, memory_mib, "
             "submit_time, end_time, state, run_start, run_end, run_gpus, run_cpus, "
             "run_memory_mib, runs, requeued_at, gpu_util")
-_MISSING = (f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(ENDED))}) AND NOT EXISTS "
-            "(SELECT 1 FROM accounting a WHERE a.job_id = jobs.id)")
+_MISSING = (f"SELECT id, seq FROM jobs WHERE state IN ({','.join('?' * len(ENDED))}) "
+            "AND NOT EXISTS (SELECT 1 FROM accounting a WHERE a.job_id = jobs.id)")
 
 
 def create_tables(store: Store) -> None:
@@ -119,10 +119,16 @@ def refresh_utilisation(store: Store, job_id: str) -> None:
             "UPDATE accounting SET gpu_util = ? WHERE job_id = ?", (util, job_id)))
 
 
-def backfill(store: Store, limit: int) -> int:
-    """Journal writer: derive up to ``limit`` missing rows; how many it wrote (0: done)."""
-    ids = [r[0] for r in store.db.execute(f"{_MISSING} LIMIT ?", (*ENDED, limit)).fetchall()]
-    return store.transaction(_insert, store, ids) if ids else 0
+def backfill(store: Store, limit: int, after_seq: int = 0) -> tuple[int, int | None]:
+    """Journal writer: derive the missing rows of up to ``limit`` ended jobs past job seq
+    ``after_seq``; (rows written, the seq to go on after, None when none is left). Walking
+    by seq keeps each call's search where the last one stopped."""
+    found = store.db.execute(
+        f"{_MISSING} AND seq > ? ORDER BY seq LIMIT ?", (*ENDED, after_seq, limit)).fetchall()
+    if not found:
+        return 0, None
+    ids = [r[0] for r in found]
+    return store.transaction(_insert, store, ids), int(found[-1][1])
 
 
 def _from_row(row: Any) -> JobHistory:

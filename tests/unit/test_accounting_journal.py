@@ -83,7 +83,9 @@ def test_the_table_gives_what_derivation_gives_and_fills_gaps(store: Store) -> N
     assert accounting.record_ended(store, ["once"]) == 0  # written once
     # One row from the table, one derived: the same report.
     assert report_jobs(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
-    assert accounting.backfill(store, 10) == 1 and accounting.backfill(store, 10) == 0
+    assert accounting.backfill(store, 10) == (1, 2)  # "twice", seq 2
+    assert accounting.backfill(store, 10, 2) == (0, None)
+    assert accounting.backfill(store, 10) == (0, None)  # nothing missing from the start
     assert report_jobs(accounting.read_jobs(store.db), "account", 0.0, 1000.0) == derived
     # The table complete, facts are read from it as plain tuples: the same report.
     assert report(accounting.read_facts(store.db), "account", 0.0, 1000.0) == derived
