@@ -88,6 +88,10 @@ def test_the_account_that_used_less_starts_first(cluster: LocalCluster) -> None:
     assert rows["heavy"]["norm_shares"] == pytest.approx(0.5)
     code, text, err = ctl(cluster, "share", json_out=False)
     assert code == 0 and "FAIRSHARE" in text and "heavy" in text, err
+    code, text, err = ctl(cluster, "-o", "csv", "share", json_out=False)
+    assert code == 0, err
+    table = {r["account"]: r for r in csv.DictReader(io.StringIO(text))}
+    assert float(table["heavy"]["factor"]) == pytest.approx(rows["heavy"]["factor"], rel=1e-2)
 
 
 def test_report_through_trellisctl(cluster: LocalCluster) -> None:
