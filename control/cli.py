@@ -39,6 +39,8 @@ JOB_STATES = ("queued", "starting", "running", "finished", "failed", "cancelled"
               "node_lost",
               "active")
 
+CSV_COMMANDS = ("report", "share")
+
 __all__ = ["UsageError", "build_parser", "main", "parse_deadline"]
 
 
@@ -389,7 +391,17 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
                   lambda p, c: _helios().add_estimator(p, c)),
     "power": ("Cluster Energy Saving: powered-down nodes, wake-ups",
               lambda p, c: _helios().add_power(p, c)),
+    "share": ("fair share: each account's shares, decayed usage and factor",
+              lambda p, c: _fairshare().add_share(p, c)),
+    "report": ("accounting: GPU-hours, jobs by end state, waits, requeues by account, user "
+               "or GPU model", lambda p, c: _fairshare().add_report(p, c)),
 }
+
+
+def _fairshare() -> Any:
+    from control import fairshare
+
+    return fairshare
 
 
 def _helios() -> Any:
@@ -576,6 +588,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be more than 0 seconds")
     if cmd == "logs" and args.tail is not None and args.tail < 0:
         raise UsageError(f"--tail must be 0 or more lines, got {args.tail}")
+    if args.output == "csv" and cmd not in CSV_COMMANDS:
+        raise UsageError(f"-o csv is for {' and '.join(CSV_COMMANDS)}; {cmd} prints table, "
+                         "wide, json or yaml")
     client = make_client(args)
     if cmd == "logs":
         return logs(client, args)
@@ -616,6 +631,10 @@ def run(args: argparse.Namespace) -> int:
         text = f"node {result['node']} is {result['status']}"
     elif cmd == "gpu":
         result, text = _failures().run_gpu(client, args)
+    elif cmd == "share":
+        result, text = _fairshare().run_share(client, args)
+    elif cmd == "report":
+        result, text = _fairshare().run_report(client, args)
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

@@ -156,6 +156,16 @@ class Calls:
         return RpcCall("events", _given(after=after, limit=limit, job=job, tail=tail),
                        _view("EventPage"))
 
+    @staticmethod
+    def share() -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("share", {}, lambda r: _field(r, "accounts"))
+
+    @staticmethod
+    def report(by: str = "account", since: float | None = None,
+               until: float | None = None) -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("report", _given(by=by, since=since, until=until),
+                       lambda r: _field(r, "rows"))
+
 
 class TypedCalls:
     """Typed methods for a synchronous client: it provides ``call(method, params)``."""
@@ -230,6 +240,18 @@ class TypedCalls:
         """Journal rows after cursor ``after`` (or the newest ``tail``), oldest first."""
         return self._run(Calls.events(after, limit, job, tail))
 
+    def share(self) -> list[dict[str, Any]]:
+        """Fair share: one row per account the caller may see (``account``, ``parent``,
+        ``shares``, ``norm_shares``, ``raw_usage``, ``norm_usage``, ``effective_usage``,
+        ``factor``), parents first."""
+        return self._run(Calls.share())
+
+    def report(self, by: str = "account", since: float | None = None,
+               until: float | None = None) -> list[dict[str, Any]]:
+        """Accounting rows over ``[since, until)`` (Unix seconds; default the last 30 days)
+        by ``account``, ``user`` or ``gpu-model``: see docs/governance.md."""
+        return self._run(Calls.report(by, since, until))
+
 
 class AsyncTypedCalls:
     """:class:`TypedCalls` for the asyncio client (``async def call(method, params)``)."""
@@ -287,3 +309,10 @@ class AsyncTypedCalls:
     async def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                      tail: int | None = None) -> EventPage:
         return await self._run(Calls.events(after, limit, job, tail))
+
+    async def share(self) -> list[dict[str, Any]]:
+        return await self._run(Calls.share())
+
+    async def report(self, by: str = "account", since: float | None = None,
+                     until: float | None = None) -> list[dict[str, Any]]:
+        return await self._run(Calls.report(by, since, until))

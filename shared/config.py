@@ -98,6 +98,26 @@ class PowerConfig:
 
 
 @dataclass(frozen=True)
+class FairShareConfig:
+    """Fair share with a memory (docs/governance.md), ``[master.fairshare]``."""
+
+    # Order jobs by their account's fair-share factor under fifo, drf, qssf and sjf (a
+    # tie-break under the other policies); off: the factor is computed and shown only.
+    order: bool = False
+    # Usage decays by half over this long (Slurm's PriorityDecayHalfLife).
+    half_life_s: float = bounded(7 * 86400.0, min=60, max=365 * 86400)
+    # What an hour of each resource is worth, in usage units (Slurm's TRESBillingWeights).
+    gpu_weight: float = bounded(1.0, min=0, max=1e6)
+    cpu_weight: float = bounded(0.05, min=0, max=1e6)
+    memory_gib_weight: float = bounded(0.005, min=0, max=1e6)
+    # Factors are recomputed at most this often while ordering (PriorityCalcPeriod).
+    recalc_s: float = bounded(60.0, min=0, max=86400)
+    # A restart rebuilds usage from jobs submitted within this many half-lives (older
+    # usage has decayed below 2^-N).
+    history_half_lives: float = bounded(10.0, min=1, max=100)
+
+
+@dataclass(frozen=True)
 class MasterConfig:
     listen_host: str = bounded("127.0.0.1", max_len=255)
     listen_port: int = bounded(7400, min=0, max=65535)
@@ -149,6 +169,7 @@ class MasterConfig:
     liquid: LiquidConfig = field(default_factory=LiquidConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
+    fairshare: FairShareConfig = field(default_factory=FairShareConfig)
 
     # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),
     # mode 0600; with none of these and no TLS client CA the master serves loopback only.

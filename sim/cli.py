@@ -480,7 +480,50 @@ def build_parser() -> argparse.ArgumentParser:
     conv.set_defaults(func=cmd_convert_sacct)
 
     rl_command.add_parser(sub, str(DEFAULT_TRACE_DIR)).set_defaults(func=cmd_train)
+
+    what = sub.add_parser("whatif", help="replay the cluster's own history (a master's "
+                          "journal) under other policies, beside what really happened")
+    what.add_argument("--journal", required=True, metavar="PATH_OR_URL",
+                      help="the master's journal: its SQLite file (state_dir/journal.db) or "
+                      "its postgresql:// URL; read only")
+    what.add_argument("--since", help="only jobs submitted from this date, YYYY-MM-DD[ "
+                      "HH:MM:SS] (UTC)")
+    what.add_argument("--policies", default="fifo",
+                      help="comma-separated names from the policy registry")
+    what.add_argument("--policy-option", action="append", metavar="POLICY.OPTION=VALUE",
+                      help="option passed to a policy's constructor (JSON value or string)")
+    what.add_argument("--fairshare", action="store_true",
+                      help="replay each policy with fair share ordering (masterd/core/"
+                      "fairorder.py), usage charged as the replay runs")
+    what.add_argument("--half-life-days", type=float, default=7.0,
+                      help="fair share's usage half-life (with --fairshare)")
+    what.add_argument("--plots", metavar="DIR", help="write PNG plots here")
+    what.add_argument("--json", metavar="PATH", help="write the table's figures as JSON")
+    what.set_defaults(func=cmd_whatif)
     return parser
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from sim import whatif
+
+    policies = parse_policies(args.policies)
+    options = parse_policy_options(args.policy_option or [], policies)
+    if not args.half_life_days > 0:
+        raise UsageError("--half-life-days must be positive")
+    try:
+        data = whatif.load_journal(args.journal, _date_arg(args.since, "--since"))
+    except whatif.WhatIfError as exc:
+        raise UsageError(str(exc)) from None
+    built = [(name, build_policy(name, options[name])) for name in policies]
+    outcomes = whatif.replay(data, built, args.fairshare, args.half_life_days * 86400.0)
+    print(whatif.table(outcomes, data.notes))
+    if args.json:
+        Path(args.json).write_text(json.dumps(whatif.as_json(outcomes, data.notes), indent=2))
+        print(f"wrote {args.json}")
+    if args.plots:
+        for path in whatif.write_plots(outcomes, Path(args.plots)):
+            print(f"wrote {path}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

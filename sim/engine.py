@@ -36,6 +36,7 @@ from typing import Protocol
 
 from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
 from masterd.core.failures import RequeueRules, jobs_on_node, node_lost_cause, verdict
+from masterd.core.fairshare import FairShare
 from masterd.core.policy import Policy, Preempt, Start
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
@@ -230,8 +231,12 @@ class Simulator:
         config: SimConfig | None = None,
         progress: ProgressFn | None = None,
         annotator: Annotator | None = None,
+        fairshare: FairShare | None = None,
     ) -> None:
         self.annotator = annotator
+        # Fair share with a memory (masterd/core/fairshare.py), charged as the master's
+        # feature charges it: from each run's start to its end.
+        self.fairshare = fairshare
         self.workload = workload
         self.policy = policy
         self.config = config or SimConfig()
@@ -520,6 +525,10 @@ class Simulator:
         shape = shape_of(placement, self.inventories)
         record.gpus_used = shape.gpus
         record.nodes_used = len(placement.nodes)
+        if self.fairshare is not None:
+            self.fairshare.started(job_id, job.spec.tenant, placement.gpu_count,
+                                   sum(len(a.cpus) for a in placement.allocations),
+                                   sum(a.memory_mib for a in placement.allocations), now)
         work = self._progress_of.pop(record.id, truth.work)
         run = _Run(
             job_id=job_id, truth=truth, shape=shape, placement=placement, started=now,
@@ -591,6 +600,8 @@ class Simulator:
     def _end_run(self, job_id: str, now: float) -> _Run | None:
         """Take a job attempt out of the truth model (finished, stopped or failed)."""
         run = self._runs.pop(job_id, None)
+        if self.fairshare is not None:
+            self.fairshare.stopped(job_id, now)
         if run is not None:
             self._advance(run, now)
             for key in run.shape.switches:
@@ -834,6 +845,7 @@ def simulate(
     config: SimConfig | None = None,
     progress: ProgressFn | None = None,
     annotator: Annotator | None = None,
+    fairshare: FairShare | None = None,
 ) -> SimResult:
-    return Simulator(workload, policy, config, progress, annotator).run()
+    return Simulator(workload, policy, config, progress, annotator, fairshare).run()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from masterd.api.failures import method_table as failure_methods
+from masterd.api.fairshare import method_table as fairshare_methods
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
 from masterd.api.helios import job_extras as helios_job_extras
@@ -157,6 +158,8 @@ class Rpc:
         self.methods.update(lifecycle_methods(master.features.controls, self._view))
         # GPUs returned to service (masterd.features.gpufaults).
         self.methods.update(failure_methods(master.features.gpufaults))
+        # Fair share and accounting (masterd.features.fairshare).
+        self.methods.update(fairshare_methods(master.features.fairshare))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)

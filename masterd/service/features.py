@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from masterd.core.fairorder import FairShareOrdering
 from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.containers import Containers
 from masterd.features.dependencies import Dependencies
+from masterd.features.fairshare import FairShareFeature
 from masterd.features.fencing import Fencing
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
@@ -65,6 +67,8 @@ class Features:
     # Jobs' terminals and ports, relayed between clients and nodes (trellisctl run --pty,
     # port-forward).
     relays: Relays
+    # Fair share with a memory (usage from the journal, factors, ordering) and accounting.
+    fairshare: FairShareFeature
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -79,10 +83,15 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
     inference = InferenceService(ctx, config.inference)
     profiler = Profiler(ctx, models)
     arrays = ArrayPools(ctx)
-    # Every predicting part of the policy reads the live model database; profiling runs are
-    # started only on resources no waiting job can use.
-    policy = ProfilingPolicy(build_policy(config.policy, config.policy_options, models.db),
-                             profiler.is_run, profiler.any_runs)
+    fairshare = FairShareFeature(ctx)
+    # Every predicting part of the policy reads the live model database; with fair share
+    # ordering on it sees the queue in fair-share order; profiling runs are started only on
+    # resources no waiting job can use.
+    configured = build_policy(config.policy, config.policy_options, models.db)
+    if config.fairshare.order:
+        configured = fairshare.ordering = FairShareOrdering(configured, fairshare.tracker,
+                                                            config.fairshare.recalc_s)
+    policy = ProfilingPolicy(configured, profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
@@ -92,5 +101,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
                         leases=NodeLeases(ctx), containers=Containers(ctx),
-                        relays=Relays(ctx))
+                        relays=Relays(ctx), fairshare=fairshare)
     return features, policy
