@@ -348,8 +348,9 @@ class SodaSimulator(Simulator):
 
     def _window_done(self, job_id: str, part: _Part, token: object) -> bool:
         """A tuning window of ``part`` ended: feed its utilisation, carry out what follows."""
-        if part.token is not token or part.session is None or job_id not in self._runs:
-            return False  # the attempt ended (finished, preempted) since
+        if (part.token is not token or part.session is None or job_id not in self._runs
+                or not any(p is part for p in self._parts.get(job_id, ()))):
+            return False  # the attempt ended (finished, preempted; maybe running again) since
         now = self.now
         session = part.session
         run = self._runs[job_id]

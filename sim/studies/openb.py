@@ -349,7 +349,7 @@ def run(study: OpenbStudy, trace_dir: Path, out_dir: Path, show: bool) -> Sectio
     unknown = [v for v in study.variants if v not in VARIANTS]
     if unknown:
         raise ReportError(f"openb variants: unknown {', '.join(unknown)}")
-    section = Section("openb", "SODA (§VI): its published workload and the openb trace")
+    section = Section("openb", "openb trace and SODA's published workload (SODA §VI)")
     started = time.monotonic()
     data: dict[str, Any] = {}
     for name in study.workloads:
