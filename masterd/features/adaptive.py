@@ -106,10 +106,9 @@ class AdaptiveCpus:
         detail = {"n_start": start.cores, "max_cores": len(cpus), "asked": asked,
                   "category": start.category, "warm": start.from_history,
                   "reason": start.reason}
-        # With the job: a widened placement is journalled before the node hears of it.
+        # A widened placement itself is journalled by the launch before any node hears of it.
         self.ctx.tasks.spawn(self.ctx.journal.persist(
-            [job] if len(cpus) > asked else [],
-            [(self.ctx.clock(), job.id, alloc.node, "cores_start", detail)]))
+            [], [(self.ctx.clock(), job.id, alloc.node, "cores_start", detail)]))
         return CorePlan(n_start=start.cores, warm=start.from_history,
                         launch_cores=start.cores)
 

@@ -573,6 +573,8 @@ class Master:
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
                     cores=cores, restarts=job.restarts,
                     grace_s=grace, requeue_if_lost=requeue_if_lost), spec)))
+            if job.placement != placement:  # widened: journalled before any node hears of it
+                await self._persist([job], [])
             results = await asyncio.gather(*prepares, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:

@@ -137,8 +137,9 @@ async def test_a_job_gets_more_cores_than_asked_from_spare_ones(tmp_path: Path) 
         assert plan is not None and plan.n_start == 3  # CV's N_start fits the widened budget
         stored = {j.id: j for j in master.store.load_jobs()}[job.id]
         assert stored.placement is not None and stored.placement.allocations[0].cpus == held
-        starts = [e for e in master.store.events(job.id) if e.kind == "cores_start"]
-        assert starts and starts[0].detail["asked"] == 1 and starts[0].detail["max_cores"] == 4
+        starts = await until("the cores_start event", lambda: [
+            e for e in master.store.events(job.id) if e.kind == "cores_start"])
+        assert starts[0].detail["asked"] == 1 and starts[0].detail["max_cores"] == 4
         # The tuner hands back what it does not need, down to fewer than the widened budget.
         await started(master, "g1", job.id)
         await master.features.adaptive.cores_changed("g1", CoresChanged(
