@@ -161,6 +161,10 @@ class MasterConfig:
     # a job may hold, it starts at N_start and its node tunes it down to the best fit. A job's
     # TRELLIS_ADAPTIVE_CPUS environment variable (1/0) overrides this per job.
     adaptive_cpus: bool = False
+    # The allocator's ceiling per GPU of a job part (§V-B, §VI-D: it may give more cores than
+    # asked): a part may hold up to this many cores per GPU, the extra taken at launch from
+    # spare cores of its node (masterd/core/widen.py). 0: a job's request is its ceiling.
+    adaptive_max_cores_per_gpu: int = bounded(0, min=0, max=1024)
     # How many ended jobs (finished, failed, cancelled) the master keeps in memory, the most
     # recently ended ones; older ones live on only in the journal (trellisctl show and
     # events still find them). Queued and running jobs are always kept.

@@ -138,7 +138,8 @@ class JobActions:
     # in the background; a launch that fails ends it (it never waits in the queue). Raises
     # ValueError or AllocationError, before anything changed, when it cannot be started.
     launch_placed: Callable[[JobSpec, Placement, str, str], Job]
-    # (job, node, cpus): a running part now holds only these cores there (a subset).
+    # (job, node, cpus): a running part now holds these cores there: a subset, or at launch
+    # its cores plus free ones (the adaptive allocator widening it, masterd.core.widen).
     cores_changed: Callable[[str, str, tuple[int, ...]], None]
     # (job, reason), during the restore only: cancel a restored job, journalled at once.
     cancel_restored: Callable[[str, str], None]

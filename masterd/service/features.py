@@ -79,7 +79,7 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
     ``job_transition`` the profiler records a run's end before anything else.
     """
     models = ModelStore.for_config(ctx, config.policy, config.policy_options)
-    adaptive = AdaptiveCpus(ctx, config.adaptive_cpus)
+    adaptive = AdaptiveCpus(ctx, config.adaptive_cpus, config.adaptive_max_cores_per_gpu)
     inference = InferenceService(ctx, config.inference)
     profiler = Profiler(ctx, models)
     arrays = ArrayPools(ctx)

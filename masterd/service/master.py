@@ -60,7 +60,15 @@ from shared.messages import (
     StartJob,
     StopJob,
 )
-from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, check_name
+from shared.model import (
+    Job,
+    JobSpec,
+    JobState,
+    NodeAllocation,
+    NodeInventory,
+    Placement,
+    check_name,
+)
 from shared.protocol import ProtocolError
 from shared.schema import encode
 
@@ -555,14 +563,19 @@ class Master:
             # the master requeues it elsewhere (the node lease, masterd.features.selffence).
             grace = grace_for(job.spec, self.config.stop_grace_s, self.config.max_grace_s)
             requeue_if_lost = self.events.requeue_if_lost(job)
-            prepares = [
-                self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
+            prepares = []
+            for rank, a in enumerate(placement.allocations):
+                cores = self.events.core_plan(job, a)
+                # The core plan may have given the part more cores (SODA §V-B): send what it
+                # holds now.
+                a = self._allocation_on(job, a)
+                prepares.append(self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.events.core_plan(job, a), restarts=job.restarts,
+                    cores=cores, restarts=job.restarts,
                     grace_s=grace, requeue_if_lost=requeue_if_lost,
-                    nodes=tuple(b.node for b in placement.allocations)), spec))
-                for rank, a in enumerate(placement.allocations)
-            ]
+                    nodes=tuple(b.node for b in placement.allocations)), spec)))
+            if job.placement != placement:  # widened: journalled before any node hears of it
+                await self._persist([job], [])
             results = await asyncio.gather(*prepares, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
@@ -588,6 +601,13 @@ class Master:
                 await self._abort_launch(job, str(failures[0]))
         finally:
             self._launching.discard(job.id)
+
+    def _allocation_on(self, job: Job, alloc: NodeAllocation) -> NodeAllocation:
+        """The job's allocation on ``alloc.node`` as the cluster holds it now."""
+        held = self.core.placement_of(job.id)
+        if held is None:
+            return alloc
+        return next((a for a in held.allocations if a.node == alloc.node), alloc)
 
     async def _abort_launch(self, job: Job, reason: str, permanent: bool = False) -> None:
         log.warning("job=%s launch failed: %s", job.id, reason)

@@ -7,7 +7,7 @@
 - ``genie``: the GENIE workload (GENIE §7.1–7.2).
 - ``philly``: the Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4).
 - ``ces``: Cluster Energy Saving on Philly's node activity (Helios §4.3, Table 5).
-- ``openb``: the openb trace (SODA §VI).
+- ``openb``: SODA (§VI) on its published workload (``soda_paper``) and the openb trace.
 - ``liquid``: Liquid's testbed in batch mode, its resource model on measured data, and GPU
   sharing on openb with fractional requests honoured (Liquid §7).
 - ``sched2``: SCHED²'s learned selection on Philly resampled to its workload (§IV).

@@ -210,11 +210,18 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
     openb_runs = document["studies"]["openb"]["data"]["runs"]
     assert set(openb_runs) == {"fifo", "drf", "soda_arrays", "soda_full", "no_allocator",
-                               "no_placer", "no_eliminator", "no_arrays", "idle_lending"}
+                               "no_placer", "no_eliminator", "no_arrays", "idle_lending",
+                               "no_widening", "plain_fifo"}
     # SODA's mechanisms ran through the live code: the tuner tuned, cores went back.
     assert openb_runs["soda_full"]["tuned_parts"] > 0
     assert openb_runs["soda_full"]["cores_returned"] > 0
     assert openb_runs["soda_arrays"]["tuned_parts"] == 0
+    # The second workload, from SODA's published distributions, ran the same variants, and
+    # the paper's measure (busy share of GPUs in use) is reported beside the others.
+    paper_runs = document["studies"]["openb"]["data"]["workloads"]["soda_paper"]["runs"]
+    assert set(paper_runs) == set(openb_runs)
+    assert paper_runs["soda_full"]["gpu_busy_of_active_pct"] is not None
+    assert "soda_paper-main" in text and "busy of active" in text
     for name in document["studies"]["genie"]["figures"] + document["studies"]["openb"]["figures"]:
         path = out / "results" / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
