@@ -13,13 +13,16 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
 from masterd.core.profiling import unwrap
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
+
+if TYPE_CHECKING:
+    from masterd.core.quotas import QuotaAdmission
 
 # The order in which a job's admission gates are reported (the first one that holds it is
 # its wait reason): what the user can act on first.
@@ -96,6 +99,19 @@ class SchedulingCore:
         # When the policy wants a pass although nothing happens (a batch window closing), as
         # of the last pass: the master sets a timer, the simulator an event.
         self.wake_at: float | None = None
+        # Quota admission (masterd/core/quotas.py), when accounts are on: its hooks run as
+        # jobs enter and leave the queue and their resources.
+        self.admission: QuotaAdmission | None = None
+
+    def set_admission(self, admission: QuotaAdmission | None) -> None:
+        """Attach (or detach: None) quota admission; the jobs already here are counted."""
+        previous = self.admission
+        self.admission = admission
+        if admission is not None:
+            admission.bind(self)
+        elif previous is not None:  # accounts turned off: every quota gate opens
+            for job in list(self._blocked.values()):
+                self.set_gate(job.id, "quota", None)
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -139,6 +155,8 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
+            if self.admission is not None:
+                self.admission.started(job)
 
     def restore(self, job: Job) -> None:
         """Re-enter a job loaded from the store, keeping its resources if it was placed."""
@@ -147,6 +165,8 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
+            if self.admission is not None:
+                self.admission.started(job)
 
     def forget(self, job_id: str) -> Job:
         """Drop an ended job from memory (its journal row stays); returns it.
@@ -181,6 +201,8 @@ class SchedulingCore:
 
     def _enqueue(self, job: Job) -> None:
         job.state = JobState.QUEUED
+        if self.admission is not None:
+            self.admission.queued(job)  # closes its quota gate if it may not be admitted
         if job.gates:
             self._blocked[job.id] = job
             self._note_gate(job)
@@ -277,6 +299,8 @@ class SchedulingCore:
     # -- the scheduling pass -------------------------------------------------------------
     def schedule(self, now: float) -> list[Decision]:
         self.wake_at = None
+        if self.admission is not None:
+            self.admission.recheck()  # gates opened by jobs that gave resources back
         if not self._queued:
             return []
         # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
@@ -294,6 +318,8 @@ class SchedulingCore:
                 job = self._queued.get(decision.job_id)
                 if job is None:
                     continue
+                if self.admission is not None and not self.admission.admit(job):
+                    continue  # over its account's limits after this pass's earlier starts
                 try:
                     self.cluster.allocate(job.id, decision.placement)
                 except AllocationError:
@@ -307,8 +333,21 @@ class SchedulingCore:
                 job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
                 job.wait = ""
                 self._active[job.id] = job
+                if self.admission is not None:
+                    self.admission.started(job)
                 applied.append(decision)
             elif isinstance(decision, Preempt):
+                job = self._active.get(decision.job_id)
+                if job is None or job.stopping:
+                    continue
+                job.stopping = True
+                job.reason = f"preempted: {decision.reason}"
+                applied.append(decision)
+        if self.admission is not None:
+            # Gates of accounts whose use changed, then borrowed resources reclaimed for
+            # owners within their quotas that the policy could not place.
+            self.admission.recheck()
+            for decision in self.admission.reclaim(self.snapshot(), self._order):
                 job = self._active.get(decision.job_id)
                 if job is None or job.stopping:
                     continue
@@ -341,6 +380,8 @@ class SchedulingCore:
         if job is None:
             return None
         self.cluster.release(job_id)
+        if self.admission is not None:
+            self.admission.released(job)
         job.placement = None
         job.node_states = {}
         job.reason = f"start failed: {reason}"
@@ -396,6 +437,8 @@ class SchedulingCore:
     def _finish(self, job: Job, now: float) -> Transition:
         del self._active[job.id]
         self.cluster.release(job.id)
+        if self.admission is not None:
+            self.admission.released(job)
         stopping = job.stopping
         job.stopping = False
         if job.end_as == JobState.QUEUED.value:
@@ -461,6 +504,8 @@ class SchedulingCore:
                 del self._blocked[job_id]
             else:
                 self._dequeue(job_id)
+            if self.admission is not None:
+                self.admission.dequeued(job)
             job.state = end_as
             job.end_time = now
             job.reason = reason

@@ -1,0 +1,165 @@
+"""Quota admission (masterd/core/quotas.py) driven through the SchedulingCore: caps and
+ceilings close the quota gate, borrowing runs on idle resources, reclaim preempts the newest
+borrowers for an owner within its quota, and a parent's limits bound its subtree."""
+
+from __future__ import annotations
+
+from masterd.core.policies.fifo import FifoPolicy
+from masterd.core.policy import Preempt, Start
+from masterd.core.quotas import QuotaAdmission
+from masterd.core.scheduler import SchedulingCore
+from shared.accounts import Account, AccountCaps, AccountTree, Resources
+from shared.model import JobState
+from tests.unit.helpers import inventory, job
+
+
+def make(accounts: list[Account], nodes: int = 1, gpus: int = 4) -> SchedulingCore:
+    core = SchedulingCore(FifoPolicy(backfill=True))
+    for i in range(nodes):
+        core.node_up(inventory(f"n{i}", gpus=gpus, cpus=16))
+    core.set_admission(QuotaAdmission(AccountTree.of(accounts)))
+    return core
+
+
+def started(decisions: list) -> list[str]:
+    return [d.job_id for d in decisions if isinstance(d, Start)]
+
+
+def preempted(decisions: list) -> list[str]:
+    return [d.job_id for d in decisions if isinstance(d, Preempt)]
+
+
+def run(core: SchedulingCore, ids: list[str], now: float) -> None:
+    for job_id in ids:
+        core.node_started(job_id, core.jobs[job_id].placement.nodes[0], now)
+
+
+def finish(core: SchedulingCore, job_id: str, now: float) -> None:
+    for node in list(core.jobs[job_id].node_states):
+        core.node_exited(job_id, node, 0, None, now)
+
+
+def test_running_jobs_cap_gates_with_reason_quota_and_opens_when_a_job_ends() -> None:
+    core = make([Account("a", caps=AccountCaps(running_jobs=2))])
+    for i in range(3):
+        core.submit(job(f"j{i}", gpus=1, t=i, tenant="a"))
+    assert started(core.schedule(1)) == ["j0", "j1"]
+    waiting = core.jobs["j2"]
+    assert waiting.state is JobState.QUEUED and waiting.wait == "quota"
+    assert "running_jobs cap (2)" in waiting.reason
+    run(core, ["j0", "j1"], 2)
+    finish(core, "j0", 3)
+    assert started(core.schedule(4)) == ["j2"]
+
+
+def test_one_pass_never_starts_more_than_the_ceiling() -> None:
+    # Each job alone fits the account's quota + borrowing limit; the three together do not.
+    core = make([Account("a", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=1))])
+    for i in range(3):
+        core.submit(job(f"j{i}", gpus=1, t=i, tenant="a"))
+    assert started(core.schedule(1)) == ["j0", "j1"]
+    assert "over its quota + borrowing limit (2)" in core.jobs["j2"].reason
+
+
+def test_hard_quota_leaves_resources_idle_borrowing_uses_them() -> None:
+    hard = make([Account("a", quota=Resources(gpus=2), borrowing_limit=Resources(gpus=0)),
+                 Account("b", quota=Resources(gpus=2), borrowing_limit=Resources(gpus=0))])
+    soft = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))])
+    for core in (hard, soft):
+        for i in range(4):
+            core.submit(job(f"j{i}", gpus=1, t=i, tenant="a"))
+    assert started(hard.schedule(1)) == ["j0", "j1"]
+    assert started(soft.schedule(1)) == ["j0", "j1", "j2", "j3"]
+
+
+def test_reclaim_preempts_the_newest_borrowers_for_an_owner_within_quota() -> None:
+    core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))])
+    for i in range(4):
+        core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
+    started(core.schedule(1))
+    run(core, ["a0", "a1"], 1)
+    run(core, ["a2"], 2)
+    run(core, ["a3"], 3)  # a3 is the newest borrower
+    core.submit(job("b0", gpus=1, t=5, tenant="b"))
+    decisions = core.schedule(5)
+    assert started(decisions) == []
+    assert preempted(decisions) == ["a3"]
+    assert core.jobs["a3"].reason.startswith("preempted: reclaimed: account 'b'")
+    # Nothing borrows while the reclaim is pending, and the victim is not preempted twice.
+    assert preempted(core.schedule(6)) == []
+    core.node_exited("a3", "n0", None, 15, 7)
+    a3 = core.jobs["a3"]
+    assert a3.state is JobState.QUEUED and a3.wait == "quota"
+    assert "reclaimed" in a3.reason
+    assert started(core.schedule(8)) == ["b0"]
+    # The owner started: borrowing may resume once resources are idle again.
+    assert core.admission is not None and not core.admission.reclaiming
+    assert core.jobs["a3"].wait == ""
+
+
+def test_reclaim_takes_only_what_the_owner_needs_and_never_below_a_quota() -> None:
+    core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=3)),
+                 Account("c", quota=Resources(gpus=3))], nodes=2, gpus=4)
+    for i in range(4):
+        core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
+    for i in range(4):
+        core.submit(job(f"b{i}", gpus=1, t=10 + i, tenant="b"))
+    assert len(started(core.schedule(20))) == 8
+    for i, job_id in enumerate(["a0", "a1", "b0", "b1", "b2", "a2", "a3", "b3"]):
+        run(core, [job_id], 20 + i)
+    core.submit(job("c0", gpus=2, t=40, tenant="c"))
+    # Borrowers: a (4 > 2) and b (4 > 3); newest first: b3, then a3; b may lose only one.
+    decisions = core.schedule(41)
+    assert sorted(preempted(decisions)) == ["a3", "b3"]
+
+
+def test_an_owner_over_its_own_quota_reclaims_nothing() -> None:
+    core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=1))])
+    for i in range(4):
+        core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
+    core.schedule(1)
+    run(core, ["a0", "a1", "a2", "a3"], 1)
+    core.submit(job("b0", gpus=2, t=5, tenant="b"))  # 2 GPUs: over b's quota of 1
+    assert preempted(core.schedule(5)) == []
+
+
+def test_a_parents_limits_bound_its_subtree() -> None:
+    core = make([Account("org", caps=AccountCaps(running_jobs=3),
+                         quota=Resources(gpus=2), borrowing_limit=Resources(gpus=1)),
+                 Account("x", parent="org"), Account("y", parent="org")], gpus=8)
+    for i in range(2):
+        core.submit(job(f"x{i}", gpus=1, t=i, tenant="x"))
+        core.submit(job(f"y{i}", gpus=1, t=i + 0.5, tenant="y"))
+    assert started(core.schedule(1)) == ["x0", "y0", "x1"]
+    assert "account 'org'" in core.jobs["y1"].reason
+
+
+def test_tree_changes_reopen_gates_and_jobs_outside_the_tree_are_unconstrained() -> None:
+    core = make([Account("a", caps=AccountCaps(running_jobs=1))])
+    core.submit(job("j0", gpus=1, tenant="a"))
+    core.submit(job("j1", gpus=1, t=1, tenant="a"))
+    core.submit(job("legacy", gpus=1, t=2, tenant="default"))
+    assert started(core.schedule(1)) == ["j0", "legacy"]
+    assert core.jobs["j1"].wait == "quota"
+    assert core.admission is not None
+    core.admission.set_tree(AccountTree.of([Account("a", caps=AccountCaps(running_jobs=2))]))
+    assert core.jobs["j1"].wait == ""
+    assert started(core.schedule(2)) == ["j1"]
+
+
+def test_cancelling_a_gated_job_and_restoring_running_ones_keeps_the_counters() -> None:
+    core = SchedulingCore(FifoPolicy())
+    core.node_up(inventory("n0", gpus=4, cpus=16))
+    running = job("r", gpus=1, tenant="a")
+    running.state = JobState.RUNNING
+    core.restore(running)
+    core.submit(job("q", gpus=1, t=1, tenant="a"))
+    # Attached after the restore: the running job is counted, the queued one gated.
+    core.set_admission(QuotaAdmission(AccountTree.of([
+        Account("a", caps=AccountCaps(running_jobs=1))])))
+    assert core.jobs["q"].wait == "quota"
+    core.cancel("q", 2)
+    assert core.admission is not None
+    assert core.admission.ledger.running("a") == 1
+    core.set_admission(None)
+    assert core.admission is None
