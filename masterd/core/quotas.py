@@ -154,6 +154,10 @@ class Ledger:
         use = self.usage.get(account)
         return (0, 0, 0) if use is None else (use[1], use[2], use[3])
 
+    def running_own(self, account: str) -> int:
+        """Jobs of ``account`` itself (not its sub-accounts') holding resources."""
+        return len(self.holders.get(account, ()))
+
     def running(self, account: str) -> int:
         use = self.usage.get(account)
         return 0 if use is None else use[0]
@@ -254,6 +258,10 @@ class QuotaAdmission:
         self._queued = regrouped
         self._recheck_all = True
         self.recheck()
+
+    def queued_in(self, account: str) -> Mapping[str, Job]:
+        """The queued jobs of ``account`` itself (gated or admitted)."""
+        return self._queued.get(account, {})
 
     # -- hooks the core calls ------------------------------------------------------------
     def bind(self, core: SchedulingCore) -> None:

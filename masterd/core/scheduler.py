@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
@@ -21,13 +21,25 @@ from masterd.core.policy import Decision, Policy, Preempt, Start
 from masterd.core.profiling import unwrap
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
 
-if TYPE_CHECKING:
-    from masterd.core.quotas import QuotaAdmission
-
 # The order in which a job's admission gates are reported (the first one that holds it is
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
 _QueueKey = tuple[int, int, float, int]
+
+
+class Admission(Protocol):
+    """Quota admission's hooks (masterd.core.quotas.QuotaAdmission), called by the core as
+    jobs enter and leave the queue and their resources."""
+
+    def bind(self, core: SchedulingCore) -> None: ...
+    def queued(self, job: Job) -> None: ...
+    def dequeued(self, job: Job) -> None: ...
+    def admit(self, job: Job) -> bool: ...
+    def started(self, job: Job) -> None: ...
+    def released(self, job: Job) -> None: ...
+    def recheck(self) -> None: ...
+    def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, object]
+                ) -> list[Preempt]: ...
 
 
 class JobError(ValueError):
@@ -101,9 +113,9 @@ class SchedulingCore:
         self.wake_at: float | None = None
         # Quota admission (masterd/core/quotas.py), when accounts are on: its hooks run as
         # jobs enter and leave the queue and their resources.
-        self.admission: QuotaAdmission | None = None
+        self.admission: Admission | None = None
 
-    def set_admission(self, admission: QuotaAdmission | None) -> None:
+    def set_admission(self, admission: Admission | None) -> None:
         """Attach (or detach: None) quota admission; the jobs already here are counted."""
         previous = self.admission
         self.admission = admission

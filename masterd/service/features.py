@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
+from masterd.features.accounts import Accounts
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.dependencies import Dependencies
@@ -58,6 +59,9 @@ class Features:
     # The node lease: a node cut off from every master stops the parts the master would
     # requeue elsewhere, before the master does.
     leases: NodeLeases
+    # Accounts, caps and quota admission (docs/governance.md); last, so its restore sees
+    # every gate the others closed.
+    accounts: Accounts
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -84,5 +88,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
-                        leases=NodeLeases(ctx))
+                        leases=NodeLeases(ctx), accounts=Accounts(ctx))
     return features, policy
