@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from masterd.api.visibility import only_user
+from masterd.core.scheduler import JobError
 from masterd.features.accounts import (
     AccountAddParams,
     AccountNameParams,
@@ -37,12 +39,24 @@ def method_table(accounts: Accounts) -> Mapping[str, tuple[type, Any]]:
     @returns(f"`accounts`: one {ACCOUNT_VIEW} per account, each root followed by its "
              "subtree; empty when accounts are off.")
     async def account_list(_: NoParams) -> dict[str, Any]:
-        """Every account with its limits and current use."""
-        return {"accounts": accounts.views()}
+        """Every account with its limits and current use. A client credential sees only
+        its user's accounts and their sub-accounts."""
+        user = only_user()
+        views = accounts.views()
+        if user is not None:
+            mine = accounts.visible_accounts(user)
+            views = [v for v in views if v["name"] in mine]
+        return {"accounts": views}
 
-    @returns(f"`account`: {ACCOUNT_VIEW}.", ("invalid_account",))
+    @returns(f"`account`: {ACCOUNT_VIEW}.", ("invalid_account", "forbidden"))
     async def account_show(p: AccountNameParams) -> dict[str, Any]:
-        """One account with its limits and current use."""
+        """One account with its limits and current use (a client: one of its user's
+        accounts or their sub-accounts)."""
+        user = only_user()
+        if user is not None and p.name in accounts.tree \
+                and p.name not in accounts.visible_accounts(user):
+            raise JobError("forbidden", f"account {p.name!r} is not among client {user!r}'s "
+                           "accounts")
         return {"account": accounts.view(p.name)}
 
     @returns(f"`account`: {ACCOUNT_VIEW}. Journalled (`account_changed`) before it applies.",

@@ -37,7 +37,9 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "job", "nodes",
                             "place", "placement", "release", "report_load", "services",
                             # Their own jobs only (masterd.features.holds checks the owner).
-                            "hold", "update", "logs"})
+                            "hold", "update", "logs",
+                            # Their own accounts only (masterd.api.accounts filters them).
+                            "account_list", "account_show"})
 NODE_METHODS = frozenset({"ping"})
 
 
