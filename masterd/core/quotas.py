@@ -45,6 +45,8 @@ GATE = WaitReason.QUOTA.value
 # Resources in the order of a usage vector (index 0 is the job count).
 RESOURCES = ("gpus", "cpus", "memory_mib")
 UNITS = {"gpus": "GPUs", "cpus": "CPU cores", "memory_mib": "MiB of memory"}
+# GPUs are counted in thousandths: a job sharing a GPU (Liquid's gpu_milli) charges its share.
+SCALE = (1000, 1, 1)
 UNBOUNDED = 1 << 62
 # Owners tried for reclaim per pass: each costs a packing search, and a pass must stay cheap
 # with thousands waiting; the next pass tries the next ones.
@@ -54,22 +56,32 @@ Vector = tuple[int, int, int]
 
 
 def demand(spec: JobSpec) -> Vector:
-    """What a job charges its accounts while it holds resources."""
-    return (spec.gpus, spec.cpus, spec.memory_mib)
+    """What a job charges its accounts while it holds resources (GPUs in thousandths)."""
+    gpus = spec.gpu_milli if spec.gpu_milli is not None and spec.gpus == 1 \
+        else spec.gpus * 1000
+    return (gpus, spec.cpus, spec.memory_mib)
+
+
+def shown(index: int, value: int) -> int | float:
+    """A counted amount in its resource's unit (GPUs back from thousandths)."""
+    if value >= UNBOUNDED:
+        return value
+    scaled = value / SCALE[index]
+    return int(scaled) if scaled == int(scaled) else scaled
 
 
 def _vector(resources: Resources, unset: int) -> Vector:
-    return tuple(unset if getattr(resources, r) is None else getattr(resources, r)
-                 for r in RESOURCES)  # type: ignore[return-value]
+    return tuple(unset if getattr(resources, r) is None else getattr(resources, r) * k
+                 for r, k in zip(RESOURCES, SCALE, strict=True))  # type: ignore[return-value]
 
 
 def ceiling(quota: Resources, borrowing_limit: Resources) -> Vector:
     """The most an account may use of each resource: quota + borrowing limit. No borrowing
     limit: no bound but the cluster. No quota but a borrowing limit: the limit alone."""
     out = []
-    for r in RESOURCES:
+    for r, k in zip(RESOURCES, SCALE, strict=True):
         q, b = getattr(quota, r), getattr(borrowing_limit, r)
-        out.append(UNBOUNDED if b is None else (q or 0) + b)
+        out.append(UNBOUNDED if b is None else ((q or 0) + b) * k)
     return tuple(out)  # type: ignore[return-value]
 
 
@@ -177,9 +189,9 @@ class Ledger:
                         f"({limit.running_jobs})")
             for i, r in enumerate(RESOURCES):
                 if need[i] and use[i + 1] + need[i] > limit.ceiling[i]:
-                    return (f"account {name!r} would use {use[i + 1] + need[i]} "
-                            f"{UNITS[r]}, over its quota + borrowing limit "
-                            f"({limit.ceiling[i]})")
+                    return (f"account {name!r} would use "
+                            f"{shown(i, use[i + 1] + need[i])} {UNITS[r]}, over its quota + "
+                            f"borrowing limit ({shown(i, limit.ceiling[i])})")
         return None
 
     def guaranteed(self, account: str, need: Vector) -> bool:
@@ -410,7 +422,7 @@ class QuotaAdmission:
                     candidates.append(job)
         candidates.sort(key=lambda j: (j.start_time or 0.0, j.id), reverse=True)
         freed: dict[str, list[int]] = {}
-        chosen: list[str] = []
+        chosen: list[Job] = []
         for job in candidates:
             lineage = ledger.lineage(job.spec.tenant)
             # Only while it (or an ancestor the owner does not share) still borrows once
@@ -427,13 +439,33 @@ class QuotaAdmission:
                 f = freed.setdefault(a, [0, 0, 0])
                 for i in range(3):
                     f[i] += need[i]
-            chosen.append(job.id)
-            for alloc in job.placement.allocations:  # type: ignore[union-attr]
-                if alloc.node not in pool.views:
-                    continue
-                pool.assign(alloc.node, gpus=pool.gpus[alloc.node] | frozenset(alloc.gpus),
-                            cpus=pool.cpus[alloc.node] | frozenset(alloc.cpus))
-                pool.memory.store(alloc.node, pool.memory[alloc.node] + alloc.memory_mib)
+            chosen.append(job)
+            _give_back(pool, job)
             if pack(owner.spec, pool) is not None:
-                return chosen
+                return [j.id for j in _pruned(owner, snapshot, chosen)]
         return []
+
+
+def _give_back(pool: FreePool, job: Job) -> None:
+    """What-if: ``job``'s resources free in ``pool``."""
+    for alloc in job.placement.allocations:  # type: ignore[union-attr]
+        if alloc.node not in pool.views:
+            continue
+        pool.assign(alloc.node, gpus=pool.gpus[alloc.node] | frozenset(alloc.gpus),
+                    cpus=pool.cpus[alloc.node] | frozenset(alloc.cpus))
+        pool.memory.store(alloc.node, pool.memory[alloc.node] + alloc.memory_mib)
+
+
+def _pruned(owner: Job, snapshot: ClusterSnapshot, chosen: list[Job]) -> list[Job]:
+    """``chosen`` without the victims the owner fits without, oldest first (the newest
+    chosen made it fit): a borrower on another node than the one the owner lands on
+    keeps running."""
+    kept = list(chosen)
+    for job in reversed(chosen[:-1]):
+        trial = [j for j in kept if j is not job]
+        pool = FreePool(snapshot)
+        for other in trial:
+            _give_back(pool, other)
+        if pack(owner.spec, pool) is not None:
+            kept = trial
+    return kept

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from masterd.core.quotas import RESOURCES, UNITS, QuotaAdmission, ceiling
+from masterd.core.quotas import RESOURCES, UNITS, QuotaAdmission, ceiling, shown
 from masterd.core.scheduler import JobError
 from masterd.journal.accounts import create_tables, read_tree, write_tree
 from masterd.runtime.caller import caller, is_admin
@@ -198,8 +198,9 @@ class Accounts:
             for i, used in enumerate(ledger.used(name)):
                 if used > top[i]:
                     return (f"a quota + borrowing limit below what is already running: "
-                            f"account {name!r} uses {used} {UNITS[RESOURCES[i]]}, over "
-                            f"{top[i]}; pass --force to apply it anyway (nothing is stopped)")
+                            f"account {name!r} uses {shown(i, used)} {UNITS[RESOURCES[i]]}, "
+                            f"over {shown(i, top[i])}; pass --force to apply it anyway "
+                            "(nothing is stopped)")
         for name in self.tree.accounts:
             if name not in tree.accounts and self._jobs_in(name):
                 return (f"account {name!r} has {self._jobs_in(name)} job(s) queued or "
@@ -289,7 +290,7 @@ class Accounts:
             usage.update(running_jobs=ledger.running(name),
                          queued_jobs=sum(len(self.admission.queued_in(a))
                                          for a in self.tree.subtree(name)),
-                         gpus=used[0], cpus=used[1], memory_mib=used[2],
+                         gpus=shown(0, used[0]), cpus=used[1], memory_mib=used[2],
                          borrowing=ledger.borrowing(name))
         out["usage"] = usage
         return out

@@ -163,3 +163,31 @@ def test_cancelling_a_gated_job_and_restoring_running_ones_keeps_the_counters() 
     assert core.admission.ledger.running("a") == 1
     core.set_admission(None)
     assert core.admission is None
+
+
+def test_a_shared_gpu_charges_its_share() -> None:
+    core = make([Account("a", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=0))])
+    for i in range(3):
+        core.submit(job(f"s{i}", gpus=1, t=i, tenant="a", gpu_milli=400))
+    # 400 + 400 fit one GPU's quota, a third share would pass it.
+    assert started(core.schedule(1)) == ["s0", "s1"]
+    assert "would use 1.2 GPUs, over its quota + borrowing limit (1)" in core.jobs["s2"].reason
+
+
+def test_victims_not_needed_are_spared() -> None:
+    # b's 2-GPU job needs one whole node. Newest first, the borrowers chosen are on nodes
+    # X, Y, then X again (it fits there): the one on Y is pruned and keeps running.
+    core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))],
+                nodes=3, gpus=2)
+    for i in range(6):
+        core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
+    core.schedule(1)
+    by_node: dict[str, list[str]] = {}
+    for i in range(6):
+        by_node.setdefault(core.jobs[f"a{i}"].placement.nodes[0], []).append(f"a{i}")
+    x, y, z = sorted(by_node.values())
+    order = [*z, y[0], x[0], y[1], x[1]]  # started oldest to newest
+    for i, job_id in enumerate(order):
+        run(core, [job_id], 10 + i)
+    core.submit(job("b0", gpus=2, t=20, tenant="b", max_nodes=1))
+    assert sorted(preempted(core.schedule(21))) == sorted(x)
