@@ -28,9 +28,10 @@ synchronous code: the master and the simulator (sim/engine.py) both drive it thr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import FreePool, pack
@@ -95,7 +96,8 @@ class _Limits:
     # and is never "borrowed" (see Ledger.borrowing).
     quota: Vector
     has_quota: bool
-    constrained: bool  # any cap or finite ceiling: a change of its use may change admission
+    # A running_jobs cap or a finite ceiling: a change of its use may change admission.
+    constrained: bool
 
 
 def _limits(tree: AccountTree, name: str) -> _Limits:
@@ -105,7 +107,7 @@ def _limits(tree: AccountTree, name: str) -> _Limits:
     has_quota = any(getattr(account.quota, r) is not None for r in RESOURCES)
     return _Limits(UNBOUNDED if cap is None else cap, top,
                    _vector(account.quota, UNBOUNDED), has_quota,
-                   cap is not None or any(v < UNBOUNDED for v in top) or has_quota)
+                   cap is not None or any(v < UNBOUNDED for v in top))
 
 
 @dataclass
@@ -121,15 +123,26 @@ class Ledger:
     holders: dict[str, dict[str, None]] = field(default_factory=dict)
     limits: dict[str, _Limits] = field(default_factory=dict)
     lineages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Accounts using more than their nominal quota now (kept as use changes).
+    over: set[str] = field(default_factory=set)
+    # account -> a count bumped whenever its own holders change (caches key on it).
+    versions: dict[str, int] = field(default_factory=dict)
 
     def set_tree(self, tree: AccountTree) -> None:
         self.tree = tree
         self.limits = {name: _limits(tree, name) for name in tree.accounts}
         self.lineages = {name: tree.lineage(name) for name in tree.accounts}
         charged = self.charged
-        self.usage, self.charged, self.holders = {}, {}, {}
+        self.usage, self.charged, self.holders, self.over = {}, {}, {}, set()
         for job_id, (account, need) in charged.items():
             self.charge(job_id, account, need)
+
+    def _note_over(self, lineage: tuple[str, ...]) -> None:
+        for name in lineage:
+            if self.borrowing(name):
+                self.over.add(name)
+            else:
+                self.over.discard(name)
 
     def lineage(self, account: str) -> tuple[str, ...]:
         """The accounts a job of ``account`` is charged to; () for one not in the tree
@@ -141,12 +154,15 @@ class Ledger:
             return
         self.charged[job_id] = (account, need)
         self.holders.setdefault(account, {})[job_id] = None
-        for name in self.lineage(account):
+        self.versions[account] = self.versions.get(account, 0) + 1
+        lineage = self.lineage(account)
+        for name in lineage:
             use = self.usage.setdefault(name, [0, 0, 0, 0])
             use[0] += 1
             use[1] += need[0]
             use[2] += need[1]
             use[3] += need[2]
+        self._note_over(lineage)
 
     def release(self, job_id: str) -> str | None:
         entry = self.charged.pop(job_id, None)
@@ -154,12 +170,15 @@ class Ledger:
             return None
         account, need = entry
         self.holders.get(account, {}).pop(job_id, None)
-        for name in self.lineage(account):
+        self.versions[account] = self.versions.get(account, 0) + 1
+        lineage = self.lineage(account)
+        for name in lineage:
             use = self.usage[name]
             use[0] -= 1
             use[1] -= need[0]
             use[2] -= need[1]
             use[3] -= need[2]
+        self._note_over(lineage)
         return account
 
     def used(self, account: str) -> Vector:
@@ -174,9 +193,8 @@ class Ledger:
         use = self.usage.get(account)
         return 0 if use is None else use[0]
 
-    def refusal(self, account: str, need: Vector, within: Vector | None = None) -> str | None:
-        """Why a job of ``account`` needing ``need`` may not be admitted now, or None.
-        ``within``: resources already freed by chosen victims (reclaim's what-if)."""
+    def refusal(self, account: str, need: Vector) -> str | None:
+        """Why a job of ``account`` needing ``need`` may not be admitted now, or None."""
         for name in self.lineage(account):
             limit = self.limits[name]
             if not limit.constrained:
@@ -228,21 +246,40 @@ class Ledger:
 class QuotaAdmission:
     """The ``quota`` admission gate and reclaim, attached to one SchedulingCore
     (``SchedulingCore.set_admission``). The core calls the hooks below as jobs enter and
-    leave the queue and their resources."""
+    leave the queue and their resources.
+
+    Kept cheap with thousands waiting: each account's *room* (whether it or an ancestor is at
+    its running_jobs cap, and the least headroom under a ceiling along its lineage) is
+    recomputed only for the accounts a change of use may affect, and only the jobs that may
+    flip are re-checked: the admitted ones when the room shrank, the gated ones when it grew.
+    A pending reclaim pauses borrowing lazily: a job that would borrow is held back when the
+    policy picks it, not every such job at once.
+    """
 
     def __init__(self, tree: AccountTree) -> None:
         self.ledger = Ledger()
         self.ledger.set_tree(tree)
         self._core: SchedulingCore | None = None
-        # account -> its queued jobs (gated or admitted), for re-checking after a change.
-        self._queued: dict[str, dict[str, Job]] = {}
+        # account -> its queued jobs, admitted (open) or behind the quota gate (gated), each
+        # with its demand.
+        self._open: dict[str, dict[str, tuple[Job, Vector]]] = {}
+        self._gated: dict[str, dict[str, tuple[Job, Vector]]] = {}
+        # account -> heap of (queue key, job) of its admitted jobs, stale entries skipped:
+        # reclaim looks at each account's first waiting job.
+        self._heads: dict[str, list[tuple[Any, str]]] = {}
+        # account -> (capped, headroom) as last checked (see _room).
+        self._rooms: dict[str, tuple[bool, Vector]] = {}
         # Accounts whose use changed since the last re-check.
         self._touched: set[str] = set()
         # owner job -> the borrowers preempted for it, while it waits: nothing else borrows.
         self.reclaiming: dict[str, set[str]] = {}
+        # Jobs held back because a reclaim was pending: let go when it ends.
+        self._paused: set[str] = set()
         self._recheck_all = False
-        # Every account whose queued jobs a change of ``name``'s use may affect.
+        # Every account whose room a change of ``name``'s use may change.
         self._affected: dict[str, tuple[str, ...]] = {}
+        # account -> (holders' version, its holders newest first), for reclaim.
+        self._newest: dict[str, tuple[int, list[str]]] = {}
         self._index_tree()
 
     @property
@@ -253,27 +290,46 @@ class QuotaAdmission:
         tree = self.ledger.tree
         self._affected = {}
         for name in tree.accounts:
-            out: dict[str, None] = {}
+            out: dict[str, None] = {name: None}
             for anc in tree.lineage(name):
                 if self.ledger.limits[anc].constrained:
                     out.update(dict.fromkeys(tree.subtree(anc)))
             self._affected[name] = tuple(out)
+        self._rooms = {}
 
     def set_tree(self, tree: AccountTree) -> None:
         """The account tree changed (trellisctl account ...): every queued job re-checked."""
         self.ledger.set_tree(tree)
         self._index_tree()
-        regrouped: dict[str, dict[str, Job]] = {}
-        for jobs in self._queued.values():
-            for job in jobs.values():
-                regrouped.setdefault(job.spec.tenant, {})[job.id] = job
-        self._queued = regrouped
         self._recheck_all = True
         self.recheck()
 
-    def queued_in(self, account: str) -> Mapping[str, Job]:
-        """The queued jobs of ``account`` itself (gated or admitted)."""
-        return self._queued.get(account, {})
+    def queued_in(self, account: str) -> Mapping[str, Any]:
+        """The queued jobs of ``account`` itself (gated or admitted), by id."""
+        return {**self._open.get(account, {}), **self._gated.get(account, {})}
+
+    def queued_count(self, account: str) -> int:
+        return len(self._open.get(account, ())) + len(self._gated.get(account, ()))
+
+    def _file(self, job: Job, need: Vector, gated: bool) -> None:
+        account = job.spec.tenant
+        if gated:
+            self._open.get(account, {}).pop(job.id, None)
+            self._gated.setdefault(account, {})[job.id] = (job, need)
+        else:
+            self._gated.get(account, {}).pop(job.id, None)
+            self._open.setdefault(account, {})[job.id] = (job, need)
+
+    def _unfile(self, job: Job) -> None:
+        account = job.spec.tenant
+        self._open.get(account, {}).pop(job.id, None)
+        self._gated.get(account, {}).pop(job.id, None)
+
+    def _gate(self, job: Job, need: Vector, why: str | None) -> None:
+        """Close (``why``) or open the job's quota gate, and file it so."""
+        assert self._core is not None
+        self._core.set_gate(job.id, GATE, why)
+        self._file(job, need, why is not None)
 
     # -- hooks the core calls ------------------------------------------------------------
     def bind(self, core: SchedulingCore) -> None:
@@ -281,37 +337,52 @@ class QuotaAdmission:
         for job in core.active_jobs().values():
             self.ledger.charge(job.id, job.spec.tenant, demand(job.spec))
         for job in [*core.queue(), *core.blocked().values()]:
-            self._queued.setdefault(job.spec.tenant, {})[job.id] = job
+            self._file(job, demand(job.spec), GATE in job.gates)
+        for key, job_id in core.queue_keys():
+            job = core.jobs[job_id]
+            self._heads.setdefault(job.spec.tenant, []).append((key, job_id))
+        for heap in self._heads.values():
+            heapq.heapify(heap)
         self._recheck_all = True
         self.recheck()
 
     def queued(self, job: Job) -> None:
         """A job (re-)enters the queue: close its gate now if it may not be admitted (the
         core files it among the blocked jobs)."""
-        self._queued.setdefault(job.spec.tenant, {})[job.id] = job
-        why = self.refusal(job)
+        need = demand(job.spec)
+        why = self.ledger.refusal(job.spec.tenant, need)
         if why is not None:
             job.gates[GATE] = why
         else:
             job.gates.pop(GATE, None)
+        self._file(job, need, why is not None)
+
+    def ordered(self, job: Job, key: Any) -> None:
+        """An admitted job took its place in the queue under ``key``."""
+        heapq.heappush(self._heads.setdefault(job.spec.tenant, []), (key, job.id))
 
     def dequeued(self, job: Job) -> None:
         """A queued job left the queue without starting (cancelled)."""
-        self._queued.get(job.spec.tenant, {}).pop(job.id, None)
+        self._unfile(job)
+        self._paused.discard(job.id)
         self._owner_done(job.id)
 
     def admit(self, job: Job) -> bool:
         """Whether a job the policy chose may start now; if not, its gate closes."""
-        why = self.refusal(job)
+        need = demand(job.spec)
+        why = self.ledger.refusal(job.spec.tenant, need)
+        if why is None and self.reclaiming and job.id not in self.reclaiming:
+            why = self._pause_refusal(job.spec.tenant, need)
+            if why is not None:
+                self._paused.add(job.id)
         if why is None:
             return True
-        assert self._core is not None
-        self._core.set_gate(job.id, GATE, why)
+        self._gate(job, need, why)
         return False
 
     def started(self, job: Job) -> None:
         """A job took its resources (or was restored holding them)."""
-        self._queued.get(job.spec.tenant, {}).pop(job.id, None)
+        self._unfile(job)
         self.ledger.charge(job.id, job.spec.tenant, demand(job.spec))
         self._touched.add(job.spec.tenant)
         self._owner_done(job.id)
@@ -326,27 +397,58 @@ class QuotaAdmission:
 
     def _owner_done(self, job_id: str) -> None:
         if self.reclaiming.pop(job_id, None) is not None and not self.reclaiming:
-            self._recheck_all = True  # borrowing may resume
+            self._resume()
 
-    # -- decisions -----------------------------------------------------------------------
-    def refusal(self, job: Job) -> str | None:
-        account, need = job.spec.tenant, demand(job.spec)
-        why = self.ledger.refusal(account, need)
-        if why is None and self.reclaiming and job.id not in self.reclaiming \
-                and self.ledger.lineage(account) and not self.ledger.guaranteed(account, need):
-            owners = ", ".join(sorted(self.reclaiming))
-            why = (f"account {account!r} would borrow while borrowed resources are being "
-                   f"reclaimed (for {owners})")
-        return why
-
-    def recheck(self) -> None:
-        """Open or close the gates of queued jobs whose accounts' use changed."""
+    def _resume(self) -> None:
+        """The reclaim ended: jobs held back for it may borrow again."""
         core = self._core
+        paused, self._paused = self._paused, set()
         if core is None:
             return
+        for job_id in paused:
+            job = core.jobs.get(job_id)
+            if job is None or GATE not in job.gates:
+                continue
+            need = demand(job.spec)
+            self._gate(job, need, self.ledger.refusal(job.spec.tenant, need))
+
+    # -- decisions -----------------------------------------------------------------------
+    def _pause_refusal(self, account: str, need: Vector) -> str | None:
+        """Why a job may not borrow while a reclaim is pending, or None."""
+        if not self.ledger.lineage(account) or self.ledger.guaranteed(account, need):
+            return None
+        owners = ", ".join(sorted(self.reclaiming))
+        return (f"account {account!r} would borrow while borrowed resources are being "
+                f"reclaimed (for {owners})")
+
+    def _room(self, account: str) -> tuple[bool, Vector]:
+        """Whether ``account`` or an ancestor is at its running_jobs cap, and the least
+        headroom under a ceiling along its lineage: a job is admitted iff not capped and its
+        demand is within the headroom (where it asks for a resource at all)."""
+        ledger = self.ledger
+        capped = False
+        g = c = m = UNBOUNDED
+        for name in ledger.lineage(account):
+            limit = ledger.limits[name]
+            if not limit.constrained:
+                continue
+            use = ledger.usage.get(name) or (0, 0, 0, 0)
+            if use[0] >= limit.running_jobs:
+                capped = True
+            top = limit.ceiling
+            g = min(g, top[0] - use[1])
+            c = min(c, top[1] - use[2])
+            m = min(m, top[2] - use[3])
+        return capped, (g, c, m)
+
+    def recheck(self) -> None:
+        """Open or close the gates of queued jobs whose accounts' room changed."""
+        if self._core is None:
+            return
         if self._recheck_all:
-            accounts: Iterable[str] = list(self._queued)
+            accounts: Iterable[str] = {*self._open, *self._gated}
             self._recheck_all = False
+            self._rooms = {}
         else:
             seen: dict[str, None] = {}
             for name in self._touched:
@@ -354,39 +456,66 @@ class QuotaAdmission:
             accounts = seen
         self._touched.clear()
         for account in accounts:
-            jobs = self._queued.get(account)
-            if not jobs:
+            room = self._room(account)
+            before = self._rooms.get(account)
+            if before == room:
                 continue
-            for job in list(jobs.values()):
-                why = self.refusal(job)
-                if why != job.gates.get(GATE):
-                    core.set_gate(job.id, GATE, why)
+            self._rooms[account] = room
+            capped, (g, c, m) = room
+            if before is None:
+                tighter = looser = True
+            else:
+                (was_capped, (g0, c0, m0)) = before
+                tighter = (capped and not was_capped) or g < g0 or c < c0 or m < m0
+                looser = (was_capped and not capped) or g > g0 or c > c0 or m > m0
+            if tighter:
+                for job, need in list(self._open.get(account, {}).values()):
+                    if capped or (need[0] and need[0] > g) or (need[1] and need[1] > c) \
+                            or (need[2] and need[2] > m):
+                        self._gate(job, need, self.ledger.refusal(account, need))
+            if looser and not capped:
+                for job, need in list(self._gated.get(account, {}).values()):
+                    if job.id in self._paused or (need[0] and need[0] > g) \
+                            or (need[1] and need[1] > c) or (need[2] and need[2] > m):
+                        continue
+                    self._gate(job, need, None)
+            elif looser:  # still capped: the sentence may have changed (another account)
+                for job, need in list(self._gated.get(account, {}).values()):
+                    why = self.ledger.refusal(account, need)
+                    if why != job.gates.get(GATE):
+                        self._gate(job, need, why)
 
-    def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, object]
+    def _head(self, account: str, queue_order: Mapping[str, Any]) -> str | None:
+        """The first admitted job of ``account`` in the queue's order, or None."""
+        heap = self._heads.get(account)
+        while heap:
+            key, job_id = heap[0]
+            if queue_order.get(job_id) == key:
+                return job_id
+            heapq.heappop(heap)  # started, gated or re-queued under a new key since
+        return None
+
+    def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, Any]
                 ) -> list[Preempt]:
         """Preempt borrowers for admitted jobs within their accounts' quotas that the
         policy could not place. ``queue_order``: each admitted job's key in the queue."""
         ledger = self.ledger
-        borrowers = [a for a in ledger.holders if ledger.holders[a] and ledger.borrowing(a)]
-        if not borrowers:
+        if not ledger.over:
             return []
+        assert self._core is not None
         decisions: list[Preempt] = []
         tried = 0
-        for account, jobs in self._queued.items():
+        for account, heap in self._heads.items():
             if tried >= RECLAIMS_PER_PASS:
                 break
-            if account in borrowers or not ledger.limits.get(account, None) \
-                    or not ledger.limits[account].has_quota:
+            limit = ledger.limits.get(account)
+            if not heap or account in ledger.over or limit is None or not limit.has_quota:
                 continue
-            waiting = [j for j in jobs.values() if j.id in queue_order]
-            if not waiting:
-                continue
-            # Its first job in the queue's order.
-            owner = min(waiting, key=lambda j: queue_order[j.id])  # type: ignore[arg-type,return-value]
-            if self.reclaiming.get(owner.id):
-                continue  # its victims are still stopping
-            need = demand(owner.spec)
-            if not ledger.guaranteed(account, need):
+            head = self._head(account, queue_order)
+            if head is None or self.reclaiming.get(head):
+                continue  # nothing waits, or its victims are still stopping
+            owner = self._core.jobs[head]
+            if not ledger.guaranteed(account, demand(owner.spec)):
                 continue
             tried += 1
             victims = self._victims(owner, snapshot)
@@ -396,10 +525,32 @@ class QuotaAdmission:
             reason = (f"reclaimed: account {account!r} needs its quota back for job "
                       f"{owner.id}")
             decisions.extend(Preempt(v, reason) for v in victims)
-            self._recheck_all = True  # borrowing pauses until the owner starts
-        if decisions:
-            self.recheck()
         return decisions
+
+    def _candidates(self, owner: Job, running: Mapping[str, Job]) -> Iterator[Job]:
+        """Running jobs of borrowing accounts outside the owner's lineage, newest first
+        (each account's holders are kept in the order they started)."""
+        ledger = self.ledger
+        mine = set(ledger.lineage(owner.spec.tenant))
+        per_account = []
+        for account, holders in ledger.holders.items():
+            # Not the owner's own lineage: inside an account, order is the policy's business.
+            if not holders or account in mine or not any(
+                    a in ledger.over for a in ledger.lineage(account) if a not in mine):
+                continue
+            per_account.append(self._newest_of(account, running))
+        return heapq.merge(*per_account, key=_newest_first)
+
+    def _newest_of(self, account: str, running: Mapping[str, Job]) -> Iterator[Job]:
+        """``account``'s own running jobs, newest first (sorted again only when they
+        changed)."""
+        version = self.ledger.versions.get(account, 0)
+        cached = self._newest.get(account)
+        if cached is None or cached[0] != version:
+            held = [running[j] for j in self.ledger.holders.get(account, ()) if j in running]
+            held.sort(key=_newest_first)
+            cached = self._newest[account] = (version, [j.id for j in held])
+        return (running[j] for j in cached[1] if j in running)
 
     def _victims(self, owner: Job, snapshot: ClusterSnapshot) -> list[str]:
         """Running jobs of borrowing accounts, newest first, whose resources would let the
@@ -409,21 +560,11 @@ class QuotaAdmission:
             return []  # it fits: the policy chose not to start it (its order), no reclaim
         ledger = self.ledger
         mine = set(ledger.lineage(owner.spec.tenant))
-        running = snapshot.running
-        candidates: list[Job] = []
-        for account, holders in ledger.holders.items():
-            # Not the owner's own lineage: inside an account, order is the policy's business.
-            if not holders or account in mine or not any(
-                    ledger.borrowing(a) for a in ledger.lineage(account) if a not in mine):
-                continue
-            for job_id in holders:
-                job = running.get(job_id)
-                if job is not None and not job.stopping and job.placement is not None:
-                    candidates.append(job)
-        candidates.sort(key=lambda j: (j.start_time or 0.0, j.id), reverse=True)
         freed: dict[str, list[int]] = {}
         chosen: list[Job] = []
-        for job in candidates:
+        for job in self._candidates(owner, snapshot.running):
+            if job.stopping or job.placement is None:
+                continue
             lineage = ledger.lineage(job.spec.tenant)
             # Only while it (or an ancestor the owner does not share) still borrows once
             # earlier victims are gone: an account is never pushed below its own quota.
@@ -431,8 +572,7 @@ class QuotaAdmission:
                 continue
             if owner.spec.gpu_model is not None and owner.spec.gpus and not any(
                     snapshot.nodes[a.node].gpu_model == owner.spec.gpu_model
-                    for a in job.placement.allocations  # type: ignore[union-attr]
-                    if a.node in snapshot.nodes):
+                    for a in job.placement.allocations if a.node in snapshot.nodes):
                 continue
             need = demand(job.spec)
             for a in lineage:
@@ -444,6 +584,11 @@ class QuotaAdmission:
             if pack(owner.spec, pool) is not None:
                 return [j.id for j in _pruned(owner, snapshot, chosen)]
         return []
+
+
+def _newest_first(job: Job) -> tuple[float, str]:
+    # A job still starting has no start time: it is the newest.
+    return (-(job.start_time if job.start_time is not None else float("inf")), job.id)
 
 
 def _give_back(pool: FreePool, job: Job) -> None:

@@ -25,6 +25,8 @@ from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitR
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
 _QueueKey = tuple[int, int, float, int]
+# Policy decisions per pass when admission holds starts back (see schedule()).
+_ADMISSION_ROUNDS = 3
 
 
 class Admission(Protocol):
@@ -33,6 +35,7 @@ class Admission(Protocol):
 
     def bind(self, core: SchedulingCore) -> None: ...
     def queued(self, job: Job) -> None: ...
+    def ordered(self, job: Job, key: tuple[int, int, float, int]) -> None: ...
     def dequeued(self, job: Job) -> None: ...
     def admit(self, job: Job) -> bool: ...
     def started(self, job: Job) -> None: ...
@@ -114,6 +117,7 @@ class SchedulingCore:
         # Quota admission (masterd/core/quotas.py), when accounts are on: its hooks run as
         # jobs enter and leave the queue and their resources.
         self.admission: Admission | None = None
+        self._last_notes: Mapping[str, str] = {}
 
     def set_admission(self, admission: Admission | None) -> None:
         """Attach (or detach: None) quota admission; the jobs already here are counted."""
@@ -223,6 +227,8 @@ class SchedulingCore:
         # Re-queued (preempted) jobs first, then the job's priority, then submission order.
         key = (-job.requeue_priority, -job.spec.priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
+        if self.admission is not None:
+            self.admission.ordered(job, key)
         entry = (key, job.id)
         ordered = self._ordered
         if not ordered or ordered[-1] < entry:
@@ -242,6 +248,10 @@ class SchedulingCore:
         not pay for the whole queue on every event. Jobs an admission gate holds back are not
         in it (see :meth:`blocked`)."""
         return QueueView(self._ordered, self._queued)
+
+    def queue_keys(self) -> Iterator[tuple[_QueueKey, str]]:
+        """(key, job id) of every job in the policy's queue, in order."""
+        return iter(self._ordered)
 
     def noted(self, job_id: str) -> bool:
         """Whether a queued job's reason is the policy's note from the last pass."""
@@ -315,46 +325,19 @@ class SchedulingCore:
             self.admission.recheck()  # gates opened by jobs that gave resources back
         if not self._queued:
             return []
-        # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
-        # arrays); those notes become the jobs' reasons, so operators see them.
-        plan = getattr(self.policy, "plan", None)
-        notes: Mapping[str, str] = {}
-        if plan is not None:
-            result = plan(self.snapshot(), self.queue(), now)
-            decisions, notes = result.decisions, result.notes
-        else:
-            decisions = self.policy.decide(self.snapshot(), self.queue(), now)
         applied: list[Decision] = []
-        for decision in decisions:
-            if isinstance(decision, Start):
-                job = self._queued.get(decision.job_id)
-                if job is None:
-                    continue
-                if self.admission is not None and not self.admission.admit(job):
-                    continue  # over its account's limits after this pass's earlier starts
-                try:
-                    self.cluster.allocate(job.id, decision.placement)
-                except AllocationError:
-                    # A stale or conflicting decision: leave the job queued for the next pass.
-                    continue
-                self._dequeue(job.id)
-                job.state = JobState.STARTING
-                job.placement = decision.placement
-                job.attempts += 1
-                job.node_states = {n: "preparing" for n in decision.placement.nodes}
-                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
-                job.wait = ""
-                self._active[job.id] = job
-                if self.admission is not None:
-                    self.admission.started(job)
-                applied.append(decision)
-            elif isinstance(decision, Preempt):
-                job = self._active.get(decision.job_id)
-                if job is None or job.stopping:
-                    continue
-                job.stopping = True
-                job.reason = f"preempted: {decision.reason}"
-                applied.append(decision)
+        notes: Mapping[str, str] = {}
+        # Admission may hold back a start the policy chose (a pass's starts together over a
+        # limit, borrowing during a reclaim): the policy then decides again over what is
+        # left, a bounded number of times, so the resources it planned for that job are not
+        # left idle until the next event.
+        for _ in range(_ADMISSION_ROUNDS if self.admission is not None else 1):
+            held_back = self._decide_and_apply(now, applied)
+            notes = self._last_notes
+            if not held_back or not self._queued:
+                break
+            assert self.admission is not None
+            self.admission.recheck()  # the gates this round's starts closed
         if self.admission is not None:
             # Gates of accounts whose use changed, then borrowed resources reclaimed for
             # owners within their quotas that the policy could not place.
@@ -382,6 +365,52 @@ class SchedulingCore:
                     waiting.reason = note
                     self._noted.add(job_id)
         return applied
+
+    def _decide_and_apply(self, now: float, applied: list[Decision]) -> int:
+        """One policy decision applied; returns how many starts admission held back."""
+        held_back = 0
+        # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
+        # arrays); those notes become the jobs' reasons, so operators see them.
+        plan = getattr(self.policy, "plan", None)
+        notes: Mapping[str, str] = {}
+        if plan is not None:
+            result = plan(self.snapshot(), self.queue(), now)
+            decisions, notes = result.decisions, result.notes
+        else:
+            decisions = self.policy.decide(self.snapshot(), self.queue(), now)
+        self._last_notes = notes
+        for decision in decisions:
+            if isinstance(decision, Start):
+                job = self._queued.get(decision.job_id)
+                if job is None:
+                    continue
+                if self.admission is not None and not self.admission.admit(job):
+                    held_back += 1  # over its account's limits after earlier starts
+                    continue
+                try:
+                    self.cluster.allocate(job.id, decision.placement)
+                except AllocationError:
+                    # A stale or conflicting decision: leave the job queued for the next pass.
+                    continue
+                self._dequeue(job.id)
+                job.state = JobState.STARTING
+                job.placement = decision.placement
+                job.attempts += 1
+                job.node_states = {n: "preparing" for n in decision.placement.nodes}
+                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
+                job.wait = ""
+                self._active[job.id] = job
+                if self.admission is not None:
+                    self.admission.started(job)
+                applied.append(decision)
+            elif isinstance(decision, Preempt):
+                job = self._active.get(decision.job_id)
+                if job is None or job.stopping:
+                    continue
+                job.stopping = True
+                job.reason = f"preempted: {decision.reason}"
+                applied.append(decision)
+        return held_back
 
     # -- events from nodes ---------------------------------------------------------------
     def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:

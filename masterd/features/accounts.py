@@ -210,7 +210,7 @@ class Accounts:
     def _jobs_in(self, name: str) -> int:
         if self.admission is None:
             return 0
-        return len(self.admission.queued_in(name)) + self.admission.ledger.running_own(name)
+        return self.admission.queued_count(name) + self.admission.ledger.running_own(name)
 
     @staticmethod
     def _admin(action: str) -> None:
@@ -288,7 +288,7 @@ class Accounts:
             ledger = self.admission.ledger
             used = ledger.used(name)
             usage.update(running_jobs=ledger.running(name),
-                         queued_jobs=sum(len(self.admission.queued_in(a))
+                         queued_jobs=sum(self.admission.queued_count(a)
                                          for a in self.tree.subtree(name)),
                          gpus=shown(0, used[0]), cpus=used[1], memory_mib=used[2],
                          borrowing=ledger.borrowing(name))
@@ -376,7 +376,7 @@ class Accounts:
     def _submitted(self, name: str) -> int:
         assert self.admission is not None
         return (self.admission.ledger.running(name)
-                + sum(len(self.admission.queued_in(a)) for a in self.tree.subtree(name)))
+                + sum(self.admission.queued_count(a) for a in self.tree.subtree(name)))
 
     def with_account(self, spec: JobSpec) -> JobSpec:
         """The spec charged to its resolved account (and the account's MaxWall as its limit

@@ -89,8 +89,9 @@ def test_reclaim_preempts_the_newest_borrowers_for_an_owner_within_quota() -> No
     assert preempted(core.schedule(6)) == []
     core.node_exited("a3", "n0", None, 15, 7)
     a3 = core.jobs["a3"]
-    assert a3.state is JobState.QUEUED and a3.wait == "quota"
-    assert "reclaimed" in a3.reason
+    assert a3.state is JobState.QUEUED and "reclaimed" in a3.reason
+    # a3, back at the head, is held back when FIFO picks it (a would borrow during the
+    # reclaim); FIFO decides again in the same pass and b0 starts.
     assert started(core.schedule(8)) == ["b0"]
     # The owner started: borrowing may resume once resources are idle again.
     assert core.admission is not None and not core.admission.reclaiming
