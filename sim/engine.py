@@ -70,6 +70,10 @@ EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL, SAMPLE, CALL = range(9)
 _SCHEDULING_EVENTS = frozenset({EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL})
 
 
+# Follow-up passes at one instant (quota admission), at most.
+_FOLLOW_UPS = 8
+
+
 class SimulationError(RuntimeError):
     """The replay cannot continue (a policy that never settles, an inconsistent core)."""
 
@@ -468,6 +472,15 @@ class Simulator:
         self.core.submit(job)
 
     def _schedule(self, now: float) -> None:
+        self._schedule_once(now)
+        # Quota admission held starts back and asks for another pass at once (see
+        # SchedulingCore.schedule); each such pass gates at least one job, so this ends.
+        for _ in range(_FOLLOW_UPS):
+            if self.core.wake_at is None or self.core.wake_at > now:
+                break
+            self._schedule_once(now)
+
+    def _schedule_once(self, now: float) -> None:
         decisions = self.core.schedule(now)
         self.passes += 1
         queue = self.core.queue()

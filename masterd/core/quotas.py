@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.placement import FreePool, pack
 from masterd.core.policy import Preempt
+from masterd.core.scheduler import Reorder
 from shared.accounts import AccountTree, Resources
 from shared.model import Job, JobSpec, WaitReason
 
@@ -49,9 +50,9 @@ UNITS = {"gpus": "GPUs", "cpus": "CPU cores", "memory_mib": "MiB of memory"}
 # GPUs are counted in thousandths: a job sharing a GPU (Liquid's gpu_milli) charges its share.
 SCALE = (1000, 1, 1)
 UNBOUNDED = 1 << 62
-# Owners tried for reclaim per pass: each costs a packing search, and a pass must stay cheap
-# with thousands waiting; the next pass tries the next ones.
-RECLAIMS_PER_PASS = 4
+# Owners tried for reclaim per pass: each costs packing searches, and a pass must stay cheap
+# with thousands waiting; the next pass starts from the next account (round robin).
+RECLAIMS_PER_PASS = 1
 
 Vector = tuple[int, int, int]
 
@@ -280,6 +281,7 @@ class QuotaAdmission:
         self._affected: dict[str, tuple[str, ...]] = {}
         # account -> (holders' version, its holders newest first), for reclaim.
         self._newest: dict[str, tuple[int, list[str]]] = {}
+        self._turn = 0  # where reclaim's round robin over accounts starts
         self._index_tree()
 
     @property
@@ -367,18 +369,22 @@ class QuotaAdmission:
         self._paused.discard(job.id)
         self._owner_done(job.id)
 
-    def admit(self, job: Job) -> bool:
-        """Whether a job the policy chose may start now; if not, its gate closes."""
+    def admit(self, job: Job) -> str | None:
+        """None when a job the policy chose may start now; otherwise its gate closes and
+        the answer says why: "limit" (a cap or ceiling), "pause" (it would borrow while a
+        reclaim is pending)."""
         need = demand(job.spec)
         why = self.ledger.refusal(job.spec.tenant, need)
+        kind = "limit"
         if why is None and self.reclaiming and job.id not in self.reclaiming:
             why = self._pause_refusal(job.spec.tenant, need)
             if why is not None:
                 self._paused.add(job.id)
+                kind = "pause"
         if why is None:
-            return True
+            return None
         self._gate(job, need, why)
-        return False
+        return kind
 
     def started(self, job: Job) -> None:
         """A job took its resources (or was restored holding them)."""
@@ -496,16 +502,22 @@ class QuotaAdmission:
         return None
 
     def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, Any]
-                ) -> list[Preempt]:
+                ) -> list[Preempt | Reorder]:
         """Preempt borrowers for admitted jobs within their accounts' quotas that the
-        policy could not place. ``queue_order``: each admitted job's key in the queue."""
+        policy could not place. ``queue_order``: each admitted job's key in the queue.
+
+        The owner moves to the head of the queue, ahead of its victims (which a preemption
+        requeues at the head), so that the policy gives it what is freed."""
         ledger = self.ledger
         if not ledger.over:
             return []
         assert self._core is not None
-        decisions: list[Preempt] = []
+        decisions: list[Preempt | Reorder] = []
         tried = 0
-        for account, heap in self._heads.items():
+        accounts = list(self._heads)
+        self._turn = (self._turn + 1) % max(1, len(accounts))
+        for account in accounts[self._turn:] + accounts[:self._turn]:
+            heap = self._heads[account]
             if tried >= RECLAIMS_PER_PASS:
                 break
             limit = ledger.limits.get(account)
@@ -525,6 +537,11 @@ class QuotaAdmission:
             reason = (f"reclaimed: account {account!r} needs its quota back for job "
                       f"{owner.id}")
             decisions.extend(Preempt(v, reason) for v in victims)
+            running = snapshot.running
+            owner.requeue_priority = max(
+                owner.requeue_priority,
+                *(running[v].requeue_priority + 2 for v in victims if v in running))
+            decisions.append(Reorder(owner.id))
         return decisions
 
     def _candidates(self, owner: Job, running: Mapping[str, Job]) -> Iterator[Job]:

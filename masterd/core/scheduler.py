@@ -25,8 +25,6 @@ from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitR
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
 _QueueKey = tuple[int, int, float, int]
-# Policy decisions per pass when admission holds starts back (see schedule()).
-_ADMISSION_ROUNDS = 3
 
 
 class Admission(Protocol):
@@ -37,12 +35,19 @@ class Admission(Protocol):
     def queued(self, job: Job) -> None: ...
     def ordered(self, job: Job, key: tuple[int, int, float, int]) -> None: ...
     def dequeued(self, job: Job) -> None: ...
-    def admit(self, job: Job) -> bool: ...
+    def admit(self, job: Job) -> str | None: ...
     def started(self, job: Job) -> None: ...
     def released(self, job: Job) -> None: ...
     def recheck(self) -> None: ...
     def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, object]
-                ) -> list[Preempt]: ...
+                ) -> list[Preempt | Reorder]: ...
+
+
+@dataclass(frozen=True)
+class Reorder:
+    """Admission moved a queued job's ``requeue_priority``: refile it in the queue."""
+
+    job_id: str
 
 
 class JobError(ValueError):
@@ -118,6 +123,8 @@ class SchedulingCore:
         # jobs enter and leave the queue and their resources.
         self.admission: Admission | None = None
         self._last_notes: Mapping[str, str] = {}
+        # When the pass asked for a follow-up pass (admission), so that one asks for none.
+        self._follow_up_at: float | None = None
 
     def set_admission(self, admission: Admission | None) -> None:
         """Attach (or detach: None) quota admission; the jobs already here are counted."""
@@ -302,7 +309,8 @@ class SchedulingCore:
         job.reason = job.gates[code]
 
     def reorder(self, job_id: str) -> None:
-        """A queued job's priority changed (its spec was replaced): move it to its place."""
+        """A queued job's priority changed (its spec was replaced, or its requeue priority
+        by quota reclaim): move it to its place."""
         if job_id in self._queued:
             job = self._dequeue(job_id)
             self._enqueue(job)
@@ -326,23 +334,16 @@ class SchedulingCore:
         if not self._queued:
             return []
         applied: list[Decision] = []
-        notes: Mapping[str, str] = {}
-        # Admission may hold back a start the policy chose (a pass's starts together over a
-        # limit, borrowing during a reclaim): the policy then decides again over what is
-        # left, a bounded number of times, so the resources it planned for that job are not
-        # left idle until the next event.
-        for _ in range(_ADMISSION_ROUNDS if self.admission is not None else 1):
-            held_back = self._decide_and_apply(now, applied)
-            notes = self._last_notes
-            if not held_back or not self._queued:
-                break
-            assert self.admission is not None
-            self.admission.recheck()  # the gates this round's starts closed
+        held_back = self._decide_and_apply(now, applied)
+        notes = self._last_notes
         if self.admission is not None:
             # Gates of accounts whose use changed, then borrowed resources reclaimed for
             # owners within their quotas that the policy could not place.
             self.admission.recheck()
             for decision in self.admission.reclaim(self.snapshot(), self._order):
+                if isinstance(decision, Reorder):
+                    self.reorder(decision.job_id)
+                    continue
                 job = self._active.get(decision.job_id)
                 if job is None or job.stopping:
                     continue
@@ -352,6 +353,13 @@ class SchedulingCore:
         wake = getattr(unwrap(self.policy), "wake_at", None)
         if wake is not None:
             self.wake_at = wake(now)
+        follow_up, self._follow_up_at = self._follow_up_at == now, None
+        if "limit" in held_back and self._queued and not follow_up:
+            # Admission held back starts the policy chose that together pass a limit:
+            # another pass at once (one, not a chain), where the policy sees their gates, so
+            # what it planned for them is not left idle until the next event (the master
+            # runs it straight after this one; the simulator too).
+            self.wake_at = self._follow_up_at = now
         if notes or self._noted:
             # A note from an earlier pass that no longer applies is dropped, not left stale.
             for job_id in self._noted.difference(notes):
@@ -366,9 +374,10 @@ class SchedulingCore:
                     self._noted.add(job_id)
         return applied
 
-    def _decide_and_apply(self, now: float, applied: list[Decision]) -> int:
-        """One policy decision applied; returns how many starts admission held back."""
-        held_back = 0
+    def _decide_and_apply(self, now: float, applied: list[Decision]) -> set[str]:
+        """The policy's decisions applied; returns why admission held starts back, if it
+        did ("limit", "pause")."""
+        held_back: set[str] = set()
         # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
         # arrays); those notes become the jobs' reasons, so operators see them.
         plan = getattr(self.policy, "plan", None)
@@ -384,9 +393,11 @@ class SchedulingCore:
                 job = self._queued.get(decision.job_id)
                 if job is None:
                     continue
-                if self.admission is not None and not self.admission.admit(job):
-                    held_back += 1  # over its account's limits after earlier starts
-                    continue
+                if self.admission is not None:
+                    refused = self.admission.admit(job)
+                    if refused is not None:  # over its account's limits after earlier starts
+                        held_back.add(refused)
+                        continue
                 try:
                     self.cluster.allocate(job.id, decision.placement)
                 except AllocationError:

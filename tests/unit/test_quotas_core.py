@@ -85,17 +85,38 @@ def test_reclaim_preempts_the_newest_borrowers_for_an_owner_within_quota() -> No
     assert started(decisions) == []
     assert preempted(decisions) == ["a3"]
     assert core.jobs["a3"].reason.startswith("preempted: reclaimed: account 'b'")
-    # Nothing borrows while the reclaim is pending, and the victim is not preempted twice.
+    # The owner moved to the head of the queue; the victim is not preempted twice.
+    assert core.queue()[0].id == "b0"
     assert preempted(core.schedule(6)) == []
     core.node_exited("a3", "n0", None, 15, 7)
     a3 = core.jobs["a3"]
     assert a3.state is JobState.QUEUED and "reclaimed" in a3.reason
-    # a3, back at the head, is held back when FIFO picks it (a would borrow during the
-    # reclaim); FIFO decides again in the same pass and b0 starts.
-    assert started(core.schedule(8)) == ["b0"]
+    # The requeued victim goes behind the owner: b0 starts on what a3 freed.
+    assert started(core.schedule(8))[0] == "b0"
     # The owner started: borrowing may resume once resources are idle again.
     assert core.admission is not None and not core.admission.reclaiming
     assert core.jobs["a3"].wait == ""
+
+
+def test_nothing_borrows_while_a_reclaim_is_pending() -> None:
+    core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))])
+    for i in range(4):
+        core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
+    core.schedule(1)
+    for i in range(4):
+        run(core, [f"a{i}"], 1 + i)
+    core.submit(job("b0", gpus=2, t=5, tenant="b"))
+    assert sorted(preempted(core.schedule(5))) == ["a2", "a3"]
+    core.node_exited("a3", "n0", None, 15, 6)  # a2 is still stopping: one GPU free
+    core.submit(job("c0", gpus=1, t=6, tenant="a"))
+    # Backfill would put a3 or c0 on the free GPU: both would take a over its quota.
+    assert started(core.schedule(6)) == []
+    held = [core.jobs[j] for j in ("a3", "c0") if core.jobs[j].wait == "quota"]
+    assert held and all("being reclaimed (for b0)" in j.reason for j in held)
+    core.node_exited("a2", "n0", None, 15, 7)
+    assert started(core.schedule(7)) == ["b0"]
+    # The reclaim is over: the held jobs are let go (and wait for room).
+    assert all(core.jobs[j].wait != "quota" for j in ("a2", "a3", "c0"))
 
 
 def test_reclaim_takes_only_what_the_owner_needs_and_never_below_a_quota() -> None:
