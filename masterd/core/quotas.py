@@ -53,6 +53,9 @@ UNBOUNDED = 1 << 62
 # Owners tried for reclaim per pass: each costs packing searches, and a pass must stay cheap
 # with thousands waiting; the next pass starts from the next account (round robin).
 RECLAIMS_PER_PASS = 1
+# Passes before an owner whose reclaim found nothing to do (it fits already, or freeing every
+# borrower would not make it fit) is tried again.
+RETRY_PASSES = 16
 
 Vector = tuple[int, int, int]
 
@@ -282,6 +285,9 @@ class QuotaAdmission:
         # account -> (holders' version, its holders newest first), for reclaim.
         self._newest: dict[str, tuple[int, list[str]]] = {}
         self._turn = 0  # where reclaim's round robin over accounts starts
+        self._passes = 0
+        # owner job -> the pass from which it may be tried again (see RETRY_PASSES).
+        self._retry: dict[str, int] = {}
         self._index_tree()
 
     @property
@@ -402,6 +408,7 @@ class QuotaAdmission:
             victims.discard(job.id)
 
     def _owner_done(self, job_id: str) -> None:
+        self._retry.pop(job_id, None)
         if self.reclaiming.pop(job_id, None) is not None and not self.reclaiming:
             self._resume()
 
@@ -509,6 +516,7 @@ class QuotaAdmission:
         The owner moves to the head of the queue, ahead of its victims (which a preemption
         requeues at the head), so that the policy gives it what is freed."""
         ledger = self.ledger
+        self._passes += 1
         if not ledger.over:
             return []
         assert self._core is not None
@@ -524,15 +532,18 @@ class QuotaAdmission:
             if not heap or account in ledger.over or limit is None or not limit.has_quota:
                 continue
             head = self._head(account, queue_order)
-            if head is None or self.reclaiming.get(head):
-                continue  # nothing waits, or its victims are still stopping
+            if head is None or self.reclaiming.get(head) \
+                    or self._retry.get(head, 0) > self._passes:
+                continue  # nothing waits, its victims are still stopping, or it backs off
             owner = self._core.jobs[head]
             if not ledger.guaranteed(account, demand(owner.spec)):
                 continue
             tried += 1
             victims = self._victims(owner, snapshot)
             if not victims:
+                self._retry[head] = self._passes + RETRY_PASSES
                 continue
+            self._retry.pop(head, None)
             self.reclaiming[owner.id] = set(victims)
             reason = (f"reclaimed: account {account!r} needs its quota back for job "
                       f"{owner.id}")
