@@ -37,8 +37,10 @@ from typing import Protocol
 from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
 from masterd.core.failures import RequeueRules, jobs_on_node, node_lost_cause, verdict
 from masterd.core.policy import Policy, Preempt, Start
+from masterd.core.quotas import QuotaAdmission
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
+from shared.accounts import Account, AccountTree
 from shared.model import (
     Job,
     JobKind,
@@ -120,6 +122,9 @@ class SimConfig:
     outages: tuple[Outage, ...] = ()  # planned failures of named nodes
     sample_interval: float | None = None  # seconds; None picks ~500 samples over arrivals
     max_passes_per_instant: int = 10_000
+    # Accounts with quotas (docs/governance.md): the master's quota admission on the core,
+    # jobs charged to their spec's tenant. Empty: no accounts, as before.
+    accounts: tuple[Account, ...] = ()
 
 
 @dataclass
@@ -242,6 +247,8 @@ class Simulator:
         self.progress = progress
         self.truth = TruthModel(self.config.truth, self.config.seed)
         self.core = SchedulingCore(policy)
+        if self.config.accounts:
+            self.core.set_admission(QuotaAdmission(AccountTree.of(self.config.accounts)))
         self.inventories: dict[str, NodeInventory] = {n.name: n for n in workload.nodes}
         if len(self.inventories) != len(workload.nodes):
             raise SimulationError(f"workload {workload.name}: duplicate node names")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.placement import FreePool, pack
+from masterd.core.placement import FreePool, model_scope, realise, shapes
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import Reorder
 from shared.accounts import AccountTree, Resources
@@ -517,7 +517,22 @@ class QuotaAdmission:
         requeues at the head), so that the policy gives it what is freed."""
         ledger = self.ledger
         self._passes += 1
-        if not ledger.over:
+        # An owner whose victims have all exited had this pass to start; still waiting (the
+        # policy placed others, or its placement rules differ from the what-if's), it stops
+        # pausing borrowing and backs off.
+        for owner_id, victims in list(self.reclaiming.items()):
+            if not victims:
+                del self.reclaiming[owner_id]
+                self._retry[owner_id] = self._passes + RETRY_PASSES
+        if not self.reclaiming and self._paused:
+            self._resume()
+        assert self._core is not None
+        queue = self._core.queue()
+        first = queue[0] if len(queue) else None
+        # The first job of the queue would borrow: it may keep owners behind it waiting.
+        blocking = first is not None and bool(ledger.lineage(first.spec.tenant)) \
+            and not ledger.guaranteed(first.spec.tenant, demand(first.spec))
+        if not ledger.over and not blocking:
             return []
         assert self._core is not None
         decisions: list[Preempt | Reorder] = []
@@ -540,6 +555,9 @@ class QuotaAdmission:
                 continue
             tried += 1
             victims = self._victims(owner, snapshot)
+            if victims is None and blocking and self._jump(owner, first):  # type: ignore[arg-type]
+                decisions.append(Reorder(owner.id))
+                continue
             if not victims:
                 self._retry[head] = self._passes + RETRY_PASSES
                 continue
@@ -580,12 +598,22 @@ class QuotaAdmission:
             cached = self._newest[account] = (version, [j.id for j in held])
         return (running[j] for j in cached[1] if j in running)
 
-    def _victims(self, owner: Job, snapshot: ClusterSnapshot) -> list[str]:
+    def _jump(self, owner: Job, head: Job) -> bool:
+        """An owner that fits the free resources but waits while the first job of the queue
+        would borrow (a FIFO head that does not fit blocks all behind it): the owner goes
+        ahead of it. Owners within their quotas come before borrowers; among themselves
+        they keep the policy's order."""
+        if head.id == owner.id or head.spec.tenant in self.ledger.lineage(owner.spec.tenant):
+            return False
+        owner.requeue_priority = max(owner.requeue_priority, head.requeue_priority + 1)
+        return True
+
+    def _victims(self, owner: Job, snapshot: ClusterSnapshot) -> list[str] | None:
         """Running jobs of borrowing accounts, newest first, whose resources would let the
-        owner fit; [] when the owner fits already or they would not make it fit."""
+        owner fit; None when it fits already, [] when they would not make it fit."""
         pool = FreePool(snapshot)
-        if pack(owner.spec, pool) is not None:
-            return []  # it fits: the policy chose not to start it (its order), no reclaim
+        if _fits(owner.spec, pool):
+            return None  # it fits: the policy chose not to start it (its order)
         ledger = self.ledger
         mine = set(ledger.lineage(owner.spec.tenant))
         freed: dict[str, list[int]] = {}
@@ -609,9 +637,24 @@ class QuotaAdmission:
                     f[i] += need[i]
             chosen.append(job)
             _give_back(pool, job)
-            if pack(owner.spec, pool) is not None:
+            if _fits(owner.spec, pool):
                 return [j.id for j in _pruned(owner, snapshot, chosen)]
         return []
+
+
+def _fits(spec: JobSpec, pool: FreePool) -> bool:
+    """Whether the job fits on the fewest nodes it can use (one node when one can hold it,
+    else whole nodes): what every placement accepts, packing and Helios' consolidation
+    alike, so what reclaim frees is usable whatever the policy's placement rule."""
+    if spec.gpus == 0:
+        return realise(spec, pool, 1, 0) is not None
+    scope = model_scope(spec)
+    max_gpn = pool.index.max_gpus_per_node(scope)
+    limit = spec.max_nodes or pool.index.node_count(scope)
+    for d_node, d_gpn in shapes(spec.gpus, max_gpn, limit)[:1]:
+        if realise(spec, pool, d_node, d_gpn) is not None:
+            return True
+    return False
 
 
 def _newest_first(job: Job) -> tuple[float, str]:
@@ -639,6 +682,6 @@ def _pruned(owner: Job, snapshot: ClusterSnapshot, chosen: list[Job]) -> list[Jo
         pool = FreePool(snapshot)
         for other in trial:
             _give_back(pool, other)
-        if pack(owner.spec, pool) is not None:
+        if _fits(owner.spec, pool):
             kept = trial
     return kept
