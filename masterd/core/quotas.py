@@ -271,8 +271,8 @@ class QuotaAdmission:
         # account -> heap of (queue key, job) of its admitted jobs, stale entries skipped:
         # reclaim looks at each account's first waiting job.
         self._heads: dict[str, list[tuple[Any, str]]] = {}
-        # account -> (capped, headroom) as last checked (see _room).
-        self._rooms: dict[str, tuple[bool, Vector]] = {}
+        # account -> (jobs it may still start, headroom) as last checked (see _room).
+        self._rooms: dict[str, tuple[int, Vector]] = {}
         # Accounts whose use changed since the last re-check.
         self._touched: set[str] = set()
         # owner job -> the borrowers preempted for it, while it waits: nothing else borrows.
@@ -434,28 +434,32 @@ class QuotaAdmission:
         return (f"account {account!r} would borrow while borrowed resources are being "
                 f"reclaimed (for {owners})")
 
-    def _room(self, account: str) -> tuple[bool, Vector]:
-        """Whether ``account`` or an ancestor is at its running_jobs cap, and the least
-        headroom under a ceiling along its lineage: a job is admitted iff not capped and its
-        demand is within the headroom (where it asks for a resource at all)."""
+    def _room(self, account: str) -> tuple[int, Vector]:
+        """How many more jobs ``account`` may run (its and its ancestors' running_jobs caps)
+        and the least headroom under a ceiling along its lineage: a job is admitted iff the
+        first is positive and its demand is within the headroom (where it asks for a
+        resource at all)."""
         ledger = self.ledger
-        capped = False
-        g = c = m = UNBOUNDED
+        n = g = c = m = UNBOUNDED
         for name in ledger.lineage(account):
             limit = ledger.limits[name]
             if not limit.constrained:
                 continue
             use = ledger.usage.get(name) or (0, 0, 0, 0)
-            if use[0] >= limit.running_jobs:
-                capped = True
             top = limit.ceiling
+            n = min(n, limit.running_jobs - use[0])
             g = min(g, top[0] - use[1])
             c = min(c, top[1] - use[2])
             m = min(m, top[2] - use[3])
-        return capped, (g, c, m)
+        return n, (g, c, m)
 
     def recheck(self) -> None:
-        """Open or close the gates of queued jobs whose accounts' room changed."""
+        """Open or close the gates of queued jobs whose accounts' room changed.
+
+        When the room grew, gated jobs are let in in their order of arrival only while
+        they fit what the room leaves beside the jobs already admitted: a job ending frees
+        room for the next few, not for the hundreds an account may have waiting (which
+        would open and close again at the next start)."""
         if self._core is None:
             return
         if self._recheck_all:
@@ -474,29 +478,38 @@ class QuotaAdmission:
             if before == room:
                 continue
             self._rooms[account] = room
-            capped, (g, c, m) = room
+            n, (g, c, m) = room
             if before is None:
                 tighter = looser = True
             else:
-                (was_capped, (g0, c0, m0)) = before
-                tighter = (capped and not was_capped) or g < g0 or c < c0 or m < m0
-                looser = (was_capped and not capped) or g > g0 or c > c0 or m > m0
+                (n0, (g0, c0, m0)) = before
+                tighter = n < n0 or g < g0 or c < c0 or m < m0
+                looser = n > n0 or g > g0 or c > c0 or m > m0
             if tighter:
                 for job, need in list(self._open.get(account, {}).values()):
-                    if capped or (need[0] and need[0] > g) or (need[1] and need[1] > c) \
+                    if n <= 0 or (need[0] and need[0] > g) or (need[1] and need[1] > c) \
                             or (need[2] and need[2] > m):
                         self._gate(job, need, self.ledger.refusal(account, need))
-            if looser and not capped:
-                for job, need in list(self._gated.get(account, {}).values()):
-                    if job.id in self._paused or (need[0] and need[0] > g) \
-                            or (need[1] and need[1] > c) or (need[2] and need[2] > m):
-                        continue
-                    self._gate(job, need, None)
-            elif looser:  # still capped: the sentence may have changed (another account)
-                for job, need in list(self._gated.get(account, {}).values()):
-                    why = self.ledger.refusal(account, need)
-                    if why != job.gates.get(GATE):
-                        self._gate(job, need, why)
+            if looser and n > 0 and self._gated.get(account):
+                self._let_in(account, n, g, c, m)
+
+    def _let_in(self, account: str, n: int, g: int, c: int, m: int) -> None:
+        """Open gated jobs of ``account`` in arrival order while they fit the room left
+        beside its admitted jobs."""
+        for _, need in self._open.get(account, {}).values():
+            n -= 1
+            g, c, m = g - need[0], c - need[1], m - need[2]
+        for job, need in list(self._gated[account].values()):
+            if n <= 0:
+                return
+            if job.id in self._paused:
+                continue
+            if (need[0] and need[0] > g) or (need[1] and need[1] > c) \
+                    or (need[2] and need[2] > m):
+                return  # in order: a job that does not fit keeps the later ones waiting
+            self._gate(job, need, None)
+            n -= 1
+            g, c, m = g - need[0], c - need[1], m - need[2]
 
     def _head(self, account: str, queue_order: Mapping[str, Any]) -> str | None:
         """The first admitted job of ``account`` in the queue's order, or None."""

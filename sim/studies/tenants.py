@@ -214,9 +214,11 @@ def measure(study: TenantsStudy, prepared: Setup, result: SimResult,
     short = sum(a["shortfall_gpu_hours"] or 0.0 for a in per_account.values())
     done = [r for r in result.records if r.state == "finished"]
     delays = [r.queue_delay for r in done if r.queue_delay is not None]
+    # GPU-hours run, against what the finished jobs needed (their recorded durations): the
+    # rest is work preemption threw away (a preempted job restarts from scratch).
     ran_h = sum((stop - begin) * gpus for _, gpus, begin, stop in runs) / 3600.0
-    useful_h = sum(r.gpus * (r.end - r.submit - (r.queue_delay or 0.0))
-                   for r in done if r.end is not None) / 3600.0
+    recorded = {j.id: j.truth.known_duration or 0.0 for j in prepared.workload.jobs}
+    useful_h = sum(r.gpus * recorded.get(r.id, 0.0) for r in done) / 3600.0
     bins = _bins(study, prepared, runs)
     return {
         "gpu_util_pct": 100.0 * total_used_h / cluster_gpu_h if cluster_gpu_h else None,
