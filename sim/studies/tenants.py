@@ -128,6 +128,10 @@ class _Recorder(Simulator):
         super().__init__(*args, **kw)
         self.runs: list[tuple[str, int, float, float]] = []
         self._started: dict[str, tuple[str, int, float]] = {}
+        # workload job -> GPU-seconds of its runs before the last (thrown away: a preempted
+        # job restarts from scratch), and of its last run.
+        self.lost_gpu_s: dict[str, float] = defaultdict(float)
+        self._last_gpu_s: dict[str, float] = {}
 
     def _begin(self, job_id: str, now: float) -> None:
         super()._begin(job_id, now)
@@ -140,11 +144,15 @@ class _Recorder(Simulator):
         began = self._started.pop(job_id, None)
         if began is not None:
             self.runs.append((began[0], began[1], began[2], now))
+            record = self._record_of[job_id].id
+            if record in self._last_gpu_s:
+                self.lost_gpu_s[record] += self._last_gpu_s[record]
+            self._last_gpu_s[record] = began[1] * (now - began[2])
         return run
 
 
 def replay(study: TenantsStudy, prepared: Setup, mode: str
-           ) -> tuple[SimResult, list[tuple[str, int, float, float]], float]:
+           ) -> tuple[SimResult, _Recorder, float]:
     started = time.monotonic()
     config = SimConfig(seed=study.seed,
                        truth=TruthConfig(noise_sigma=0.0, interference=False),
@@ -152,7 +160,7 @@ def replay(study: TenantsStudy, prepared: Setup, mode: str
     name, options = ORDER
     sim = _Recorder(prepared.workload, make_policy(name, **options), config)
     result = sim.run()
-    return result, sim.runs, time.monotonic() - started
+    return result, sim, time.monotonic() - started
 
 
 def _integrate(changes: list[tuple[float, float]], start: float, end: float) -> float:
@@ -168,7 +176,8 @@ def _integrate(changes: list[tuple[float, float]], start: float, end: float) -> 
 
 
 def measure(study: TenantsStudy, prepared: Setup, result: SimResult,
-            runs: list[tuple[str, int, float, float]]) -> dict[str, Any]:
+            recorder: _Recorder) -> dict[str, Any]:
+    runs = recorder.runs
     start, end = prepared.window
     span_h = (end - start) / 3600.0
     cluster_gpu_h = prepared.total_gpus * span_h
@@ -214,11 +223,6 @@ def measure(study: TenantsStudy, prepared: Setup, result: SimResult,
     short = sum(a["shortfall_gpu_hours"] or 0.0 for a in per_account.values())
     done = [r for r in result.records if r.state == "finished"]
     delays = [r.queue_delay for r in done if r.queue_delay is not None]
-    # GPU-hours run, against what the finished jobs needed (their recorded durations): the
-    # rest is work preemption threw away (a preempted job restarts from scratch).
-    ran_h = sum((stop - begin) * gpus for _, gpus, begin, stop in runs) / 3600.0
-    recorded = {j.id: j.truth.known_duration or 0.0 for j in prepared.workload.jobs}
-    useful_h = sum(r.gpus * recorded.get(r.id, 0.0) for r in done) / 3600.0
     bins = _bins(study, prepared, runs)
     return {
         "gpu_util_pct": 100.0 * total_used_h / cluster_gpu_h if cluster_gpu_h else None,
@@ -230,7 +234,8 @@ def measure(study: TenantsStudy, prepared: Setup, result: SimResult,
         "avg_queue_s": mean(delays),
         "p95_queue_s": percentile(delays, 95),
         "preemptions": sum(r.preemptions for r in result.records),
-        "lost_gpu_hours": max(0.0, ran_h - useful_h),
+        # Every run of a job before its last one: thrown away (it restarts from scratch).
+        "lost_gpu_hours": sum(recorder.lost_gpu_s.values()) / 3600.0,
         "accounts": per_account,
         "bins": bins,
     }
@@ -289,8 +294,8 @@ def run(study: TenantsStudy, trace_dir: Path, out_dir: Path, show: bool = False)
     measured: dict[str, dict[str, Any]] = {}
     walls: dict[str, float] = {}
     for mode in study.modes:
-        result, runs, wall = replay(study, prepared, mode)
-        measured[mode] = measure(study, prepared, result, runs)
+        result, recorder, wall = replay(study, prepared, mode)
+        measured[mode] = measure(study, prepared, result, recorder)
         walls[mode] = wall
     no_account = sorted(set(notes.get("vcs_without_size", [])))
     section.text(

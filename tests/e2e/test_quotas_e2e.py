@@ -129,7 +129,7 @@ def test_reclaim_preempts_the_newest_borrower(make_cluster) -> None:
     for _ in range(4):
         a_jobs.append(submit("a"))
         state_is(cluster, a_jobs[-1], "running")
-    shown = client.call("account_show", {"name": "a"})["account"]
+    shown = client.account("a")  # the SDK
     assert shown["usage"]["gpus"] == 4 and shown["usage"]["borrowing"] is True
     # b wants what it is owed: the newest borrower is preempted and requeued.
     b_job = submit("b")
