@@ -482,7 +482,7 @@ class Simulator:
         self._schedule_once(now)
         # Quota admission held starts back and asks for another pass at once (see
         # SchedulingCore.schedule); each such pass gates at least one job, so this ends.
-        for _ in range(_FOLLOW_UPS):
+        for _ in range(_FOLLOW_UPS if self.core.admission is not None else 0):
             if self.core.wake_at is None or self.core.wake_at > now:
                 break
             self._schedule_once(now)

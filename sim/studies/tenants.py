@@ -393,6 +393,6 @@ def _plot(study: TenantsStudy, prepared: Setup, measured: dict[str, dict[str, An
     return name
 
 
-STUDY = Study(name="tenants", label="accounts and quotas on Philly's virtual clusters",
+STUDY = Study(name="tenants", label="tenants",
               config=TenantsStudy, run=run, tiny=tiny, add_options=add_options,
               apply_options=apply_options)
