@@ -623,12 +623,27 @@ class QuotaAdmission:
 
     def _victims(self, owner: Job, snapshot: ClusterSnapshot) -> list[str] | None:
         """Running jobs of borrowing accounts, newest first, whose resources would let the
-        owner fit; None when it fits already, [] when they would not make it fit."""
+        owner fit; None when it fits already, [] when they would not make it fit.
+
+        The what-if is kept cheap on a large cluster: the owner's shape is the fewest nodes
+        it can use, and a placement is searched only among the nodes that have (or were
+        given back) enough free GPUs for it, once there are enough of them. Victims on nodes
+        the placement does not use, or not needed on the nodes it uses, keep running."""
+        spec = owner.spec
         pool = FreePool(snapshot)
-        if _fits(owner.spec, pool):
+        if _fits(spec, pool):
             return None  # it fits: the policy chose not to start it (its order)
+        shape = _shape(spec, pool)
+        if shape is None:
+            return []
+        d_node, d_gpn = shape
+        model = spec.gpu_model if spec.gpus else None
+        # (The pool has changed nothing yet: its free GPUs are the views'.)
+        free_before = {n: len(v.free_gpus) for n, v in pool.views.items()
+                       if model is None or v.gpu_model == model}
+        ok = {n for n, free in free_before.items() if free >= d_gpn}
         ledger = self.ledger
-        mine = set(ledger.lineage(owner.spec.tenant))
+        mine = set(ledger.lineage(spec.tenant))
         freed: dict[str, list[int]] = {}
         chosen: list[Job] = []
         for job in self._candidates(owner, snapshot.running):
@@ -639,9 +654,9 @@ class QuotaAdmission:
             # earlier victims are gone: an account is never pushed below its own quota.
             if not any(ledger.borrowing(a, freed) for a in lineage if a not in mine):
                 continue
-            if owner.spec.gpu_model is not None and owner.spec.gpus and not any(
-                    snapshot.nodes[a.node].gpu_model == owner.spec.gpu_model
-                    for a in job.placement.allocations if a.node in snapshot.nodes):
+            nodes = [a.node for a in job.placement.allocations if a.node in pool.views
+                     and (model is None or pool.views[a.node].gpu_model == model)]
+            if not nodes:
                 continue
             need = demand(job.spec)
             for a in lineage:
@@ -650,9 +665,50 @@ class QuotaAdmission:
                     f[i] += need[i]
             chosen.append(job)
             _give_back(pool, job)
-            if _fits(owner.spec, pool):
-                return [j.id for j in _pruned(owner, snapshot, chosen)]
+            ok.update(n for n in nodes if len(pool.gpus[n]) >= d_gpn)
+            if len(ok) < d_node:
+                continue
+            placement = realise(spec, pool, d_node, d_gpn, candidates=sorted(ok))
+            if placement is not None:
+                return [j.id for j in _needed(spec, snapshot, chosen, placement.nodes,
+                                              d_gpn, free_before)]
         return []
+
+
+def _shape(spec: JobSpec, pool: FreePool) -> tuple[int, int] | None:
+    """The fewest-nodes shape (nodes, GPUs per node) of a job; (1, 0) for a CPU-only one."""
+    if spec.gpus == 0:
+        return 1, 0
+    scope = model_scope(spec)
+    max_gpn = pool.index.max_gpus_per_node(scope)
+    limit = spec.max_nodes or pool.index.node_count(scope)
+    found = shapes(spec.gpus, max_gpn, limit)
+    return found[0] if found else None
+
+
+def _needed(spec: JobSpec, snapshot: ClusterSnapshot, chosen: list[Job],
+            nodes: tuple[str, ...], d_gpn: int, free_before: Mapping[str, int]) -> list[Job]:
+    """The victims the owner's placement on ``nodes`` needs: on each node, the newest of
+    those there until enough GPUs are free; the others keep running. Checked once: if
+    the kept ones do not make it fit (cores or memory), every chosen victim there stays."""
+    kept: dict[str, Job] = {}
+    for node in nodes:
+        short = d_gpn - free_before.get(node, 0)
+        for job in chosen:  # newest first
+            if short <= 0:
+                break
+            for alloc in job.placement.allocations:  # type: ignore[union-attr]
+                if alloc.node == node:
+                    kept[job.id] = job
+                    short -= len(alloc.gpus)
+    pool = FreePool(snapshot)
+    for job in kept.values():
+        _give_back(pool, job)
+    if realise(spec, pool, len(nodes), d_gpn, candidates=list(nodes)) is not None:
+        return list(kept.values())
+    on_nodes = set(nodes)
+    return [j for j in chosen
+            if any(a.node in on_nodes for a in j.placement.allocations)]  # type: ignore[union-attr]
 
 
 def _fits(spec: JobSpec, pool: FreePool) -> bool:
@@ -683,18 +739,3 @@ def _give_back(pool: FreePool, job: Job) -> None:
         pool.assign(alloc.node, gpus=pool.gpus[alloc.node] | frozenset(alloc.gpus),
                     cpus=pool.cpus[alloc.node] | frozenset(alloc.cpus))
         pool.memory.store(alloc.node, pool.memory[alloc.node] + alloc.memory_mib)
-
-
-def _pruned(owner: Job, snapshot: ClusterSnapshot, chosen: list[Job]) -> list[Job]:
-    """``chosen`` without the victims the owner fits without, oldest first (the newest
-    chosen made it fit): a borrower on another node than the one the owner lands on
-    keeps running."""
-    kept = list(chosen)
-    for job in reversed(chosen[:-1]):
-        trial = [j for j in kept if j is not job]
-        pool = FreePool(snapshot)
-        for other in trial:
-            _give_back(pool, other)
-        if _fits(owner.spec, pool):
-            kept = trial
-    return kept
