@@ -638,10 +638,8 @@ class QuotaAdmission:
             return []
         d_node, d_gpn = shape
         model = spec.gpu_model if spec.gpus else None
-        # (The pool has changed nothing yet: its free GPUs are the views'.)
-        free_before = {n: len(v.free_gpus) for n, v in pool.views.items()
-                       if model is None or v.gpu_model == model}
-        ok = {n for n, free in free_before.items() if free >= d_gpn}
+        # Nodes that hold the owner's share already (the free index, no scan of all nodes).
+        ok = set(pool.index.ranked(model_scope(spec), d_gpn, 0))
         ledger = self.ledger
         mine = set(ledger.lineage(spec.tenant))
         freed: dict[str, list[int]] = {}
@@ -671,7 +669,7 @@ class QuotaAdmission:
             placement = realise(spec, pool, d_node, d_gpn, candidates=sorted(ok))
             if placement is not None:
                 return [j.id for j in _needed(spec, snapshot, chosen, placement.nodes,
-                                              d_gpn, free_before)]
+                                              d_gpn)]
         return []
 
 
@@ -687,13 +685,13 @@ def _shape(spec: JobSpec, pool: FreePool) -> tuple[int, int] | None:
 
 
 def _needed(spec: JobSpec, snapshot: ClusterSnapshot, chosen: list[Job],
-            nodes: tuple[str, ...], d_gpn: int, free_before: Mapping[str, int]) -> list[Job]:
+            nodes: tuple[str, ...], d_gpn: int) -> list[Job]:
     """The victims the owner's placement on ``nodes`` needs: on each node, the newest of
     those there until enough GPUs are free; the others keep running. Checked once: if
     the kept ones do not make it fit (cores or memory), every chosen victim there stays."""
     kept: dict[str, Job] = {}
     for node in nodes:
-        short = d_gpn - free_before.get(node, 0)
+        short = d_gpn - len(snapshot.nodes[node].free_gpus)
         for job in chosen:  # newest first
             if short <= 0:
                 break
