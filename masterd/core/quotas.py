@@ -129,8 +129,6 @@ class Ledger:
     lineages: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Accounts using more than their nominal quota now (kept as use changes).
     over: set[str] = field(default_factory=set)
-    # account -> a count bumped whenever its own holders change (caches key on it).
-    versions: dict[str, int] = field(default_factory=dict)
 
     def set_tree(self, tree: AccountTree) -> None:
         self.tree = tree
@@ -158,7 +156,6 @@ class Ledger:
             return
         self.charged[job_id] = (account, need)
         self.holders.setdefault(account, {})[job_id] = None
-        self.versions[account] = self.versions.get(account, 0) + 1
         lineage = self.lineage(account)
         for name in lineage:
             use = self.usage.setdefault(name, [0, 0, 0, 0])
@@ -174,7 +171,6 @@ class Ledger:
             return None
         account, need = entry
         self.holders.get(account, {}).pop(job_id, None)
-        self.versions[account] = self.versions.get(account, 0) + 1
         lineage = self.lineage(account)
         for name in lineage:
             use = self.usage[name]
@@ -282,8 +278,6 @@ class QuotaAdmission:
         self._recheck_all = False
         # Every account whose room a change of ``name``'s use may change.
         self._affected: dict[str, tuple[str, ...]] = {}
-        # account -> (holders' version, its holders newest first), for reclaim.
-        self._newest: dict[str, tuple[int, list[str]]] = {}
         self._turn = 0  # where reclaim's round robin over accounts starts
         self._passes = 0
         # owner job -> the pass from which it may be tried again (see RETRY_PASSES).
@@ -311,6 +305,17 @@ class QuotaAdmission:
         self._index_tree()
         self._recheck_all = True
         self.recheck()
+
+    def restored(self) -> None:
+        """After a restore: the running jobs in the order they started (a restore charges
+        them in the journal's order), which is the order reclaim reads newest first."""
+        core = self._core
+        if core is None:
+            return
+        charged = self.ledger.charged
+        order = sorted(charged, key=lambda j: _started_at(core.jobs[j]) if j in core.jobs
+                       else (float("inf"), j))
+        self.ledger.charged = {j: charged[j] for j in order}
 
     def queued_in(self, account: str) -> Mapping[str, Any]:
         """The queued jobs of ``account`` itself (gated or admitted), by id."""
@@ -342,7 +347,8 @@ class QuotaAdmission:
     # -- hooks the core calls ------------------------------------------------------------
     def bind(self, core: SchedulingCore) -> None:
         self._core = core
-        for job in core.active_jobs().values():
+        # In the order they started: reclaim takes the newest first (the ledger's order).
+        for job in sorted(core.active_jobs().values(), key=_started_at):
             self.ledger.charge(job.id, job.spec.tenant, demand(job.spec))
         for job in [*core.queue(), *core.blocked().values()]:
             self._file(job, demand(job.spec), GATE in job.gates)
@@ -587,29 +593,23 @@ class QuotaAdmission:
         return decisions
 
     def _candidates(self, owner: Job, running: Mapping[str, Job]) -> Iterator[Job]:
-        """Running jobs of borrowing accounts outside the owner's lineage, newest first
-        (each account's holders are kept in the order they started)."""
+        """Running jobs of borrowing accounts outside the owner's lineage, newest first: in
+        the reverse of the order they took their resources (the ledger keeps it), so the
+        search stops at the first few instead of sorting every running job."""
         ledger = self.ledger
         mine = set(ledger.lineage(owner.spec.tenant))
-        per_account = []
-        for account, holders in ledger.holders.items():
-            # Not the owner's own lineage: inside an account, order is the policy's business.
-            if not holders or account in mine or not any(
-                    a in ledger.over for a in ledger.lineage(account) if a not in mine):
-                continue
-            per_account.append(self._newest_of(account, running))
-        return heapq.merge(*per_account, key=_newest_first)
-
-    def _newest_of(self, account: str, running: Mapping[str, Job]) -> Iterator[Job]:
-        """``account``'s own running jobs, newest first (sorted again only when they
-        changed)."""
-        version = self.ledger.versions.get(account, 0)
-        cached = self._newest.get(account)
-        if cached is None or cached[0] != version:
-            held = [running[j] for j in self.ledger.holders.get(account, ()) if j in running]
-            held.sort(key=_newest_first)
-            cached = self._newest[account] = (version, [j.id for j in held])
-        return (running[j] for j in cached[1] if j in running)
+        eligible: dict[str, bool] = {}
+        for job_id in reversed(ledger.charged):
+            account = ledger.charged[job_id][0]
+            ok = eligible.get(account)
+            if ok is None:
+                # Not the owner's own lineage: inside an account, order is the policy's.
+                ok = eligible[account] = account not in mine and any(
+                    a in ledger.over for a in ledger.lineage(account) if a not in mine)
+            if ok:
+                job = running.get(job_id)
+                if job is not None:
+                    yield job
 
     def _jump(self, owner: Job, head: Job) -> bool:
         """An owner that fits the free resources but waits while the first job of the queue
@@ -724,9 +724,9 @@ def _fits(spec: JobSpec, pool: FreePool) -> bool:
     return False
 
 
-def _newest_first(job: Job) -> tuple[float, str]:
-    # A job still starting has no start time: it is the newest.
-    return (-(job.start_time if job.start_time is not None else float("inf")), job.id)
+def _started_at(job: Job) -> tuple[float, str]:
+    # A job still starting has no start time yet: it is the newest.
+    return (job.start_time if job.start_time is not None else float("inf"), job.id)
 
 
 def _give_back(pool: FreePool, job: Job) -> None:

@@ -140,6 +140,8 @@ class Accounts:
             log.info("accounts seeded from the configuration: %d account(s)",
                      len(self.tree.accounts))
         self._install()
+        if self.admission is not None:
+            self.admission.restored()
         if self.tree.enabled:
             log.info("accounts on: %d account(s), %d user(s)", len(self.tree.accounts),
                      len({u for a in self.tree.accounts.values() for u in a.users}))

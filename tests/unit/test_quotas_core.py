@@ -199,19 +199,36 @@ def test_a_shared_gpu_charges_its_share() -> None:
 
 
 def test_victims_not_needed_are_spared() -> None:
-    # b's 2-GPU job needs one whole node. Newest first, the borrowers chosen are on nodes
-    # X, Y, then X again (it fits there): the one on Y is pruned and keeps running.
+    # b's 2-GPU job needs one whole node. Newest first, the borrowers chosen are a6 (on n0,
+    # where a0 still runs), a5 and a4 (n2, which then has room): a6 is not needed and keeps
+    # running.
     core = make([Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))],
                 nodes=3, gpus=2)
     for i in range(6):
         core.submit(job(f"a{i}", gpus=1, t=i, tenant="a"))
     core.schedule(1)
-    by_node: dict[str, list[str]] = {}
-    for i in range(6):
-        by_node.setdefault(core.jobs[f"a{i}"].placement.nodes[0], []).append(f"a{i}")
-    x, y, z = sorted(by_node.values())
-    order = [*z, y[0], x[0], y[1], x[1]]  # started oldest to newest
-    for i, job_id in enumerate(order):
-        run(core, [job_id], 10 + i)
+    on = {f"a{i}": core.jobs[f"a{i}"].placement.nodes[0] for i in range(6)}
+    run(core, list(on), 2)
+    finish(core, "a1", 3)  # frees one GPU beside a0
+    core.submit(job("a6", gpus=1, t=3, tenant="a"))
+    assert started(core.schedule(3)) == ["a6"]
+    run(core, ["a6"], 4)
+    assert core.jobs["a6"].placement.nodes[0] == on["a0"]
     core.submit(job("b0", gpus=2, t=20, tenant="b", max_nodes=1))
-    assert sorted(preempted(core.schedule(21))) == sorted(x)
+    victims = sorted(preempted(core.schedule(21)))
+    assert victims == ["a4", "a5"] and on["a4"] == on["a5"] != on["a0"]
+
+
+def test_an_owner_goes_ahead_of_a_borrowing_fifo_head_that_blocks_it() -> None:
+    core = SchedulingCore(FifoPolicy())  # strict: the head blocks everything behind it
+    core.node_up(inventory("n0", gpus=4, cpus=16))
+    core.set_admission(QuotaAdmission(AccountTree.of([
+        Account("a", quota=Resources(gpus=2)), Account("b", quota=Resources(gpus=2))])))
+    core.submit(job("a0", gpus=2, t=0, tenant="a"))
+    assert started(core.schedule(1)) == ["a0"]
+    run(core, ["a0"], 1)
+    core.submit(job("a1", gpus=4, t=2, tenant="a"))  # would borrow, does not fit: blocks
+    core.submit(job("b0", gpus=1, t=3, tenant="b"))  # within b's quota, fits
+    assert started(core.schedule(3)) == []
+    assert core.queue()[0].id == "b0"  # moved ahead of the borrowing head
+    assert started(core.schedule(4)) == ["b0"]
