@@ -203,7 +203,9 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--memory-mib", type=int)
     p.add_argument("--gpu-model")
     p.add_argument("--user", help="Unix user the job runs as (default: you)")
-    p.add_argument("--tenant", "-A", "--account", dest="tenant")
+    p.add_argument("-A", "--account", "--tenant", dest="tenant", metavar="ACCOUNT",
+                   help="the account the job is charged to (Slurm's --account; default: "
+                        "the user's default account)")
     p.add_argument("--qos", choices=("urgent", "prior", "normal"))
     p.add_argument("--model-type")
     p.add_argument("--model-family", help="e.g. cnn, rnn: finds a similar profiled model")
@@ -387,6 +389,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "profile": ("profile a model type with B + N + G real runs", _profile),
     "profiles": ("list profiling campaigns, or show one", _profiles),
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
+    "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
+                lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
                   lambda p, c: _helios().add_estimator(p, c)),
     "power": ("Cluster Energy Saving: powered-down nodes, wake-ups",
@@ -408,6 +412,12 @@ def _helios() -> Any:
     from control import helios
 
     return helios
+
+
+def _accounts() -> Any:
+    from control import accounts
+
+    return accounts
 
 
 def _failures() -> Any:
@@ -635,6 +645,8 @@ def run(args: argparse.Namespace) -> int:
         result, text = _fairshare().run_share(client, args)
     elif cmd == "report":
         result, text = _fairshare().run_report(client, args)
+    elif cmd == "account":
+        result, text = _accounts().run_account(client, args)
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

@@ -90,8 +90,20 @@ class Calls:
         return RpcCall("ping", {}, _view("MasterInfo"))
 
     @staticmethod
-    def submit(spec: JobSpec, id: str | None = None) -> RpcCall[JobView]:
-        return RpcCall("submit", _given(job=_spec(spec), id=id), _view("JobView", "job"))
+    def submit(spec: JobSpec, id: str | None = None, account: str | None = None
+               ) -> RpcCall[JobView]:
+        job = _spec(spec)
+        if account is not None:  # the job's account (Slurm's --account) is its spec's tenant
+            job["tenant"] = account
+        return RpcCall("submit", _given(job=job, id=id), _view("JobView", "job"))
+
+    @staticmethod
+    def accounts() -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("account_list", {}, lambda r: list(_field(r, "accounts")))
+
+    @staticmethod
+    def account(name: str) -> RpcCall[dict[str, Any]]:
+        return RpcCall("account_show", {"name": name}, lambda r: dict(_field(r, "account")))
 
     @staticmethod
     def submit_many(specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
@@ -179,9 +191,10 @@ class TypedCalls:
         """The master's version and scheduling policy."""
         return self._run(Calls.ping())
 
-    def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
+    def submit(self, spec: JobSpec, id: str | None = None,
+               account: str | None = None) -> JobView:
         """Submit one job (journalled before the reply); ``id`` makes a retry idempotent."""
-        return self._run(Calls.submit(spec, id))
+        return self._run(Calls.submit(spec, id, account))
 
     def submit_many(self, specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
                     ) -> list[JobView]:
@@ -230,6 +243,12 @@ class TypedCalls:
         """Change a job's QoS class, time limit or priority (a user may only lower them)."""
         return self._run(Calls.update(job_id, qos, time_limit_s, priority))
 
+    def accounts(self) -> list[dict[str, Any]]:
+        return self._run(Calls.accounts())
+
+    def account(self, name: str) -> dict[str, Any]:
+        return self._run(Calls.account(name))
+
     def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
         """(Admins) return a GPU out of service to service; returns the fault it was held
         out for (``{xid, reason, fatal, since}``), or None when only its node held it."""
@@ -264,8 +283,9 @@ class AsyncTypedCalls:
     async def ping(self) -> MasterInfo:
         return await self._run(Calls.ping())
 
-    async def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
-        return await self._run(Calls.submit(spec, id))
+    async def submit(self, spec: JobSpec, id: str | None = None,
+                     account: str | None = None) -> JobView:
+        return await self._run(Calls.submit(spec, id, account))
 
     async def submit_many(self, specs: Sequence[JobSpec],
                           ids: Sequence[str | None] | None = None) -> list[JobView]:
@@ -302,6 +322,12 @@ class AsyncTypedCalls:
     async def update(self, job_id: str, qos: str | None = None,
                      time_limit_s: int | None = None, priority: int | None = None) -> JobView:
         return await self._run(Calls.update(job_id, qos, time_limit_s, priority))
+
+    async def accounts(self) -> list[dict[str, Any]]:
+        return await self._run(Calls.accounts())
+
+    async def account(self, name: str) -> dict[str, Any]:
+        return await self._run(Calls.account(name))
 
     async def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
         return await self._run(Calls.gpu_reset(node, index))

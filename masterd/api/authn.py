@@ -39,7 +39,9 @@ CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "
                             # Their own jobs only (masterd.features.holds checks the owner).
                             "hold", "update", "logs",
                             # GET /v1/relay: their own jobs' terminals and ports.
-                            "relay"})
+                            "relay",
+                            # Their own accounts only (masterd.api.accounts filters them).
+                            "account_list", "account_show"})
 NODE_METHODS = frozenset({"ping"})
 
 

@@ -79,6 +79,7 @@ class FairShareFeature:
         ctx.events.job_submitted.subscribe(lambda job: self.tracker.note(job.spec.tenant))
         ctx.events.job_transition.subscribe(self.on_transition)
         ctx.events.config_changed.subscribe(self.reconfigured)
+        ctx.events.accounts_changed.subscribe(self.set_tree)
 
     # -- inputs --------------------------------------------------------------------------
     def restored(self) -> None:
@@ -157,16 +158,18 @@ class FairShareFeature:
                                  else self.ctx.clock())
 
     def set_tree(self, tree: AccountTree) -> None:
-        """Use another account tree (an admin changed it at run time)."""
+        """Use another account tree (an admin changed it at run time; the accounts feature
+        asks for the pass that applies it)."""
         self.tracker.set_tree(tree)
         if self.ordering is not None:
             self.ordering.refresh()
-        self.ctx.request_pass()
 
     def reconfigured(self) -> None:
+        # The tree itself comes from the accounts feature (accounts_changed): after the
+        # first start the journal's tree wins over the file's.
         config = self.ctx.config()
         self.tracker.set_weights(weights_of(config.fairshare), config.fairshare.half_life_s)
-        self.set_tree(AccountTree.of(config.accounts))
+        self.ctx.request_pass()
 
     # -- outputs -------------------------------------------------------------------------
     def rows(self, visible: set[str] | None = None) -> list[ShareRow]:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.policy import Policy, Preempt
 from masterd.core.profiling import unwrap
+from masterd.core.quotas import QuotaAdmission
 from masterd.core.scheduler import SchedulingCore
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
@@ -170,6 +171,9 @@ class JobActions:
     # stands and only the lost parts are counted. Journalled before any node is told.
     lose_parts: Callable[[str, Sequence[str], str, JobState | None],
                          Awaitable[Job]] | None = None
+    # (admission or None): attach quota admission to the scheduling core, or detach it
+    # (SchedulingCore.set_admission; masterd.features.accounts).
+    set_admission: Callable[[QuotaAdmission | None], None] = lambda admission: None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
+from masterd.features.accounts import Accounts
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
 from masterd.features.containers import Containers
@@ -69,6 +70,9 @@ class Features:
     relays: Relays
     # Fair share with a memory (usage from the journal, factors, ordering) and accounting.
     fairshare: FairShareFeature
+    # Accounts, caps and quota admission (docs/governance.md); last, so its restore sees
+    # every gate the others closed.
+    accounts: Accounts
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -101,5 +105,5 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
                         leases=NodeLeases(ctx), containers=Containers(ctx),
-                        relays=Relays(ctx), fairshare=fairshare)
+                        relays=Relays(ctx), fairshare=fairshare, accounts=Accounts(ctx))
     return features, policy

@@ -11,6 +11,8 @@
 - ``liquid``: Liquid's testbed in batch mode, its resource model on measured data, and GPU
   sharing on openb with fractional requests honoured (Liquid §7).
 - ``sched2``: SCHED²'s learned selection on Philly resampled to its workload (§IV).
+- ``tenants``: Philly's virtual clusters as accounts sharing one cluster, without quotas,
+  with hard quotas and with quotas + borrowing (docs/governance.md).
 
 Each study module owns its configuration dataclass, the paper's figures it quotes, its run
 function and its plots, and ends with ``STUDY = Study(...)``. The report runs the studies of
@@ -39,9 +41,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.studies import ces, genie, liquid, openb, philly, sched2
+from sim.studies import ces, genie, liquid, openb, philly, sched2, tenants
 from sim.studies.common import Study
 
 # The report's studies, in the order of its sections.
 REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, ces.STUDY, openb.STUDY,
-                                     sched2.STUDY, liquid.STUDY)
+                                     sched2.STUDY, liquid.STUDY, tenants.STUDY)
