@@ -41,7 +41,10 @@ CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "
                             # GET /v1/relay: their own jobs' terminals and ports.
                             "relay",
                             # Their own accounts only (masterd.api.accounts filters them).
-                            "account_list", "account_show"})
+                            "account_list", "account_show",
+                            # Filtered to their accounts' rows and their own jobs
+                            # (masterd.api.fairshare), as sshare and sreport are for users.
+                            "share", "report"})
 NODE_METHODS = frozenset({"ping"})
 
 

@@ -103,6 +103,16 @@ def test_accounts_at_run_time_caps_restart_and_visibility(make_cluster) -> None:
     code, mine, err = as_role(cluster, "client", "account", "list")
     assert code == 0 and {a["name"] for a in mine["accounts"]} == {"vision"}, err
     assert "forbidden" in refused(cluster, "client", "account", "show", "nlp")
+    # Fair share follows the tree changed at run time; a client sees its accounts' rows.
+    everything = {r["account"] for r in admin(cluster, "share")["accounts"]}
+    assert {"org", "vision", "nlp"} <= everything, everything
+    code, share, err = as_role(cluster, "client", "share")
+    assert code == 0, err
+    assert {r["account"] for r in share["accounts"]} == {"vision"}, share
+    code, report, err = as_role(cluster, "client", "report", "--by", "account")
+    assert code == 0, err
+    # Only its own jobs: the ended first one, in vision (nlp's jobs are another user's).
+    assert report["rows"] and {r["account"] for r in report["rows"]} == {"vision"}, report
     # An account with jobs is not removed.
     assert "queued or running" in refused(cluster, "admin", "account", "remove", "nlp")
     for job_id in (second_id, theirs["id"], shared["id"]):
