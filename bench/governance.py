@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.governance_report import measure
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.quotas import QuotaAdmission
@@ -158,6 +159,10 @@ def main() -> None:
     parser.add_argument("--backfill", choices=("none", "easy", "any"), default="none",
                         help="fifo's backfill (the master's default: none)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-report", action="store_true",
+                        help="skip report_s (writing a year of journal takes minutes)")
+    parser.add_argument("--journal", help="time the report over this journal (one "
+                        "bench/governance_report.py --keep left) instead of writing one")
     args = parser.parse_args()
     began = time.perf_counter()
     tree = AccountTree.of(accounts(args.nodes * GPUS_PER_NODE))
@@ -191,6 +196,7 @@ def main() -> None:
               f"pass p50 {statistics.median(run.pass_ms):7.2f} ms  "
               f"p99 {percentile(run.pass_ms, 0.99):7.2f} ms  starts {run.starts}  "
               f"preemptions {run.preemptions}  follow-up passes {run.follow_ups}", flush=True)
+    report = None if args.no_report else measure(journal=args.journal)
     with_p99 = percentile(runs["with"].pass_ms, 0.99)
     without_p99 = percentile(runs["without"].pass_ms, 0.99)
     print(json.dumps({
@@ -206,6 +212,8 @@ def main() -> None:
         "pass_cpu_ms_p99_without": round(percentile(runs["without"].pass_cpu_ms, 0.99), 3),
         "preemptions_with": runs["with"].preemptions,
         "follow_up_passes_with": runs["with"].follow_ups,
+        # A year of journal at 1,000 jobs a day (bench/governance_report.py).
+        "report_s": report["report_s"] if report else None,
         "seconds": round(time.perf_counter() - began, 1),
     }))
 
