@@ -14,10 +14,12 @@ Setup, fixed before any result was looked at:
 * Modes: ``none`` (no accounts), ``hard`` (quotas, borrowing limit 0: a VC never runs beyond
   its quota) and ``borrow`` (quotas, unbounded borrowing of idle GPUs, reclaimed by
   preemption when an owner within its quota needs them; a preempted job restarts from
-  scratch, its lost work counted).
+  scratch, its lost work counted) and ``fair`` (``borrow`` with fair share ordering the
+  admitted jobs: usage decayed with Slurm's 7-day half-life, the master's own
+  ``masterd.core.fairshare`` and ``fairorder``, each VC's shares its quota).
 * Order: ``fifo`` with Helios' consolidated placement and no backfill. Quotas decide whether
-  a job may run; the order decides which admitted job runs first: :data:`ORDER` is the one
-  place an ordering factor (fair share) plugs in, as another mode.
+  a job may run; the order decides which admitted job runs first (:data:`ORDER`, wrapped by
+  fair share in the ``fair`` mode).
 
 Measured: each account's GPU-hours against its entitlement (quota share × the cluster's
 GPU-hours) over time (a plot) and in total; how much of its guarantee each account got
@@ -34,8 +36,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from masterd.core.fairorder import FairShareOrdering
+from masterd.core.fairshare import FairShare
 from masterd.core.policies import make_policy
-from shared.accounts import Account, Resources
+from shared.accounts import Account, AccountTree, Resources
 from sim.engine import SimConfig, SimResult, Simulator
 from sim.metrics import mean, percentile
 from sim.studies.common import ReportError, Section, Study, pyplot, save_figure
@@ -45,8 +49,11 @@ from sim.truth import TruthConfig, TruthModel
 from sim.workloads import philly
 from sim.workloads.base import LoadOptions, Workload
 
-MODES = ("none", "hard", "borrow")
-MODE_TITLES = {"none": "no quotas", "hard": "hard quotas", "borrow": "quotas + borrowing"}
+MODES = ("none", "hard", "borrow", "fair")
+MODE_TITLES = {"none": "no quotas", "hard": "hard quotas", "borrow": "quotas + borrowing",
+               "fair": "quotas + borrowing + fair share"}
+# Slurm's anchor for usage decay (PriorityDecayHalfLife=7-0), the master's default too.
+FAIR_HALF_LIFE_S = 7 * 86400.0
 # The order among admitted jobs, the same in every mode: (policy, options). A fair-share
 # order is added here as another mode (its own policy or option), nothing else changes.
 ORDER: tuple[str, dict[str, Any]] = ("fifo", {"backfill": False, "placement": "consolidate"})
@@ -116,7 +123,8 @@ def accounts(quotas: dict[str, int], mode: str) -> tuple[Account, ...]:
     if mode == "none":
         return ()
     borrow = Resources(gpus=0) if mode == "hard" else Resources()
-    return tuple(Account(vc, users=(f"vc-{vc.lower()}"[:32],),
+    # Fair share's shares: each VC's quota (what it paid for), as Slurm sites set Fairshare=.
+    return tuple(Account(vc, users=(f"vc-{vc.lower()}"[:32],), shares=max(1, gpus),
                          quota=Resources(gpus=gpus), borrowing_limit=borrow)
                  for vc, gpus in sorted(quotas.items()))
 
@@ -154,11 +162,17 @@ class _Recorder(Simulator):
 def replay(study: TenantsStudy, prepared: Setup, mode: str
            ) -> tuple[SimResult, _Recorder, float]:
     started = time.monotonic()
+    tree = accounts(prepared.quotas, mode)
     config = SimConfig(seed=study.seed,
                        truth=TruthConfig(noise_sigma=0.0, interference=False),
-                       accounts=accounts(prepared.quotas, mode))
+                       accounts=tree)
     name, options = ORDER
-    sim = _Recorder(prepared.workload, make_policy(name, **options), config)
+    policy: Any = make_policy(name, **options)
+    tracker = None
+    if mode == "fair":
+        tracker = FairShare(AccountTree.of(tree), half_life_s=FAIR_HALF_LIFE_S)
+        policy = FairShareOrdering(policy, tracker)
+    sim = _Recorder(prepared.workload, policy, config, fairshare=tracker)
     result = sim.run()
     return result, sim, time.monotonic() - started
 
@@ -306,7 +320,10 @@ def run(study: TenantsStudy, trace_dir: Path, out_dir: Path, show: bool = False)
         f"{study.vc_scale:g}. Each account's nominal GPU quota is its scaled nodes × 8. "
         f"Modes: no quotas; hard quotas (borrowing limit 0); quotas + borrowing (idle GPUs "
         f"lent without bound, reclaimed by preempting the newest borrowers; a preempted job "
-        f"restarts from scratch). Order among admitted jobs: `{ORDER[0]}` with "
+        f"restarts from scratch); quotas + borrowing + fair share (the same, with the "
+        f"admitted jobs ordered by each account's fair-share factor: usage decayed with a "
+        f"{FAIR_HALF_LIFE_S / 86400:g}-day half-life, shares = quotas). Order among admitted "
+        f"jobs: `{ORDER[0]}` with "
         f"{', '.join(f'{k}={v}' for k, v in ORDER[1].items())}. Jobs of VCs without a size "
         f"({', '.join(no_account) or 'none'}) belong to no account. Utilisation and shares "
         f"are GPU-hours between the first and the last submission; an account's *guarantee "

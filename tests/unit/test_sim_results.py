@@ -210,11 +210,13 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert set(philly_data["unaligned"]) == {"fifo", "sjf"}
     assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
     tenants_runs = document["studies"]["tenants"]["data"]["runs"]
-    assert set(tenants_runs) == {"none", "hard", "borrow"}
+    assert set(tenants_runs) == {"none", "hard", "borrow", "fair"}
     # The unsized VC's job belongs to no account; the 16-GPU job of aaa111 (quota 16) runs.
     assert tenants_runs["none"]["accounts"]["ccc333"]["quota_gpus"] is None
     assert tenants_runs["hard"]["unfinished"] == 0
     assert tenants_runs["hard"]["preemptions"] == 0
+    # Fair share ran through the master's own tracker: the same jobs, all finished.
+    assert tenants_runs["fair"]["unfinished"] == tenants_runs["borrow"]["unfinished"] == 0
     openb_runs = document["studies"]["openb"]["data"]["runs"]
     assert set(openb_runs) == {"fifo", "drf", "soda_arrays", "soda_full", "no_allocator",
                                "no_placer", "no_eliminator", "no_arrays", "idle_lending",
