@@ -1,6 +1,6 @@
 """The GENIE study's headline figures: SWAF against the best baseline, and prediction error.
 
-    .venv/bin/python bench/genie_replay.py [--densities 5,10,20,40] [--seeds 1,2,3,4,5]
+    .venv/bin/python bench/genie_replay.py [--densities 5,10,20] [--seeds 1,2,3,4,5]
         [--lengths short] [--serial | --scheduler ADDRESS | --workers N]
 
 Replays GENIE's workload (§7.1) as the study sets it up (``sim.studies.genie``): every
@@ -64,7 +64,7 @@ def _numbers(text: str, convert: type, flag: str) -> tuple:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--densities", default="5,10,20,40")
+    parser.add_argument("--densities", default="5,10,20")
     parser.add_argument("--seeds", default="1,2,3,4,5")
     parser.add_argument("--lengths", default="short", choices=("short", "long"))
     parser.add_argument("--scheduler", help="an existing Dask scheduler's address")

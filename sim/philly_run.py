@@ -2,7 +2,7 @@
 
 The trace's VCs as ``philly-vcs.csv`` sizes them, or all of them on one cluster, carry so
 little of the trace's work that no job waits and every policy gives the same numbers. Unless
-the user chooses the cluster (``--nodes``, ``--cluster``, ``--per-vc`` or ``--vc-scale``), the
+the user chooses the cluster (``--nodes``, ``--per-vc`` or ``--vc-scale``), the
 run therefore takes the setup of the Philly study (``sim.studies.philly``, Helios §4.2.3):
 each VC on its own nodes at the VC scale the study's search finds, Helios' evaluation window,
 every job running its recorded duration, and Helios' rules for FIFO, SJF and QSSF where the
@@ -25,8 +25,7 @@ DEFAULT_NOISE = 0.03  # the truth's per-job speed noise when the user does not s
 
 
 def chose_cluster(args: argparse.Namespace) -> bool:
-    return (args.nodes is not None or bool(args.cluster) or bool(args.per_vc)
-            or args.vc_scale is not None)
+    return args.nodes is not None or bool(args.per_vc) or args.vc_scale is not None
 
 
 def apply_helios_setup(args: argparse.Namespace) -> str | None:

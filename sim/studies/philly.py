@@ -261,7 +261,8 @@ def search_scale(setup: Setup, log: list[dict[str, Any]]) -> float:
         util = st["node_util_pct"] or 0.0
         log.append({"vc_scale": scale, "node_util_pct": util, "wall_s": wall,
                     "nodes": setup.workload(scale).notes["nodes"],
-                    "avg_jct_s": st["avg_jct_s"], "avg_queue_s": st["avg_queue_s"]})
+                    "avg_jct_s": st["avg_jct_s"], "avg_queue_s": st["avg_queue_s"],
+                    "queued_jobs": st["queued_jobs"]})
         if best is None or abs(util - target) < best[0]:
             best = (abs(util - target), scale)
         if abs(util - target) <= study.util_tolerance_pct or high - low <= study.scale_resolution:
