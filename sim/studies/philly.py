@@ -461,8 +461,8 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
          "FIFO ÷ QSSF JCT", "FIFO ÷ QSSF queueing"],
         ["{:d}", "{:g}", "{:d}", "{:.1f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.2f}"],
         caption="Every replay behind the band. The seed draws Helios' estimate error and also "
-                "fills each job's model and batch, which the ground truth's locality penalty "
-                "reads when a job's GPUs span PCIe switches: FIFO moves with it too.",
+                "fills in each job's model type and batch, which the ground truth reads, so "
+                "FIFO's figures move with it too.",
     ))
     for r in band_rows:
         band_table.add(r["seed"], r["vc_scale"], r["nodes"], r["fifo_node_util_pct"],
