@@ -89,3 +89,23 @@ def test_signed_error_says_which_way_tasks_missed() -> None:
     assert study.signed_error_pct([slower, faster]) == pytest.approx(0.0)
     assert study.error_stats([slower, faster])[1] == pytest.approx(10.0)  # |error| does not
     assert study.signed_error_pct([]) is None
+
+
+def test_live_default_keeps_urgent_jobs_on_their_request_under_cap() -> None:
+    """Why the master keeps urgent_placement="fastest" (docs/policies/genie.md): under its
+    default shape_mode="cap", Algorithm 1's rule gives an urgent job the cheapest shape, the
+    one a normal job with the same request gets, fewer GPUs than it asked for."""
+    from masterd.core.policies.swaf import SwafPolicy
+    from shared.model import QosClass
+    from tests.unit.genie_support import cluster, job, node
+
+    state = cluster(node("n1", 4), node("n2", 4))
+
+    def gpus(qos: QosClass, rule: str) -> int:
+        task = job("t", gpus=4, batch=64, iterations=2000, qos=qos, submit=5.0)
+        (start,) = SwafPolicy(DB, urgent_placement=rule).decide(state.snapshot({}), [task], 5.0)
+        return start.placement.gpu_count
+
+    assert SwafPolicy(DB).settings.urgent_placement == "fastest"
+    assert gpus(QosClass.URGENT, "fastest") == 4
+    assert gpus(QosClass.URGENT, "cer") == gpus(QosClass.NORMAL, "fastest") < 4
