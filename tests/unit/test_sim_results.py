@@ -181,18 +181,20 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     # The run's own numbers agree with a direct replay: SWAF's first-seed QoS at density 5.
     genie_runs = document["studies"]["genie"]["data"]["runs"]
     assert {r["policy"] for r in genie_runs} == {"swaf", "fifo", "tetris-cer", "sjf"}
-    # SWAF as the study sets it up: every placement, a database profiled on the platform.
+    # SWAF as the study sets it up: every placement, a database profiled on the platform,
+    # urgent tasks on the highest CER (Algorithm 1 line 13).
     workload = genie.generate(genie.GenieOptions(density=5.0, hours=2.0, seed=1))
     profiled = profile_platform(workload.nodes, TruthModel(TruthConfig(), 1),
                                 {m: max(b) for m, b in BATCHES.items()})
     direct = summarise(simulate(
-        workload, make_policy("swaf", modeldb=profiled.db, shape_mode="any"),
+        workload, make_policy("swaf", modeldb=profiled.db, shape_mode="any",
+                              urgent_placement="cer"),
         SimConfig(seed=1),
     ))
     logged = next(r for r in genie_runs
                   if (r["policy"], r["density"], r["seed"], r["variant"], r["shape_mode"],
-                      r["interference"], r["modeldb"])
-                  == ("swaf", 5.0, 1, "", "any", True, "profiled"))
+                      r["interference"], r["noise"], r["modeldb"])
+                  == ("swaf", 5.0, 1, "", "any", True, True, "profiled"))
     assert logged["summary"]["qos_pct"] == direct["qos_pct"]
     assert logged["summary"]["makespan_s"] == direct["makespan_s"]
     philly_data = document["studies"]["philly"]["data"]
