@@ -167,6 +167,9 @@ def show_job(result: dict[str, Any]) -> str:
         ("Time limit", time_limit(j)),
     )]
     lines += _lifecycle(j)
+    metrics = result.get("metrics") or {}
+    if j.get("image"):
+        lines.append(f"{'Image:':<12}{j['image']}{image_pull(j['state'], metrics)}")
     for a in j["placement"]:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={_cpus(a['gpus'])} "
                      f"cpus={_cpus(a['cpus'])}")
@@ -175,7 +178,6 @@ def show_job(result: dict[str, Any]) -> str:
         from control.helios import show_estimate
 
         lines.extend(show_estimate(result["estimate"]))
-    metrics = result.get("metrics") or {}
     if metrics:
         lines.append(f"{'Metrics:':<12}" + ", ".join(
             f"{name}={m['last']:.6g} (mean {m['value']:.6g}, {m['count']} reports)"
@@ -187,6 +189,25 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {dash(e['node']):<10} "
                      f"{detail}".rstrip())
     return "\n".join(lines)
+
+
+def image_pull(state: str, metrics: dict[str, Any]) -> str:
+    """Where the pull of a job's image stands, from what the node reported (noded/containers
+    reports image_pull_layers and image_pull_s while it pulls, image_pulled once done)."""
+    def last(name: str) -> float | None:
+        m = metrics.get(name)
+        return None if m is None else m.get("last")
+
+    pull_s, layers = last("image_pull_s"), last("image_pull_layers")
+    if last("image_cached"):
+        return " (in the node's cache)"
+    if last("image_pulled"):
+        return f" (pulled in {pull_s:.1f} s)" if pull_s is not None else " (pulled)"
+    if state not in ("starting", "running"):
+        return ""
+    if layers is not None:
+        return f" (pulling: {layers:g} layer(s) copied, {pull_s or 0:.1f} s so far)"
+    return " (pulling)" if state == "running" else ""
 
 
 def _requeue(wanted: bool | None) -> str:
