@@ -254,51 +254,10 @@ class LogRelay:
         return "; ".join(t.error for _, t in self.sources if t.error)
 
     def run(self, pid: int) -> None:
-        """Relay until every writer closed the pipe, or the job's process ended and what it
-        left in the pipe (and its leftovers wrote within DRAIN_S) is moved."""
-        if len(self.sources) > 1:
-            return self._run_many(pid)
-        poller = select.poll()
-        poller.register(self.pipe, select.POLLIN)
-        try:
-            exited = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            exited = -1  # no pidfd: relay until end of file
-        if exited >= 0:
-            poller.register(exited, select.POLLIN)
-        deadline = None
-        try:
-            while True:
-                timeout = None
-                if deadline is not None:
-                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
-                try:
-                    events = poller.poll(timeout)
-                except InterruptedError:
-                    continue
-                if exited >= 0 and any(fd == exited for fd, _ in events):
-                    poller.unregister(exited)
-                    os.close(exited)
-                    exited = -1
-                    deadline = time.monotonic() + DRAIN_S
-                if self.pump() or (deadline is not None and time.monotonic() >= deadline):
-                    return
-        finally:
-            if exited >= 0:
-                os.close(exited)
-            os.close(self.pipe)
-            self._close()
-
-    def _close(self) -> None:
-        os.close(self.log_fd)
-        if self._sink >= 0:
-            os.close(self._sink)
-        for _, tee in self.sources:
-            tee.close()
-
-    def _run_many(self, pid: int) -> None:
-        """:meth:`run` over several pipes (stdout and stderr apart): each pumped in turn
-        while it has data, closed at its end of file."""
+        """Relay until every writer closed every pipe (stdout, and stderr when it has a file
+        of its own), or the job's process ended and what it left in the pipes (and its
+        leftovers wrote within DRAIN_S) is moved. Each pipe is pumped in turn while it has
+        data, closed at its end of file."""
         poller = select.poll()
         open_pipes = {p: tee for p, tee in self.sources}
         for p in open_pipes:
@@ -338,6 +297,13 @@ class LogRelay:
             for p in open_pipes:
                 os.close(p)
             self._close()
+
+    def _close(self) -> None:
+        os.close(self.log_fd)
+        if self._sink >= 0:
+            os.close(self._sink)
+        for _, tee in self.sources:
+            tee.close()
 
     def pump(self) -> bool:
         """Move everything the pipe holds now; True at end of file (no writer left)."""
