@@ -119,15 +119,9 @@ def run(jobdir: Path) -> int:
             os.dup2(err if err >= 0 else out, 2)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            if os.geteuid() == 0 and uid != 0:
-                os.setgroups(spec.get("groups", []))
-                os.setgid(gid)
-                os.setuid(uid)
-            step = f"cannot enter the working directory {spec.get('workdir') or '/'}"
-            os.chdir(spec.get("workdir") or "/")
-            command = spec["command"]
-            step = f"cannot execute {command[0]}"
-            os.execvpe(command[0], command, spec["env"])
+            _become_and_exec(spec)
+        except _Step as failed:
+            os.write(write_fd, str(failed).encode()[:512])
         except OSError as exc:
             os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
         os._exit(127)
@@ -137,32 +131,16 @@ def run(jobdir: Path) -> int:
         os.close(err)
     # Write the child's pid so noded can signal the job's process group (pgid == pid).
     write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
-    error = b""
-    while chunk := os.read(read_fd, 512):
-        error += chunk
-    os.close(read_fd)
+    error = _exec_error(read_fd)
     log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0), tee=tee_out,
                    more=[(err_read, tee_err)] if err_read >= 0 else [])
     log.run(pid)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    result: dict = {"time": time.time(), "log_bytes": log.written, "log_dropped": log.dropped}
+    result: dict = {"log_bytes": log.written, "log_dropped": log.dropped}
     if log.error:
         result["log_error"] = log.error
     if log.tee_error:
         result["output_file_error"] = log.tee_error
-    if os.WIFSIGNALED(status):
-        result.update(exit_code=None, signal=os.WTERMSIG(status))
-    else:
-        result.update(exit_code=os.WEXITSTATUS(status), signal=None)
-    if error:
-        result["error"] = error.decode(errors="replace")
-    write_atomic(jobdir / "exit.json", result)
-    return 0
+    return _record_exit(jobdir, pid, error, result)
 
 
 def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
@@ -171,7 +149,6 @@ def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
     terminal it is, as login(1) and sshd start a shell. noded keeps the master side and
     relays it (noded/relays.py); what the job writes goes to the terminal, not to the log.
     The job's process group is its session (pgid == pid), as for a batch job."""
-    uid, gid = spec["uid"], spec["gid"]
     read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
     os.set_inheritable(write_fd, False)
     pid = os.fork()
@@ -187,32 +164,64 @@ def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
                 os.dup2(slave, fd)
             if slave > 2:
                 os.close(slave)
-            if os.geteuid() == 0 and uid != 0:
-                os.setgroups(spec.get("groups", []))
-                os.setgid(gid)
-                os.setuid(uid)
-            step = f"cannot enter the working directory {spec.get('workdir') or '/'}"
-            os.chdir(spec.get("workdir") or "/")
-            command = spec["command"]
-            step = f"cannot execute {command[0]}"
-            os.execvpe(command[0], command, spec["env"])
+            _become_and_exec(spec)
+        except _Step as failed:
+            os.write(write_fd, str(failed).encode()[:512])
         except OSError as exc:
             os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
         os._exit(127)
     os.close(write_fd)
     os.close(slave)  # only the job holds the terminal: its end hangs the terminal up
     write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
+    return _record_exit(jobdir, pid, _exec_error(read_fd), {"terminal": True})
+
+
+class _Step(Exception):
+    """A step of starting the job that failed, as the sentence the job's reason gets."""
+
+
+def _become_and_exec(spec: dict) -> None:
+    """In the forked child, its stdio set: become the job's user, enter its working
+    directory and execute its command (never returns; a failed step raises _Step)."""
+    uid, gid = spec["uid"], spec["gid"]
+    try:
+        if os.geteuid() == 0 and uid != 0:
+            os.setgroups(spec.get("groups", []))
+            os.setgid(gid)
+            os.setuid(uid)
+    except OSError as exc:
+        raise _Step(f"cannot become user {uid}: {exc.strerror or exc}") from None
+    workdir = spec.get("workdir") or "/"
+    try:
+        os.chdir(workdir)
+    except OSError as exc:
+        raise _Step(f"cannot enter the working directory {workdir}: "
+                    f"{exc.strerror or exc}") from None
+    command = spec["command"]
+    try:
+        os.execvpe(command[0], command, spec["env"])
+    except OSError as exc:
+        raise _Step(f"cannot execute {command[0]}: {exc.strerror or exc}") from None
+
+
+def _exec_error(read_fd: int) -> bytes:
+    """What the child wrote on the exec-failure pipe (nothing once it executed the job)."""
     error = b""
     while chunk := os.read(read_fd, 512):
         error += chunk
     os.close(read_fd)
+    return error
+
+
+def _record_exit(jobdir: Path, pid: int, error: bytes, result: dict) -> int:
+    """Wait for the job's process and write how it ended (exit.json, read by noded)."""
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
         except InterruptedError:
             continue
-    result: dict = {"time": time.time(), "terminal": True}
+    result = {"time": time.time(), **result}
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:
