@@ -344,12 +344,7 @@ class SchedulingCore:
                 if isinstance(decision, Reorder):
                     self.reorder(decision.job_id)
                     continue
-                job = self._active.get(decision.job_id)
-                if job is None or job.stopping:
-                    continue
-                job.stopping = True
-                job.reason = f"preempted: {decision.reason}"
-                applied.append(decision)
+                self._preempting(decision, applied)
         wake = getattr(unwrap(self.policy), "wake_at", None)
         if wake is not None:
             self.wake_at = wake(now)
@@ -415,13 +410,17 @@ class SchedulingCore:
                     self.admission.started(job)
                 applied.append(decision)
             elif isinstance(decision, Preempt):
-                job = self._active.get(decision.job_id)
-                if job is None or job.stopping:
-                    continue
-                job.stopping = True
-                job.reason = f"preempted: {decision.reason}"
-                applied.append(decision)
+                self._preempting(decision, applied)
         return held_back
+
+    def _preempting(self, decision: Preempt, applied: list[Decision]) -> None:
+        """Mark a running job as being preempted (once) and note the decision as applied."""
+        job = self._active.get(decision.job_id)
+        if job is None or job.stopping:
+            return
+        job.stopping = True
+        job.reason = f"preempted: {decision.reason}"
+        applied.append(decision)
 
     # -- events from nodes ---------------------------------------------------------------
     def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:

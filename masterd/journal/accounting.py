@@ -151,19 +151,27 @@ _FACT_COLUMNS = ("a.job_id, a.account, a.username, a.gpu_model, a.gpus, a.submit
                  "a.requeued_at, a.gpu_util")
 
 
-def read_facts(db: Any, ended_since: float | None = None,
-               submitted_until: float | None = None,
-               users: Iterable[str] | None = None) -> list[Fact]:
-    """What a report needs (masterd.core.accounting.Fact) of the same jobs as
-    :func:`read_jobs`, read as plain tuples: the table's rows become facts without an object
-    per job, which is what keeps a year of journal within seconds."""
-    where, args = [], []
+def _window(ended_since: float | None, submitted_until: float | None
+            ) -> tuple[list[str], list[Any]]:
+    """The WHERE terms (and their arguments) of a report's window over the table."""
+    where: list[str] = []
+    args: list[Any] = []
     if ended_since is not None:
         where.append("end_time >= ?")
         args.append(ended_since)
     if submitted_until is not None:
         where.append("submit_time <= ?")
         args.append(submitted_until)
+    return where, args
+
+
+def read_facts(db: Any, ended_since: float | None = None,
+               submitted_until: float | None = None,
+               users: Iterable[str] | None = None) -> list[Fact]:
+    """What a report needs (masterd.core.accounting.Fact) of the same jobs as
+    :func:`read_jobs`, read as plain tuples: the table's rows become facts without an object
+    per job, which is what keeps a year of journal within seconds."""
+    where, args = _window(ended_since, submitted_until)
     wanted = None if users is None else set(users)
     try:
         complete = _complete(db)
@@ -220,13 +228,7 @@ def read_jobs(db: Any, ended_since: float | None = None,
     """The jobs accounting needs: every ended job that ended at or after ``ended_since`` and
     was submitted by ``submitted_until`` (from the table; rows missing from it derived now),
     plus every job not ended yet. ``users``: only their jobs."""
-    where, args = [], []
-    if ended_since is not None:
-        where.append("end_time >= ?")
-        args.append(ended_since)
-    if submitted_until is not None:
-        where.append("submit_time <= ?")
-        args.append(submitted_until)
+    where, args = _window(ended_since, submitted_until)
     sql = f"SELECT {_COLUMNS} FROM accounting"
     if where:
         sql += " WHERE " + " AND ".join(where)
