@@ -73,13 +73,18 @@ TRUTH = TruthConfig(noise_sigma=0.0, interference=False)
 GAP2_MODEL = DEFAULT_MODEL.with_name("sched2-15x8-j10-gap2.npz")
 PAPER_BASELINES = ("sif", "dsif", "saf", "lrf", "spf", "fifo")
 OTHER_BASELINES = ("sjf", "qssf", "swaf-exact")
+# The hold rule (``sched2-hold``) at the agent's window J = 10, and over the whole queue.
+HOLD = "sched2-hold"
+HOLD_ALL = "sched2-hold-all"
+HOLD_RULES = (HOLD, HOLD_ALL)
 MOLDABLE = "swaf"  # may give a job fewer GPUs than it asked for: reported, not "best"
 WINDOW_RULE = "window-shortest"
 SENSITIVE = frozenset(m for m, s in SCHED2_SLOWDOWNS.items() if s >= 2.0)
 POLICY_TITLES = {"sched2": "SCHED² (learned)", "sif": "SIF", "dsif": "DSIF", "saf": "SAF",
                  "lrf": "LRF", "spf": "SPF", "qssf": "QSSF (Helios' error model)",
                  "swaf-exact": "SWAF, GPUs as asked",
-                 "swaf": "SWAF, fewer GPUs allowed"}
+                 "swaf": "SWAF, fewer GPUs allowed",
+                 HOLD: "hold rule, J = 10", HOLD_ALL: "hold rule, whole queue"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Sched2Study:
     model: str = ""  # empty: the model shipped in the package
     episodes: tuple[int, ...] = tuple(workload.TEST_EPISODES)  # the paper's mix
     jobs: int = 1000
-    baselines: tuple[str, ...] = (*PAPER_BASELINES, *OTHER_BASELINES, MOLDABLE)
+    baselines: tuple[str, ...] = (*PAPER_BASELINES, *OTHER_BASELINES, *HOLD_RULES, MOLDABLE)
     mixes: tuple[float | None, ...] = (0.60, 0.75, None)  # beside 0.68; None: Philly as is
     gap_scales: tuple[float, ...] = (2.0, 4.0)  # Fig. 8: arrival gaps × these
     # (gap scale, model file): a model trained at that gap, evaluated there beside the main
@@ -199,6 +204,8 @@ def build_policy(cell: Cell, network: QNetwork | None, opts: workload.Sched2Opti
         shape = Shape(opts.servers, opts.gpus_per_server, cell.window)
         return Sched2Policy(model=random_network(shape), modeldb=db,
                             agent=ShortestInWindow(shape))
+    if cell.policy == HOLD_ALL:
+        return make_policy(HOLD, modeldb=db, window=0)
     if cell.policy == "swaf-exact":
         return make_policy("swaf", modeldb=db, shape_mode="exact")
     if cell.policy in ("fifo", "lrf", "qssf"):  # no model: FIFO order, free GPUs, estimates
