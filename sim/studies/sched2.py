@@ -161,6 +161,7 @@ class Cell:
     jobs: int = 1000
     window: int = 10
     keep_series: bool = False
+    load: float | None = workload.IMPLIED_LOAD  # expected offered load (durations scaled)
 
 
 @dataclass
@@ -192,7 +193,7 @@ class ShortestInWindow:
 
 
 def options_of(cell: Cell) -> workload.Sched2Options:
-    base = workload.Sched2Options(one_gpu_share=cell.share, jobs=cell.jobs)
+    base = workload.Sched2Options(one_gpu_share=cell.share, jobs=cell.jobs, load=cell.load)
     return replace(base, mean_gap_s=base.mean_gap_s * cell.gap_scale)
 
 
