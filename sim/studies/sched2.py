@@ -184,7 +184,7 @@ class ShortestInWindow:
         self.shape = shape
 
     def act(self, observation: Observation) -> int:
-        step = self.shape.profiles + 2
+        step = self.shape.job_step
         allowed = np.flatnonzero(observation.mask[:-1])
         return int(min(allowed, key=lambda i: observation.jobs[i * step]))
 
