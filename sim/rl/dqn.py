@@ -59,6 +59,14 @@ class DqnConfig:
     demo_weight: float = 1.0  # weight of the margin loss
 
 
+def discounts(config: DqnConfig, elapsed: np.ndarray) -> np.ndarray:
+    """γ per decision times e^(−Δt/τ) for the seconds each transition spanned."""
+    out = np.full(elapsed.shape, config.gamma, dtype=np.float32)
+    if config.time_constant_s > 0:
+        out *= np.exp(-np.maximum(elapsed, 0.0) / config.time_constant_s).astype(np.float32)
+    return out
+
+
 class DqnLearner:
     def __init__(self, shape: Shape, config: DqnConfig, seed: int,
                  hidden: dict[str, int] | None = None) -> None:
@@ -88,11 +96,8 @@ class DqnLearner:
             nxt = self.target(torch.from_numpy(b.next_servers), torch.from_numpy(b.next_jobs))
             nxt = nxt.masked_fill(~torch.from_numpy(b.next_masks), -torch.inf).max(1).values
             nxt = torch.where(torch.from_numpy(b.done), torch.zeros_like(nxt), nxt)
-            discount = torch.full_like(nxt, c.gamma)
-            if c.time_constant_s > 0:
-                discount = discount * torch.exp(-torch.from_numpy(b.elapsed)
-                                                / c.time_constant_s)
-            target = torch.from_numpy(b.rewards) + discount * nxt
+            factor = torch.from_numpy(discounts(c, b.elapsed))
+            target = torch.from_numpy(b.rewards) + factor * nxt
         errors = q - target
         weights = torch.from_numpy(b.weights)
         loss = (weights * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
