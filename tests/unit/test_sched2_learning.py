@@ -90,3 +90,28 @@ def test_the_hold_rule_needs_the_packing_feature() -> None:
     with pytest.raises(ValueError, match="packing feature"):
         HoldAgent(Shape(2, 8, J)).act(Observation(np.zeros((2, 8)), np.zeros(22),
                                                   np.ones(J + 1, dtype=bool)))
+
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not (TRACES / "philly-jobs.csv").exists(), reason=f"no trace at {TRACES}")
+def test_the_hold_rule_in_the_agents_seat_is_sched2_hold_start_for_start() -> None:
+    from masterd.core.policies import make_policy
+    from sim.engine import SimConfig, simulate
+    from sim.oracle import oracle_modeldb
+    from sim.studies import sched2 as study
+    from sim.truth import TruthModel
+    from sim.workloads import sched2 as workload
+
+    w = workload.episode(TRACES, workload.Sched2Options(jobs=300, load=1.0), 30,
+                         TruthModel(study.TRUTH))
+    db = oracle_modeldb(study.TRUTH, workload.GPU_MODEL)
+    shape = Shape(15, 8, 10, packing=True, canonical=True)
+    seat = simulate(w, Sched2Policy(model=random_network(shape), modeldb=db,
+                                    agent=HoldAgent(shape)), SimConfig(seed=1, truth=study.TRUTH))
+    rule = simulate(w, make_policy("sched2-hold", modeldb=db),
+                    SimConfig(seed=1, truth=study.TRUTH))
+    starts = {r.id: (r.first_start, r.nodes_used) for r in rule.records}
+    assert len(starts) == 300
+    assert {r.id: (r.first_start, r.nodes_used) for r in seat.records} == starts
