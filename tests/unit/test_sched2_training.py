@@ -104,3 +104,24 @@ def test_locality_penalty_in_the_truth_over_two_servers() -> None:
                                   NodeAllocation("s2-0001", (0, 1)))), inventories)
         ratio = truth.speed(job_truth, one) / truth.speed(job_truth, two)
         assert ratio == pytest.approx(slowdown)
+
+
+def test_a_warm_start_from_the_hold_rule_starts_near_it(tmp_path: Path) -> None:
+    from sim.rl.dqn import DqnConfig
+
+    base = small_config(TRACES, tmp_path / "warm.npz", episodes=3, seed=1)
+    config = replace(base, packing=True, canonical=True, imitate_episodes=2,
+                     pretrain_steps=300, eval_every=3,
+                     dqn=replace(base.dqn, time_constant_s=3600.0, eps_start=0.2,
+                                 eps_end=0.02))
+    assert isinstance(config.dqn, DqnConfig)
+    result = train(config)
+    record = result.record
+    assert record["imitate_episodes"] == 2 and record["packing"] and record["canonical"]
+    hold = record["hold_rule_on_eval_episodes"]["effectiveness"]
+    # Two episodes of demonstrations already bring the greedy network close to the rule.
+    assert record["chosen"]["effectiveness"] > 0.9 * hold
+    trained = QNetwork.load(tmp_path / "warm.npz")
+    assert trained.shape.packing and trained.shape.canonical
+    with pytest.raises(ValueError, match="needs the packing feature"):
+        replace(base, imitate_episodes=1)
