@@ -109,7 +109,8 @@ class Sched2Study:
 
 
 def tiny() -> Sched2Study:
-    return Sched2Study(episodes=(30,), jobs=60, baselines=("sif", "fifo", "swaf-exact", HOLD),
+    return Sched2Study(episodes=(30,), jobs=60, baselines=("sif", "fifo", "swaf-exact", HOLD,
+                                                            HOLD_ALL),
                        mixes=(None,), gap_scales=(2.0,), other_episodes=1, windows=(10, 30),
                        window_episodes=1, gap_models=(), loads=(1.2,),
                        load_policies=("sif", HOLD))
@@ -338,7 +339,7 @@ def _mix_label(share: float | None) -> str:
 
 def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
            runner: Runner) -> Section:
-    names = [b for b in study.baselines if b not in ("swaf-exact",)]
+    names = [b for b in study.baselines if b not in ("swaf-exact", HOLD_ALL)]
     check_policies(names, "sched2 baselines")
     missing = [g for g, _ in study.gap_models if g not in study.gap_scales]
     if missing:
