@@ -11,7 +11,11 @@ Replayed: the trained agent (the model shipped in the package unless ``--sched2-
 paper's baselines (SIF, DSIF, SAF, LRF, SPF, FIFO) and the registry's SJF, QSSF (Helios, its
 estimate under Helios' error model, as the workload draws it) and SWAF (GENIE, with exactly
 the GPUs asked — the paper's jobs keep their GPU count — and, reported apart,
-SWAF free to give fewer GPUs). Settings: the paper's mix on every held-out episode; the
+SWAF free to give fewer GPUs), and the hold rule (``sched2-hold``: the shortest window job
+packing places on its fewest servers, else "no job") at J = 10 and over the whole queue, the
+baseline the agent must beat. Durations are scaled to the offered load the paper's figures
+imply (0.69); a load sweep (0.5–1.2) repeats the comparisons, paired per episode with
+bootstrap intervals (``sim.paired``). Settings: the paper's mix on every held-out episode; the
 60% and 75% mixes and Philly as it is; the paper's Fig. 8 (arrival gaps scaled); and, to
 measure what the window of J jobs costs, the shortest job in a window of J = 10, 30, 100
 picked by a fixed rule instead of the agent.
