@@ -50,6 +50,9 @@ def add_parser(sub: Any, trace_default: str) -> argparse.ArgumentParser:
                        help="gradient steps on the demonstrations before the agent acts")
     train.add_argument("--time-constant", type=float, default=3600.0, metavar="SECONDS",
                        help="τ of the elapsed-time discount e^(-Δt/τ) (0: per decision only)")
+    train.add_argument("--lr", type=float, default=5e-4, help="Adam's learning rate")
+    train.add_argument("--margin", type=float, default=0.1,
+                       help="DQfD's margin for the demonstrated actions")
     train.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return train
 
@@ -84,7 +87,10 @@ def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
     if args.time_constant < 0:
         raise TrainUsageError(f"--time-constant must be >= 0, got {args.time_constant}")
     fixes = not args.paper_state
-    dqn = DqnConfig(time_constant_s=args.time_constant)
+    if not (args.lr > 0 and args.margin >= 0):
+        raise TrainUsageError(f"--lr must be > 0 and --margin >= 0, got {args.lr}, "
+                              f"{args.margin}")
+    dqn = DqnConfig(time_constant_s=args.time_constant, lr=args.lr, margin=args.margin)
     if args.imitate and fixes:
         # Started from the rule: explore around it rather than from scratch.
         dqn = replace(dqn, eps_start=0.2, eps_end=0.02)
