@@ -17,7 +17,8 @@ decision latency at scale. Training is not part of it.
    ``best_heuristic``: the heuristic with the best mean effectiveness (the paper's
    objective); ``jct_speedup_vs_best`` etc.: against the best heuristic of each metric.
 2. **Decision latency**: J = 10 on ``--latency-servers`` servers × 8 GPUs (a network of that
-   shape with seeded random weights: the time does not depend on the values), a workload of
+   shape and the evaluated model's state — packing feature, server order — with seeded
+   random weights: the time does not depend on the values), a workload of
    the same mix with arrivals sped up to keep the per-GPU load, replayed through the core. A
    decision is one action of the agent: from the start of the pass (or the previous action)
    to the agent's answer — the state, the forward pass, and placing the job picked before.
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from masterd.core.policies.sched2 import DEFAULT_MODEL, Sched2Policy
 from masterd.core.sched2.agent import GreedyAgent
-from masterd.core.sched2.network import Shape, random_network
+from masterd.core.sched2.network import QNetwork, Shape, random_network
 from masterd.core.sched2.state import Observation
 from sim.engine import SimConfig, simulate
 from sim.oracle import oracle_modeldb
@@ -145,12 +146,15 @@ class TimedPolicy:
         return self.plan(snapshot, queue, now).decisions
 
 
-def latency(trace: Path, servers: int, jobs: int) -> dict[str, Any]:
+def latency(trace: Path, servers: int, jobs: int, like: Shape) -> dict[str, Any]:
+    """Decision times at ``servers`` servers with a network of the evaluated model's state
+    (``like``: its packing feature and server order cost time too)."""
     opts = replace(workload.Sched2Options(), servers=servers, jobs=jobs,
                    mean_gap_s=workload.Sched2Options().mean_gap_s * 15 / servers)
     truth = TruthModel(study.TRUTH)
     w = workload.episode(trace, opts, 30, truth)
-    network = random_network(Shape(servers, opts.gpus_per_server, 10), seed=1)
+    network = random_network(Shape(servers, opts.gpus_per_server, 10, like.profiles,
+                                   packing=like.packing, canonical=like.canonical), seed=1)
     agent = TimedAgent(GreedyAgent(network))
     policy = Sched2Policy(model=network, modeldb=oracle_modeldb(study.TRUTH, workload.GPU_MODEL),
                           agent=agent)  # type: ignore[arg-type]
@@ -216,7 +220,8 @@ def main() -> None:
               f"{v['jct_speedup_ci'][1]:.3f}]  makespan {v['makespan_speedup']:.3f}x "
               f"[{v['makespan_speedup_ci'][0]:.3f}, {v['makespan_speedup_ci'][1]:.3f}]",
               flush=True)
-    lat = latency(trace, args.latency_servers, args.latency_jobs)
+    lat = latency(trace, args.latency_servers, args.latency_jobs,
+                  QNetwork.load(args.model).shape)
     print(f"latency: {lat['decisions']} decisions on {lat['servers']} servers: p50 "
           f"{lat['decision_ms_p50']:.2f} ms, p99 {lat['decision_ms_p99']:.2f} ms (CPU p99 "
           f"{lat['decision_cpu_ms_p99']:.2f} ms); passes p99 {lat['pass_ms_p99']:.2f} ms",
