@@ -1,4 +1,5 @@
-"""Liquid's replays (sim/studies/liquid.py) as a benchmark, with the figures issue #21 names:
+"""Liquid's replays (sim/studies/liquid.py) as a benchmark, with the figures issues #21 and #32
+name:
 
     python bench/liquid_replay.py [--testbed-nodes 20] [--no-soda] [--out DIR]
 
@@ -7,7 +8,12 @@ Kubernetes-like least-requested spread and a HiveD-like buddy-cell allocator), t
 model's held-out R² on Lucid's measured co-location pairs, and openb with its fractional GPU
 requests honoured (whole-GPU rounding, Liquid's sharing, SODA's arrays). Prints the study's
 tables on stderr and, last, one JSON line: ``makespan_reduction_pct`` and
-``jct_reduction_pct`` (Liquid's cut against each baseline on the largest testbed),
+``jct_reduction_pct`` (Liquid's cut against each baseline on the largest testbed, with the
+parameter servers' traffic calibrated to the paper's measured VGG-16 worker),
+``calibrated_worker_mb_per_s`` (what a lone VGG-16 worker exchanges in the calibrated traffic
+model), the same cuts uncalibrated (``uncalibrated``: full model-size exchanges), the resource
+model's held-out R² on the metered testbed history (``history_r2``), Liquid's batch mode
+against its immediate mode (``immediate_makespan_cut_pct``),
 ``rf_r2`` (mean over labels and splits, measured pairs), ``openb_gpu_alloc_pct``
 (``whole``, ``shared``), the paper's figures beside them, and ``seconds``.
 """
@@ -55,9 +61,25 @@ def main() -> int:
     def r1(x: float | None) -> float | None:
         return None if x is None else round(x, 1)
 
+    calibration = data["calibration"]
+    full = data["uncalibrated"]
     result = {
+        "calibrated_worker_mb_per_s": calibration["lone_worker_mb_per_s"]["vgg16"],
         "makespan_reduction_pct": {b: r1(c["makespan"]) for b, c in cuts.items()},
         "jct_reduction_pct": {b: r1(c["jct"]) for b, c in cuts.items()},
+        "immediate_makespan_cut_pct": {b: r1(c["makespan"]) for b, c in
+                                       data["immediate_reductions"][largest].items()},
+        "calibration": {"source": "Liquid §5.1, Fig. 4: a VGG-16 worker 'can reach 200 MB/s'",
+                        "bytes_scale": round(calibration["bytes_scale"], 4),
+                        "exchanged_mb_per_iteration":
+                            calibration["exchanged_mb_per_iteration"]},
+        "uncalibrated": {
+            "worker_mb_per_s": full["traffic"]["lone_worker_mb_per_s"]["vgg16"],
+            "makespan_reduction_pct": {b: r1(c["makespan"])
+                                       for b, c in full["reductions"].items()},
+            "jct_reduction_pct": {b: r1(c["jct"]) for b, c in full["reductions"].items()},
+        },
+        "history_r2": data["history"]["r2"],
         "testbed_nodes": int(largest),
         "rf_r2": round(data["rf_pairs"]["mean_r2"], 3),
         "rf_r2_by_label": {k: (None if v is None else round(v["mean"], 3))

@@ -39,6 +39,8 @@ JOB_STATES = ("queued", "starting", "running", "finished", "failed", "cancelled"
               "node_lost",
               "active")
 
+CSV_COMMANDS = ("report", "share")
+
 __all__ = ["UsageError", "build_parser", "main", "parse_deadline"]
 
 
@@ -201,7 +203,9 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("--memory-mib", type=int)
     p.add_argument("--gpu-model")
     p.add_argument("--user", help="Unix user the job runs as (default: you)")
-    p.add_argument("--tenant", "-A", "--account", dest="tenant")
+    p.add_argument("-A", "--account", "--tenant", dest="tenant", metavar="ACCOUNT",
+                   help="the account the job is charged to (Slurm's --account; default: "
+                        "the user's default account)")
     p.add_argument("--qos", choices=("urgent", "prior", "normal"))
     p.add_argument("--model-type")
     p.add_argument("--model-family", help="e.g. cnn, rnn: finds a similar profiled model")
@@ -214,6 +218,12 @@ def _submit(p: argparse.ArgumentParser, _: Any) -> None:
     _time_arguments(p)
     p.add_argument("--workdir")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--image", metavar="REF",
+                   help="run in this OCI image (registry/name:tag), pulled by the node "
+                        "(docs/containers.md)")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]",
+                   help="bind a host path into the job's container (under the node's "
+                        "[containers] allowed_mounts)")
     p.add_argument("-d", "--after", "--dependency", dest="after", metavar="DEPENDENCY",
                    help="start only after other jobs, Slurm's syntax: afterok:ID[:ID...] "
                         "(and afterany, afternotok, aftercorr for arrays); terms separated "
@@ -263,6 +273,21 @@ def _time_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=float, metavar="SECONDS",
                    help="SIGTERM-to-SIGKILL grace when the job is stopped (capped by the "
                         "master's max_grace_s; default its stop_grace_s)")
+
+
+def _run(p: argparse.ArgumentParser, command: Any) -> None:
+    """``trellisctl run``: submit's options, and --pty (docs/interactive.md)."""
+    p.add_argument("--pty", action="store_true",
+                   help="run the command on a terminal on its node, attached to this one "
+                        "(srun --pty): e.g. run --gpus 1 --pty -- bash")
+    _submit(p, command)
+
+
+def _port_forward(p: argparse.ArgumentParser, _: Any) -> None:
+    p.add_argument("job_id", help="a running job of yours")
+    p.add_argument("ports", metavar="LOCAL[:REMOTE]",
+                   help="listen on 127.0.0.1:LOCAL here; each connection reaches the job's "
+                        "port REMOTE (default LOCAL) on its node")
 
 
 def _update(p: argparse.ArgumentParser, _: Any) -> None:
@@ -347,6 +372,12 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "update": ("change a job's QoS, time limit or priority (users may only lower them)",
                _update),
     "show": ("describe a job", _job_id),
+    "run": ("run a job and wait for it, its output here (srun): --pty for a terminal on "
+            "its node", lambda p, c: _run(p, c)),
+    "attach": ("attach this terminal to a running job's terminal again (run --pty)",
+               _job_id),
+    "port-forward": ("relay a local port to a TCP port of a running job (JOB LOCAL[:REMOTE])",
+                     lambda p, c: _port_forward(p, c)),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
     "gpu": ("return a GPU that is out of service to service (gpu reset NODE INDEX)",
@@ -358,17 +389,35 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "profile": ("profile a model type with B + N + G real runs", _profile),
     "profiles": ("list profiling campaigns, or show one", _profiles),
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
+    "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
+                lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
                   lambda p, c: _helios().add_estimator(p, c)),
     "power": ("Cluster Energy Saving: powered-down nodes, wake-ups",
               lambda p, c: _helios().add_power(p, c)),
+    "share": ("fair share: each account's shares, decayed usage and factor",
+              lambda p, c: _fairshare().add_share(p, c)),
+    "report": ("accounting: GPU-hours, jobs by end state, waits, requeues by account, user "
+               "or GPU model", lambda p, c: _fairshare().add_report(p, c)),
 }
+
+
+def _fairshare() -> Any:
+    from control import fairshare
+
+    return fairshare
 
 
 def _helios() -> Any:
     from control import helios
 
     return helios
+
+
+def _accounts() -> Any:
+    from control import accounts
+
+    return accounts
 
 
 def _failures() -> Any:
@@ -549,9 +598,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be more than 0 seconds")
     if cmd == "logs" and args.tail is not None and args.tail < 0:
         raise UsageError(f"--tail must be 0 or more lines, got {args.tail}")
+    if args.output == "csv" and cmd not in CSV_COMMANDS:
+        raise UsageError(f"-o csv is for {' and '.join(CSV_COMMANDS)}; {cmd} prints table, "
+                         "wide, json or yaml")
     client = make_client(args)
     if cmd == "logs":
         return logs(client, args)
+    if cmd in ("run", "attach", "port-forward"):
+        from control import interactive
+
+        if cmd == "run":
+            return interactive.run(client, args)
+        if cmd == "attach":
+            return interactive.attach(client, args.job_id)
+        return interactive.port_forward(client, args.job_id, args.ports)
     if cmd in ("nodes", "node", "jobs"):
         if args.watch:
             try:
@@ -581,6 +641,12 @@ def run(args: argparse.Namespace) -> int:
         text = f"node {result['node']} is {result['status']}"
     elif cmd == "gpu":
         result, text = _failures().run_gpu(client, args)
+    elif cmd == "share":
+        result, text = _fairshare().run_share(client, args)
+    elif cmd == "report":
+        result, text = _fairshare().run_report(client, args)
+    elif cmd == "account":
+        result, text = _accounts().run_account(client, args)
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-FORMATS = ("table", "wide", "json", "yaml")
+FORMATS = ("table", "wide", "json", "yaml", "csv")  # csv: report and share only
 
 
 def emit(result: Any, text: str, output: str, stream: bool = False) -> None:

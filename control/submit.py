@@ -129,18 +129,54 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     stop = stop_options(args)
     if stop:
         job["stop"] = stop
-    launch = {key: getattr(args, key) for key in ("stdout", "stderr")
-              if getattr(args, key, None) is not None}
-    if launch:
+    launch = launch_options(args)
+    for key in ("stdout", "stderr"):
+        pattern = getattr(args, key, None)
+        if pattern is None:
+            continue
         from shared.outputpattern import check_pattern
 
-        for key, pattern in launch.items():
-            try:
-                check_pattern(pattern, key)
-            except ValueError as exc:
-                raise UsageError(f"--{key}: {exc}") from None
+        try:
+            check_pattern(pattern, key)
+        except ValueError as exc:
+            raise UsageError(f"--{key}: {exc}") from None
+        launch[key] = pattern
+    if launch:
         job["launch"] = launch
     return job
+
+
+def parse_mount(text: str) -> dict[str, Any]:
+    """``SRC:DST[:ro|rw]`` as a LaunchSpec mount."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise UsageError(f"--mount {text!r}: expected SRC:DST or SRC:DST:ro")
+    if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+        raise UsageError(f"--mount {text!r}: the third field must be ro or rw")
+    if not parts[0].startswith("/") or not parts[1].startswith("/"):
+        raise UsageError(f"--mount {text!r}: both paths must be absolute")
+    return {"source": parts[0], "target": parts[1],
+            "read_only": len(parts) == 3 and parts[2] == "ro"}
+
+
+def launch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--image and --mount as the spec's launch (docs/containers.md)."""
+    from shared.imageref import ImageRefError, parse_image
+
+    launch: dict[str, Any] = {}
+    image = getattr(args, "image", None)
+    mounts = getattr(args, "mount", None) or []
+    if image is not None:
+        try:
+            parse_image(image)
+        except ImageRefError as exc:
+            raise UsageError(f"--image: {exc}") from None
+        launch["image"] = image
+    if mounts:
+        if image is None:
+            raise UsageError("--mount needs --image: only a container job has mounts")
+        launch["mounts"] = [parse_mount(m) for m in mounts]
+    return launch
 
 
 MAX_GRACE_S = 3600.0  # StopRules.grace_s's bound

@@ -90,8 +90,20 @@ class Calls:
         return RpcCall("ping", {}, _view("MasterInfo"))
 
     @staticmethod
-    def submit(spec: JobSpec, id: str | None = None) -> RpcCall[JobView]:
-        return RpcCall("submit", _given(job=_spec(spec), id=id), _view("JobView", "job"))
+    def submit(spec: JobSpec, id: str | None = None, account: str | None = None
+               ) -> RpcCall[JobView]:
+        job = _spec(spec)
+        if account is not None:  # the job's account (Slurm's --account) is its spec's tenant
+            job["tenant"] = account
+        return RpcCall("submit", _given(job=job, id=id), _view("JobView", "job"))
+
+    @staticmethod
+    def accounts() -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("account_list", {}, lambda r: list(_field(r, "accounts")))
+
+    @staticmethod
+    def account(name: str) -> RpcCall[dict[str, Any]]:
+        return RpcCall("account_show", {"name": name}, lambda r: dict(_field(r, "account")))
 
     @staticmethod
     def submit_many(specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
@@ -156,6 +168,16 @@ class Calls:
         return RpcCall("events", _given(after=after, limit=limit, job=job, tail=tail),
                        _view("EventPage"))
 
+    @staticmethod
+    def share() -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("share", {}, lambda r: _field(r, "accounts"))
+
+    @staticmethod
+    def report(by: str = "account", since: float | None = None,
+               until: float | None = None) -> RpcCall[list[dict[str, Any]]]:
+        return RpcCall("report", _given(by=by, since=since, until=until),
+                       lambda r: _field(r, "rows"))
+
 
 class TypedCalls:
     """Typed methods for a synchronous client: it provides ``call(method, params)``."""
@@ -169,9 +191,10 @@ class TypedCalls:
         """The master's version and scheduling policy."""
         return self._run(Calls.ping())
 
-    def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
+    def submit(self, spec: JobSpec, id: str | None = None,
+               account: str | None = None) -> JobView:
         """Submit one job (journalled before the reply); ``id`` makes a retry idempotent."""
-        return self._run(Calls.submit(spec, id))
+        return self._run(Calls.submit(spec, id, account))
 
     def submit_many(self, specs: Sequence[JobSpec], ids: Sequence[str | None] | None = None
                     ) -> list[JobView]:
@@ -220,6 +243,12 @@ class TypedCalls:
         """Change a job's QoS class, time limit or priority (a user may only lower them)."""
         return self._run(Calls.update(job_id, qos, time_limit_s, priority))
 
+    def accounts(self) -> list[dict[str, Any]]:
+        return self._run(Calls.accounts())
+
+    def account(self, name: str) -> dict[str, Any]:
+        return self._run(Calls.account(name))
+
     def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
         """(Admins) return a GPU out of service to service; returns the fault it was held
         out for (``{xid, reason, fatal, since}``), or None when only its node held it."""
@@ -229,6 +258,18 @@ class TypedCalls:
                tail: int | None = None) -> EventPage:
         """Journal rows after cursor ``after`` (or the newest ``tail``), oldest first."""
         return self._run(Calls.events(after, limit, job, tail))
+
+    def share(self) -> list[dict[str, Any]]:
+        """Fair share: one row per account the caller may see (``account``, ``parent``,
+        ``shares``, ``norm_shares``, ``raw_usage``, ``norm_usage``, ``effective_usage``,
+        ``factor``), parents first."""
+        return self._run(Calls.share())
+
+    def report(self, by: str = "account", since: float | None = None,
+               until: float | None = None) -> list[dict[str, Any]]:
+        """Accounting rows over ``[since, until)`` (Unix seconds; default the last 30 days)
+        by ``account``, ``user`` or ``gpu-model``: see docs/governance.md."""
+        return self._run(Calls.report(by, since, until))
 
 
 class AsyncTypedCalls:
@@ -242,8 +283,9 @@ class AsyncTypedCalls:
     async def ping(self) -> MasterInfo:
         return await self._run(Calls.ping())
 
-    async def submit(self, spec: JobSpec, id: str | None = None) -> JobView:
-        return await self._run(Calls.submit(spec, id))
+    async def submit(self, spec: JobSpec, id: str | None = None,
+                     account: str | None = None) -> JobView:
+        return await self._run(Calls.submit(spec, id, account))
 
     async def submit_many(self, specs: Sequence[JobSpec],
                           ids: Sequence[str | None] | None = None) -> list[JobView]:
@@ -281,9 +323,22 @@ class AsyncTypedCalls:
                      time_limit_s: int | None = None, priority: int | None = None) -> JobView:
         return await self._run(Calls.update(job_id, qos, time_limit_s, priority))
 
+    async def accounts(self) -> list[dict[str, Any]]:
+        return await self._run(Calls.accounts())
+
+    async def account(self, name: str) -> dict[str, Any]:
+        return await self._run(Calls.account(name))
+
     async def gpu_reset(self, node: str, index: int) -> dict[str, Any] | None:
         return await self._run(Calls.gpu_reset(node, index))
 
     async def events(self, after: int = 0, limit: int | None = None, job: str | None = None,
                      tail: int | None = None) -> EventPage:
         return await self._run(Calls.events(after, limit, job, tail))
+
+    async def share(self) -> list[dict[str, Any]]:
+        return await self._run(Calls.share())
+
+    async def report(self, by: str = "account", since: float | None = None,
+                     until: float | None = None) -> list[dict[str, Any]]:
+        return await self._run(Calls.report(by, since, until))

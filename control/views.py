@@ -167,6 +167,9 @@ def show_job(result: dict[str, Any]) -> str:
         ("Time limit", time_limit(j)),
     )]
     lines += _lifecycle(j)
+    metrics = result.get("metrics") or {}
+    if j.get("image"):
+        lines.append(f"{'Image:':<12}{j['image']}{image_pull(j['state'], metrics)}")
     for a in j["placement"]:
         lines.append(f"{'Placement:':<12}{a['node']} gpus={_cpus(a['gpus'])} "
                      f"cpus={_cpus(a['cpus'])}")
@@ -175,7 +178,6 @@ def show_job(result: dict[str, Any]) -> str:
         from control.helios import show_estimate
 
         lines.extend(show_estimate(result["estimate"]))
-    metrics = result.get("metrics") or {}
     if metrics:
         lines.append(f"{'Metrics:':<12}" + ", ".join(
             f"{name}={m['last']:.6g} (mean {m['value']:.6g}, {m['count']} reports)"
@@ -187,6 +189,25 @@ def show_job(result: dict[str, Any]) -> str:
         lines.append(f"  {_fmt_time(e['time'])}  {e['kind']:<14} {dash(e['node']):<10} "
                      f"{detail}".rstrip())
     return "\n".join(lines)
+
+
+def image_pull(state: str, metrics: dict[str, Any]) -> str:
+    """Where the pull of a job's image stands, from what the node reported (noded/containers
+    reports image_pull_layers and image_pull_s while it pulls, image_pulled once done)."""
+    def last(name: str) -> float | None:
+        m = metrics.get(name)
+        return None if m is None else m.get("last")
+
+    pull_s, layers = last("image_pull_s"), last("image_pull_layers")
+    if last("image_cached"):
+        return " (in the node's cache)"
+    if last("image_pulled"):
+        return f" (pulled in {pull_s:.1f} s)" if pull_s is not None else " (pulled)"
+    if state not in ("starting", "running"):
+        return ""
+    if layers is not None:
+        return f" (pulling: {layers:g} layer(s) copied, {pull_s or 0:.1f} s so far)"
+    return " (pulling)" if state == "running" else ""
 
 
 def _requeue(wanted: bool | None) -> str:
@@ -228,6 +249,13 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _phases(u: dict[str, Any]) -> str:
+    """Liquid's phases as the node cut them (launching, and saving once the part ended)."""
+    parts = [f"{name}={u[key]:.1f} s" for key, name in (("pre_s", "pre"), ("post_s", "post"))
+             if u.get(key) is not None]
+    return " phases " + " ".join(parts) if parts else ""
+
+
 def show_usage(usage: list[dict[str, Any]] | None,
                resources: dict[str, float] | None) -> list[str]:
     """What the job's parts really used (noded's job_usage), and Liquid's prediction."""
@@ -242,11 +270,13 @@ def show_usage(usage: list[dict[str, Any]] | None,
             f"±{_num(u.get('gpu_util_std'), '.1f')} "
             f"gpu mem peak={_num(u.get('gpu_memory_peak_mib'), '.0f')} MiB "
             f"net tx={_num(net[0], 'd')} rx={_num(net[1], 'd')} B "
-            f"over {_num(u.get('seconds'), '.0f')} s")
+            f"over {_num(u.get('seconds'), '.0f')} s"
+            + _phases(u))
     if resources:
         names = (("liquid.gpu_util", "gpu util", 100.0, "%"), ("liquid.gpu_mem_mib", "gpu mem",
                  1.0, " MiB"), ("liquid.cpu", "cpu", 1.0, ""), ("liquid.mem_mib", "mem", 1.0,
-                 " MiB"), ("liquid.net_mbps", "net", 1.0, " MB/s"))
+                 " MiB"), ("liquid.net_mbps", "net", 1.0, " MB/s"),
+                 ("liquid.pre_s", "pre", 1.0, " s"), ("liquid.post_s", "post", 1.0, " s"))
         lines.append(f"{'Predicted:':<12}" + ", ".join(
             f"{label}={resources[key] * scale:.3g}{unit}" for key, label, scale, unit in names
             if key in resources))

@@ -257,6 +257,7 @@ class MasterDaemon:
             task.cancel()
         if self.master is not None:
             self.master.features.logs.close()  # followers' long polls end now
+            self.master.features.relays.close()  # relayed terminals and ports end now
         if self.runner is not None:
             app = self.runner.app
             gate = app[GATE_KEY]

@@ -39,6 +39,7 @@ from noded.fencing import EpochFence
 from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
 from noded.joblogs import LogReader
 from noded.jobs import JobPart, JobRefused, JobRunner
+from noded.relays import NodeRelays
 from noded.selffence import SelfFence
 from shared.messages import (
     NODE_COMMANDS,
@@ -60,6 +61,7 @@ from shared.messages import (
 )
 from shared.model import NodeInventory
 from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame, error_body
+from shared.relay import STREAM_FRAMES, RelayOpen
 from shared.schema import SchemaError, decode, encode
 
 log = logging.getLogger("trellis.node.agent")
@@ -162,6 +164,8 @@ class NodeAgent:
         # the receive loop (they may wait).
         self.logs = logs
         self._reads: set[asyncio.Task[None]] = set()
+        # Jobs' terminals and ports, relayed through the master (noded/relays.py).
+        self.relays = NodeRelays(runner, lambda type_, body: self._put(type_, body, 0))
 
     @property
     def url(self) -> str:
@@ -340,6 +344,7 @@ class NodeAgent:
             self.dialled.set()
             await self._receive(ws, stop)
         finally:
+            self.relays.close_all("the node's session with the master ended")
             await ws.close()
 
     async def _receive(self, ws: aiohttp.ClientWebSocketResponse, stop: asyncio.Event) -> None:
@@ -424,6 +429,9 @@ class NodeAgent:
             elif frame.id == self._hello_id:
                 self._hello_acked(frame.body)
             return
+        if frame.type in STREAM_FRAMES:  # a relayed stream's bytes: no ack (shared/relay.py)
+            self.relays.frame(frame.type, frame.body)
+            return
         schema = NODE_COMMANDS.get(frame.type)
         try:
             if schema is None:
@@ -438,6 +446,12 @@ class NodeAgent:
                 # A read may wait for output (a long poll): it must not hold up the commands
                 # behind it, so it answers from a task of its own.
                 task = asyncio.get_running_loop().create_task(self._read_log(cmd, frame.id))
+                self._reads.add(task)
+                task.add_done_callback(self._reads.discard)
+                return
+            if isinstance(cmd, RelayOpen):
+                # Connecting may take a moment: beside the receive loop, as a read.
+                task = asyncio.get_running_loop().create_task(self._open_relay(cmd, frame.id))
                 self._reads.add(task)
                 task.add_done_callback(self._reads.discard)
                 return
@@ -495,6 +509,18 @@ class NodeAgent:
             await self._send("error", error_body("internal", str(exc)), id_)
             return
         await self._send("ack", encode(chunk), id_)
+
+    async def _open_relay(self, cmd: RelayOpen, id_: int) -> None:
+        try:
+            result = await self.relays.open(cmd)
+        except JobRefused as exc:
+            await self._send("error", error_body(exc.code, exc.message), id_)
+            return
+        except Exception as exc:  # never let one stream take the daemon down
+            log.exception("relay_open of job %s failed", cmd.job_id)
+            await self._send("error", error_body("internal", str(exc)), id_)
+            return
+        await self._send("ack", result, id_)
 
     def _hello_acked(self, body: dict[str, Any]) -> None:
         """The master took our hello; its ack names the epoch it leads at and the lease."""

@@ -33,6 +33,7 @@ from noded.cgroups import CgroupManager, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.gpufence import GpuFence
 from noded.shim import write_atomic
+from noded.terminals import Terminals
 from shared.messages import JobReport, PrepareJob, StalePart, StartJob
 from shared.model import JobSpec, check_name
 from shared.nodelease import LeasedPart
@@ -135,6 +136,15 @@ class JobRunner:
         self.cleanup_hooks: list[Callable[[JobPart], None]] = []
         # The GPU device fence each job's group gets before the job starts (noded/gpufence.py).
         self.gpu_fence: GpuFence | None = None
+        # Rewrite a part's launch before the shim runs it (an image job runs its container
+        # launch instead: noded/containers): (part, launch) -> launch.
+        self.launch_wrappers: list[Callable[[JobPart, dict[str, Any]], dict[str, Any]]] = []
+        # Why a part ended, asked before the kernel's OOM count (a container launch that
+        # failed): part -> sentence, "" when the hook has nothing to say.
+        self.exit_reasons: list[Callable[[JobPart], str]] = []
+        # The master sides of the pseudo-terminals of jobs run with launch.pty.
+        self.terminals = Terminals()
+        self.cleanup_hooks.append(lambda part: self.terminals.close(part.job_id))
 
     # -- commands ------------------------------------------------------------------------
     def _identity(self, user: str) -> pwd.struct_passwd:
@@ -320,13 +330,26 @@ class JobRunner:
         except (OSError, ValueError) as exc:
             raise JobRefused("launch_failed", f"cannot set up job {part.job_id}'s batch "
                              f"script on {self.node}: {exc}") from exc
-        write_atomic(part.dir / "launch.json", launch)
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "noded.shim", str(part.dir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-            cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
-        )
+        for wrap in self.launch_wrappers:
+            launch = wrap(part, launch)
+        slave = -1
+        if spec.launch.pty:  # trellisctl run --pty: the shim gets the terminal's slave side
+            slave = self.terminals.allocate(part.job_id, entry.pw_uid, entry.pw_gid)
+            launch["pty_fd"] = slave
+        try:
+            write_atomic(part.dir / "launch.json", launch)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "noded.shim", str(part.dir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, pass_fds=(slave,) if slave >= 0 else (),
+                cwd="/", env={"PATH": DEFAULT_PATH, "PYTHONPATH": _package_root()},
+            )
+        except BaseException:
+            self.terminals.close(part.job_id)
+            raise
+        finally:
+            if slave >= 0:
+                os.close(slave)
         part.popen = popen
         part.shim_pid = popen.pid
         part.shim_ctime = _ctime(popen.pid)
@@ -397,6 +420,10 @@ class JobRunner:
         self.stop(job_id, grace_s, reason)
         return True
 
+    def cgroups_parent(self) -> str:
+        """The name of the group the node's job groups live under (``cgroup_parent``)."""
+        return str(getattr(self.cgroups, "parent", "trellis"))
+
     def is_running(self, job_id: str) -> bool:
         part = self.parts.get(job_id)
         return part is not None and part.state == "running"
@@ -422,6 +449,10 @@ class JobRunner:
             return
         part.stopping = True
         log.info("job=%s stopping grace=%.1fs reason=%s", job_id, grace_s, reason)
+        if part.prepare.spec.launch.pty:
+            # A job on a terminal is stopped as a hung-up terminal stops a session: an
+            # interactive shell ignores SIGTERM, not SIGHUP.
+            self._signal(part, signal.SIGHUP)
         self._signal(part, signal.SIGTERM)
         asyncio.get_running_loop().call_later(grace_s, self._kill, part)
 
@@ -518,6 +549,14 @@ class JobRunner:
     def _exit_reason(self, part: JobPart) -> str:
         """Why the part ended, when the kernel knows better than its exit status: killed by
         the OOM killer at its memory limit (read before the group is removed)."""
+        for explain in self.exit_reasons:
+            try:
+                reason = explain(part)
+            except Exception:  # a hook must never lose the exit itself
+                log.exception("job=%s exit reason hook failed", part.job_id)
+                continue
+            if reason:
+                return reason
         try:
             kills = self.cgroups.oom_kills(part.job_id)
         except (OSError, ValueError) as exc:

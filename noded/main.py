@@ -26,6 +26,7 @@ from aiohttp import web
 
 from noded.agent import NodeAgent
 from noded.cgroups import detect_cgroups
+from noded.containers.launcher import ContainerLauncher
 from noded.enforced_metrics import EnforcementCollector
 from noded.enforcer import ContentionEnforcer, running_jobs
 from noded.fencing import EpochFence
@@ -193,6 +194,11 @@ class NodeDaemon:
                                lease=SelfFence(config.name, self.runner, state))
         # What jobs really use and when they enter their post phase (Liquid §4, §6.1).
         self.usage = open_usage(config, self.runner, self.gpus, self.agent)
+        # Jobs that run in their own image (launch.image): podman + runc, noded/containers.
+        # After the usage collector: its last reading of a part comes before the container's
+        # groups are removed (cleanup hooks run in order).
+        self.containers = ContainerLauncher(self.runner, config.containers, state)
+        self.usage.group_finders.append(self.containers.usage_groups)
         self.mps = open_mps(config.mps, self.gpus.name, state, self.gpus.inventory()[0])
         if self.mps is not None:
             mps = self.mps

@@ -7,9 +7,10 @@ the shim, not noded, is the job's parent, jobs outlive a noded restart and their
 is not lost while noded is down.
 
 ``JOBDIR/launch.json`` holds: command, env, uid, gid, groups, workdir, cgroup_procs (files to
-write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), and optionally
+write our pid into), cpus, log_max_bytes (the job's output cap; 0: none), optionally
 stdout_file, stderr_file and append_output (the job's own output files, copies of what goes
-into its log: noded/outputfiles.py).
+into its log: noded/outputfiles.py), and pty_fd for a job on a terminal (the slave side of its
+pseudo-terminal, passed open: run_on_terminal).
 
 The job's stdout and stderr are one pipe the shim relays into ``JOBDIR/output.log`` (splice(2):
 the bytes never enter this process), so that the shim can cap the log: past
@@ -29,6 +30,7 @@ import os
 import select
 import signal
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -76,6 +78,8 @@ def run(jobdir: Path) -> int:
     # The shim must outlive signals aimed at the job, so it can record how the job ended.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    if spec.get("pty_fd") is not None:
+        return run_on_terminal(jobdir, spec, int(spec["pty_fd"]))
     # Not O_APPEND: splice(2) refuses to write to an append-only file; this is its only writer.
     log_fd = os.open(jobdir / "output.log", os.O_RDWR | os.O_CREAT, 0o640)
     uid, gid = spec["uid"], spec["gid"]
@@ -115,15 +119,9 @@ def run(jobdir: Path) -> int:
             os.dup2(err if err >= 0 else out, 2)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            if os.geteuid() == 0 and uid != 0:
-                os.setgroups(spec.get("groups", []))
-                os.setgid(gid)
-                os.setuid(uid)
-            step = f"cannot enter the working directory {spec.get('workdir') or '/'}"
-            os.chdir(spec.get("workdir") or "/")
-            command = spec["command"]
-            step = f"cannot execute {command[0]}"
-            os.execvpe(command[0], command, spec["env"])
+            _become_and_exec(spec)
+        except _Step as failed:
+            os.write(write_fd, str(failed).encode()[:512])
         except OSError as exc:
             os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
         os._exit(127)
@@ -133,24 +131,97 @@ def run(jobdir: Path) -> int:
         os.close(err)
     # Write the child's pid so noded can signal the job's process group (pgid == pid).
     write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
+    error = _exec_error(read_fd)
+    log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0), tee=tee_out,
+                   more=[(err_read, tee_err)] if err_read >= 0 else [])
+    log.run(pid)
+    result: dict = {"log_bytes": log.written, "log_dropped": log.dropped}
+    if log.error:
+        result["log_error"] = log.error
+    if log.tee_error:
+        result["output_file_error"] = log.tee_error
+    return _record_exit(jobdir, pid, error, result)
+
+
+def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
+    """``trellisctl run --pty``: the job runs on the pseudo-terminal noded allocated (its
+    slave side is ``slave``, passed open), as the leader of a new session whose controlling
+    terminal it is, as login(1) and sshd start a shell. noded keeps the master side and
+    relays it (noded/relays.py); what the job writes goes to the terminal, not to the log.
+    The job's process group is its session (pgid == pid), as for a batch job."""
+    read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
+    os.set_inheritable(write_fd, False)
+    pid = os.fork()
+    if pid == 0:  # the job
+        step = "cannot set up the job's terminal"
+        try:
+            os.close(read_fd)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(slave, fd)
+            if slave > 2:
+                os.close(slave)
+            _become_and_exec(spec)
+        except _Step as failed:
+            os.write(write_fd, str(failed).encode()[:512])
+        except OSError as exc:
+            os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
+        os._exit(127)
+    os.close(write_fd)
+    os.close(slave)  # only the job holds the terminal: its end hangs the terminal up
+    write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
+    return _record_exit(jobdir, pid, _exec_error(read_fd), {"terminal": True})
+
+
+class _Step(Exception):
+    """A step of starting the job that failed, as the sentence the job's reason gets."""
+
+
+def _become_and_exec(spec: dict) -> None:
+    """In the forked child, its stdio set: become the job's user, enter its working
+    directory and execute its command (never returns; a failed step raises _Step)."""
+    uid, gid = spec["uid"], spec["gid"]
+    try:
+        if os.geteuid() == 0 and uid != 0:
+            os.setgroups(spec.get("groups", []))
+            os.setgid(gid)
+            os.setuid(uid)
+    except OSError as exc:
+        raise _Step(f"cannot become user {uid}: {exc.strerror or exc}") from None
+    workdir = spec.get("workdir") or "/"
+    try:
+        os.chdir(workdir)
+    except OSError as exc:
+        raise _Step(f"cannot enter the working directory {workdir}: "
+                    f"{exc.strerror or exc}") from None
+    command = spec["command"]
+    try:
+        os.execvpe(command[0], command, spec["env"])
+    except OSError as exc:
+        raise _Step(f"cannot execute {command[0]}: {exc.strerror or exc}") from None
+
+
+def _exec_error(read_fd: int) -> bytes:
+    """What the child wrote on the exec-failure pipe (nothing once it executed the job)."""
     error = b""
     while chunk := os.read(read_fd, 512):
         error += chunk
     os.close(read_fd)
-    log = LogRelay(out_read, log_fd, int(spec.get("log_max_bytes") or 0), tee=tee_out,
-                   more=[(err_read, tee_err)] if err_read >= 0 else [])
-    log.run(pid)
+    return error
+
+
+def _record_exit(jobdir: Path, pid: int, error: bytes, result: dict) -> int:
+    """Wait for the job's process and write how it ended (exit.json, read by noded)."""
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
         except InterruptedError:
             continue
-    result: dict = {"time": time.time(), "log_bytes": log.written, "log_dropped": log.dropped}
-    if log.error:
-        result["log_error"] = log.error
-    if log.tee_error:
-        result["output_file_error"] = log.tee_error
+    result = {"time": time.time(), **result}
     if os.WIFSIGNALED(status):
         result.update(exit_code=None, signal=os.WTERMSIG(status))
     else:
@@ -192,51 +263,10 @@ class LogRelay:
         return "; ".join(t.error for _, t in self.sources if t.error)
 
     def run(self, pid: int) -> None:
-        """Relay until every writer closed the pipe, or the job's process ended and what it
-        left in the pipe (and its leftovers wrote within DRAIN_S) is moved."""
-        if len(self.sources) > 1:
-            return self._run_many(pid)
-        poller = select.poll()
-        poller.register(self.pipe, select.POLLIN)
-        try:
-            exited = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            exited = -1  # no pidfd: relay until end of file
-        if exited >= 0:
-            poller.register(exited, select.POLLIN)
-        deadline = None
-        try:
-            while True:
-                timeout = None
-                if deadline is not None:
-                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
-                try:
-                    events = poller.poll(timeout)
-                except InterruptedError:
-                    continue
-                if exited >= 0 and any(fd == exited for fd, _ in events):
-                    poller.unregister(exited)
-                    os.close(exited)
-                    exited = -1
-                    deadline = time.monotonic() + DRAIN_S
-                if self.pump() or (deadline is not None and time.monotonic() >= deadline):
-                    return
-        finally:
-            if exited >= 0:
-                os.close(exited)
-            os.close(self.pipe)
-            self._close()
-
-    def _close(self) -> None:
-        os.close(self.log_fd)
-        if self._sink >= 0:
-            os.close(self._sink)
-        for _, tee in self.sources:
-            tee.close()
-
-    def _run_many(self, pid: int) -> None:
-        """:meth:`run` over several pipes (stdout and stderr apart): each pumped in turn
-        while it has data, closed at its end of file."""
+        """Relay until every writer closed every pipe (stdout, and stderr when it has a file
+        of its own), or the job's process ended and what it left in the pipes (and its
+        leftovers wrote within DRAIN_S) is moved. Each pipe is pumped in turn while it has
+        data, closed at its end of file."""
         poller = select.poll()
         open_pipes = {p: tee for p, tee in self.sources}
         for p in open_pipes:
@@ -276,6 +306,13 @@ class LogRelay:
             for p in open_pipes:
                 os.close(p)
             self._close()
+
+    def _close(self) -> None:
+        os.close(self.log_fd)
+        if self._sink >= 0:
+            os.close(self._sink)
+        for _, tee in self.sources:
+            tee.close()
 
     def pump(self) -> bool:
         """Move everything the pipe holds now; True at end of file (no writer left)."""

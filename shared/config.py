@@ -98,6 +98,26 @@ class PowerConfig:
 
 
 @dataclass(frozen=True)
+class FairShareConfig:
+    """Fair share with a memory (docs/governance.md), ``[master.fairshare]``."""
+
+    # Order jobs by their account's fair-share factor under fifo, drf, qssf and sjf (a
+    # tie-break under the other policies); off: the factor is computed and shown only.
+    order: bool = False
+    # Usage decays by half over this long (Slurm's PriorityDecayHalfLife).
+    half_life_s: float = bounded(7 * 86400.0, min=60, max=365 * 86400)
+    # What an hour of each resource is worth, in usage units (Slurm's TRESBillingWeights).
+    gpu_weight: float = bounded(1.0, min=0, max=1e6)
+    cpu_weight: float = bounded(0.05, min=0, max=1e6)
+    memory_gib_weight: float = bounded(0.005, min=0, max=1e6)
+    # Factors are recomputed at most this often while ordering (PriorityCalcPeriod).
+    recalc_s: float = bounded(60.0, min=0, max=86400)
+    # A restart rebuilds usage from jobs submitted within this many half-lives (older
+    # usage has decayed below 2^-N).
+    history_half_lives: float = bounded(10.0, min=1, max=100)
+
+
+@dataclass(frozen=True)
 class MasterConfig:
     listen_host: str = bounded("127.0.0.1", max_len=255)
     listen_port: int = bounded(7400, min=0, max=65535)
@@ -141,6 +161,10 @@ class MasterConfig:
     # a job may hold, it starts at N_start and its node tunes it down to the best fit. A job's
     # TRELLIS_ADAPTIVE_CPUS environment variable (1/0) overrides this per job.
     adaptive_cpus: bool = False
+    # The allocator's ceiling per GPU of a job part (§V-B, §VI-D: it may give more cores than
+    # asked): a part may hold up to this many cores per GPU, the extra taken at launch from
+    # spare cores of its node (masterd/core/widen.py). 0: a job's request is its ceiling.
+    adaptive_max_cores_per_gpu: int = bounded(0, min=0, max=1024)
     # How many ended jobs (finished, failed, cancelled) the master keeps in memory, the most
     # recently ended ones; older ones live on only in the journal (trellisctl show and
     # events still find them). Queued and running jobs are always kept.
@@ -149,6 +173,7 @@ class MasterConfig:
     liquid: LiquidConfig = field(default_factory=LiquidConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
+    fairshare: FairShareConfig = field(default_factory=FairShareConfig)
 
     # Authentication (see docs/security.md). Token files: lines "NAME TOKEN" (or "TOKEN"),
     # mode 0600; with none of these and no TLS client CA the master serves loopback only.
@@ -192,6 +217,12 @@ class MasterConfig:
     retry_s: float = bounded(2.0, min=0.1, max=600)
     # The account tree ([[master.accounts]], docs/governance.md); empty: accounts are off.
     accounts: tuple[Account, ...] = bounded(default_factory=tuple, max_len=100_000)
+    # Interactive jobs (docs/interactive.md): a job run on a terminal whose client is gone
+    # (dropped, or never attached) is cancelled after this long unless one attaches again.
+    terminal_grace_s: float = bounded(30.0, min=0, max=86400)
+    # Bytes a relayed stream (terminal, port-forward) may have unacknowledged per direction:
+    # the most the master, the node and the client hold of it.
+    relay_window_kib: int = bounded(2048, min=256, max=65536)
 
     def __post_init__(self) -> None:
         try:
@@ -371,6 +402,39 @@ class JobsConfig:
 
 
 @dataclass(frozen=True)
+class ContainersConfig:
+    """Jobs run in their own image, section ``[containers]`` (docs/containers.md)."""
+
+    # The OCI runtime podman starts containers with: runc (crun refuses hybrid cgroup
+    # layouts such as this project's CI machine's).
+    runtime: str = bounded("runc", pattern=r"runc|crun")
+    # Host path prefixes a job may bind into its container (--mount SRC:DST); empty: none.
+    allowed_mounts: tuple[str, ...] = bounded(default_factory=tuple, max_len=1000)
+    # The node's image cache holds at most this many MiB; least recently used images go
+    # first, never one a container still uses.
+    cache_max_mb: float = bounded(20480.0, min=1, max=1 << 40)
+    # One pull attempt may take this long before it counts as a hung registry.
+    pull_timeout_s: float = bounded(600.0, min=1, max=86400)
+    # Attempts after the first for a pull that failed for a reason worth retrying (the
+    # registry down or hanging); a missing image or refused credentials is not retried.
+    pull_retries: int = bounded(2, min=0, max=100)
+    # One file per registry host (e.g. ``registry.example.com:5000``) holding ``user:password``,
+    # mode 0600: the credentials the node pulls with. Never in a job spec.
+    credentials_dir: str = bounded("/etc/trellis/registries", max_len=4096)
+    # Registries reached over plain HTTP or with an unverified certificate (loopback test
+    # registries); every other registry must present a valid certificate.
+    insecure_registries: tuple[str, ...] = bounded(default_factory=tuple, max_len=1000)
+    # podman's image store and run state; empty: STATE_DIR/containers.
+    storage_dir: str = bounded("", max_len=4096)
+
+    def __post_init__(self) -> None:
+        for prefix in self.allowed_mounts:
+            if not prefix.startswith("/"):
+                raise ValueError(f"containers.allowed_mounts entry {prefix!r} must be an "
+                                 "absolute path")
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = bounded(pattern=NAME_PATTERN)
     master_url: str = bounded("http://127.0.0.1:7400", max_len=1024)
@@ -421,6 +485,7 @@ class NodeConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     net: NetConfig = field(default_factory=NetConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    containers: ContainersConfig = field(default_factory=ContainersConfig)
     # Authentication to the master: a token file (one token, mode 0600) and/or TLS.
     token_file: str = bounded("", max_len=4096)
     tls_ca_file: str = bounded("", max_len=4096)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.nodelease import LeaseTerms
+from shared.relay import RelayOpen
 from shared.schema import bounded
 
 # Upper bounds on the wire of a master's leadership epoch and of a job's restart count.
@@ -398,6 +399,10 @@ class JobUsage:
     net_tx_bytes: int | None = bounded(None, min=0, max=1 << 62)
     net_rx_bytes: int | None = bounded(None, min=0, max=1 << 62)
     final: bool = False
+    # Liquid §6.1's phases as the part's GPU utilisation showed them (15% crossings): the
+    # launching phase, and (final reports only) the post phase from its start to the exit.
+    pre_s: float | None = bounded(None, min=0, max=1e9)
+    post_s: float | None = bounded(None, min=0, max=1e9)
 
 
 @dataclass(frozen=True)
@@ -449,6 +454,8 @@ NODE_COMMANDS = {
     "signal_job": SignalJob,
     "read_log": ReadLog,
     "reset_gpu": ResetGpu,
+    # A job's terminal or TCP port, relayed (shared/relay.py, docs/interactive.md).
+    "relay_open": RelayOpen,
 }
 # Commands whose ``ack`` carries a body of its own (the others answer an empty map or a few
 # fields named in their docstrings).

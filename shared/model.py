@@ -240,6 +240,10 @@ class LaunchSpec:
                 from shared.outputpattern import check_pattern
 
                 check_pattern(pattern, f"launch.{what}")
+        if self.pty and self.image is not None:
+            # The terminal is the shim's; podman would need its own (-t) and a relay of it.
+            raise ValueError("launch.pty with launch.image: a job on a terminal runs on the "
+                             "host for now (docs/interactive.md); drop --pty or --image")
 
 
 # A job launched as a plain host command: every spec without `launch` shares this one.

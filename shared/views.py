@@ -53,6 +53,8 @@ class JobView:
     memory_mib: int
     # ... and its command.
     command: tuple[str, ...]
+    # The OCI image it runs in (nil: a host command).
+    image: str | None = None
     # Its time limit in seconds (nil: none) ...
     time_limit_s: int | None = None
     # ... the warning it asked for before the limit, as Slurm writes it ("[B:]SIG@SECONDS") ...
@@ -88,9 +90,6 @@ class JobView:
     held: str = ""
     # Times it was placed (a retry or a re-queue after preemption places it again).
     attempts: int = 0
-    # Times it was requeued after its node was lost or a GPU of it failed (the job sees it
-    # as TRELLIS_RESTART_COUNT).
-    restarts: int = 0
     # Times it was requeued after its node was lost or a GPU of it failed (the job sees it
     # as TRELLIS_RESTART_COUNT).
     restarts: int = 0

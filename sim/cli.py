@@ -20,6 +20,12 @@ from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_clust
 from sim.engine import Annotator, FailureConfig, Outage, SimConfig, SimulationError, simulate
 from sim.oracle import oracle_modeldb
 from sim.partition import simulate_partitioned
+from sim.philly_run import (
+    DEFAULT_NOISE,
+    apply_helios_setup,
+    helios_policy_options,
+    nothing_waited,
+)
 from sim.progress import ProgressBar
 from sim.report import Run, comparison_table, make_run, write_outputs, write_plots
 from sim.rl import command as rl_command
@@ -156,12 +162,13 @@ def build_workload(
     if args.workload == "philly":
         if args.per_vc and args.nodes is not None:
             raise UsageError("--per-vc sizes each VC from philly-vcs.csv: drop --nodes")
-        if args.vc_scale != 1.0 and not args.per_vc:
+        if args.vc_scale is not None and not args.per_vc:
             raise UsageError("--vc-scale needs --per-vc")
         return philly.load(
             resolve_trace(args.trace), options, truth, nodes_override=args.nodes,
             per_vc=args.per_vc, since=_date_arg(args.since, "--since"),
-            until=_date_arg(args.until, "--until"), vc_scale=args.vc_scale,
+            until=_date_arg(args.until, "--until"),
+            vc_scale=1.0 if args.vc_scale is None else args.vc_scale,
         )
     if args.workload == "openb":
         node_list = Path(args.node_list) if args.node_list else None
@@ -218,7 +225,8 @@ def parse_outage(item: str) -> Outage:
 
 
 def sim_config(args: argparse.Namespace, seed: int) -> SimConfig:
-    truth = TruthConfig(noise_sigma=args.noise, interference=not args.no_interference)
+    noise = DEFAULT_NOISE if args.noise is None else args.noise
+    truth = TruthConfig(noise_sigma=noise, interference=not args.no_interference)
     failures = None
     if args.node_mtbf_hours is not None:
         failures = FailureConfig(args.node_mtbf_hours, args.node_repair_hours)
@@ -240,6 +248,10 @@ def sim_config(args: argparse.Namespace, seed: int) -> SimConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
     policy_options = parse_policy_options(args.policy_option or [], policies)
+    helios = apply_helios_setup(args)
+    if helios is not None:
+        print(helios)
+        policy_options = helios_policy_options(policies, policy_options)
     seeds = _csv_list(args.seeds, int, "--seeds")
     if args.workload == "genie":
         densities: list[float | None] = _csv_list(args.density, float, "--density")
@@ -251,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for flag, value, default in (("--per-vc", args.per_vc, False),
                                      ("--since", args.since, None),
                                      ("--until", args.until, None),
-                                     ("--vc-scale", args.vc_scale, 1.0)):
+                                     ("--vc-scale", args.vc_scale, None)):
             if value != default:
                 raise UsageError(f"{flag} applies to --workload philly only")
     if args.workload != "openb":
@@ -262,7 +274,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise UsageError(f"{flag} applies to --workload openb only")
     for value, flag in ((args.noise, "--noise"), (args.prediction_error, "--prediction-error"),
                         (args.start_delay, "--start-delay")):
-        if value < 0:
+        if value is not None and value < 0:
             raise UsageError(f"{flag} must not be negative")
     if args.node_mtbf_hours is not None and args.node_repair_hours is None:
         raise UsageError("--node-mtbf-hours needs --node-repair-hours")
@@ -299,6 +311,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                     bar.close(result.end_time, done, len(result.records))
                 runs.append(make_run(label, density, result))
     print(comparison_table(runs))
+    idle = nothing_waited([r.summary for r in runs])
+    if idle is not None:
+        print(idle)
     written = write_outputs(runs, out, notes, job_csv=args.job_csv)
     if not args.no_plots:
         written += write_plots(runs, out)
@@ -406,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "philly: overrides the size from philly-vcs.csv)")
     run.add_argument("--per-vc", action="store_true",
                      help="philly: every VC on its own nodes with its own scheduling core")
-    run.add_argument("--vc-scale", type=float, default=1.0,
-                     help="philly --per-vc: multiply every VC's node count (heavier load)")
+    run.add_argument("--vc-scale", type=float,
+                     help="philly --per-vc: multiply every VC's node count (below 1: heavier "
+                          "load; default 1, or 0.2125 when no cluster is given)")
     run.add_argument("--since", help="philly: keep jobs submitted from this UTC date on")
     run.add_argument("--until", help="philly: keep jobs submitted before this UTC date")
     run.add_argument("--arrival-scale", type=float, default=1.0,
@@ -418,8 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="openb: keep pods created from this trace day on")
     run.add_argument("--gpus-per-node", type=int)
     run.add_argument("--gpu-model")
-    run.add_argument("--noise", type=float, default=0.03,
-                     help="lognormal sigma of each job's true speed (0 = none)")
+    run.add_argument("--noise", type=float,
+                     help="lognormal sigma of each job's true speed (0 = none; default 0.03, "
+                          "0 for philly without a cluster given)")
     run.add_argument("--prediction-error", type=float, default=0.0,
                      help="lognormal sigma on the iteration counts users declare")
     run.add_argument("--no-interference", action="store_true",
@@ -480,7 +497,50 @@ def build_parser() -> argparse.ArgumentParser:
     conv.set_defaults(func=cmd_convert_sacct)
 
     rl_command.add_parser(sub, str(DEFAULT_TRACE_DIR)).set_defaults(func=cmd_train)
+
+    what = sub.add_parser("whatif", help="replay the cluster's own history (a master's "
+                          "journal) under other policies, beside what really happened")
+    what.add_argument("--journal", required=True, metavar="PATH_OR_URL",
+                      help="the master's journal: its SQLite file (state_dir/journal.db) or "
+                      "its postgresql:// URL; read only")
+    what.add_argument("--since", help="only jobs submitted from this date, YYYY-MM-DD[ "
+                      "HH:MM:SS] (UTC)")
+    what.add_argument("--policies", default="fifo",
+                      help="comma-separated names from the policy registry")
+    what.add_argument("--policy-option", action="append", metavar="POLICY.OPTION=VALUE",
+                      help="option passed to a policy's constructor (JSON value or string)")
+    what.add_argument("--fairshare", action="store_true",
+                      help="replay each policy with fair share ordering (masterd/core/"
+                      "fairorder.py), usage charged as the replay runs")
+    what.add_argument("--half-life-days", type=float, default=7.0,
+                      help="fair share's usage half-life (with --fairshare)")
+    what.add_argument("--plots", metavar="DIR", help="write PNG plots here")
+    what.add_argument("--json", metavar="PATH", help="write the table's figures as JSON")
+    what.set_defaults(func=cmd_whatif)
     return parser
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from sim import whatif
+
+    policies = parse_policies(args.policies)
+    options = parse_policy_options(args.policy_option or [], policies)
+    if not args.half_life_days > 0:
+        raise UsageError("--half-life-days must be positive")
+    try:
+        data = whatif.load_journal(args.journal, _date_arg(args.since, "--since"))
+    except whatif.WhatIfError as exc:
+        raise UsageError(str(exc)) from None
+    built = [(name, build_policy(name, options[name])) for name in policies]
+    outcomes = whatif.replay(data, built, args.fairshare, args.half_life_days * 86400.0)
+    print(whatif.table(outcomes, data.notes))
+    if args.json:
+        Path(args.json).write_text(json.dumps(whatif.as_json(outcomes, data.notes), indent=2))
+        print(f"wrote {args.json}")
+    if args.plots:
+        for path in whatif.write_plots(outcomes, Path(args.plots)):
+            print(f"wrote {path}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

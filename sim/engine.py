@@ -36,9 +36,12 @@ from typing import Protocol
 
 from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
 from masterd.core.failures import RequeueRules, jobs_on_node, node_lost_cause, verdict
+from masterd.core.fairshare import FairShare
 from masterd.core.policy import Policy, Preempt, Start
+from masterd.core.quotas import QuotaAdmission
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
+from shared.accounts import Account, AccountTree
 from shared.model import (
     Job,
     JobKind,
@@ -68,6 +71,10 @@ log = logging.getLogger("trellis.sim.engine")
 # A job's exit at the very instant of its limit wins over the limit (EXIT comes first).
 EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL, SAMPLE, CALL = range(9)
 _SCHEDULING_EVENTS = frozenset({EXIT, STOP, LIMIT, FAIL, RECOVER, START, ARRIVAL})
+
+
+# Follow-up passes at one instant (quota admission), at most.
+_FOLLOW_UPS = 8
 
 
 class SimulationError(RuntimeError):
@@ -116,6 +123,9 @@ class SimConfig:
     outages: tuple[Outage, ...] = ()  # planned failures of named nodes
     sample_interval: float | None = None  # seconds; None picks ~500 samples over arrivals
     max_passes_per_instant: int = 10_000
+    # Accounts with quotas (docs/governance.md): the master's quota admission on the core,
+    # jobs charged to their spec's tenant. Empty: no accounts, as before.
+    accounts: tuple[Account, ...] = ()
 
 
 @dataclass
@@ -230,14 +240,20 @@ class Simulator:
         config: SimConfig | None = None,
         progress: ProgressFn | None = None,
         annotator: Annotator | None = None,
+        fairshare: FairShare | None = None,
     ) -> None:
         self.annotator = annotator
+        # Fair share with a memory (masterd/core/fairshare.py), charged as the master's
+        # feature charges it: from each run's start to its end.
+        self.fairshare = fairshare
         self.workload = workload
         self.policy = policy
         self.config = config or SimConfig()
         self.progress = progress
         self.truth = TruthModel(self.config.truth, self.config.seed)
         self.core = SchedulingCore(policy)
+        if self.config.accounts:
+            self.core.set_admission(QuotaAdmission(AccountTree.of(self.config.accounts)))
         self.inventories: dict[str, NodeInventory] = {n.name: n for n in workload.nodes}
         if len(self.inventories) != len(workload.nodes):
             raise SimulationError(f"workload {workload.name}: duplicate node names")
@@ -468,6 +484,15 @@ class Simulator:
         self.core.submit(job)
 
     def _schedule(self, now: float) -> None:
+        self._schedule_once(now)
+        # Quota admission held starts back and asks for another pass at once (see
+        # SchedulingCore.schedule); each such pass gates at least one job, so this ends.
+        for _ in range(_FOLLOW_UPS if self.core.admission is not None else 0):
+            if self.core.wake_at is None or self.core.wake_at > now:
+                break
+            self._schedule_once(now)
+
+    def _schedule_once(self, now: float) -> None:
         decisions = self.core.schedule(now)
         self.passes += 1
         queue = self.core.queue()
@@ -520,6 +545,10 @@ class Simulator:
         shape = shape_of(placement, self.inventories)
         record.gpus_used = shape.gpus
         record.nodes_used = len(placement.nodes)
+        if self.fairshare is not None:
+            self.fairshare.started(job_id, job.spec.tenant, placement.gpu_count,
+                                   sum(len(a.cpus) for a in placement.allocations),
+                                   sum(a.memory_mib for a in placement.allocations), now)
         work = self._progress_of.pop(record.id, truth.work)
         run = _Run(
             job_id=job_id, truth=truth, shape=shape, placement=placement, started=now,
@@ -591,6 +620,8 @@ class Simulator:
     def _end_run(self, job_id: str, now: float) -> _Run | None:
         """Take a job attempt out of the truth model (finished, stopped or failed)."""
         run = self._runs.pop(job_id, None)
+        if self.fairshare is not None:
+            self.fairshare.stopped(job_id, now)
         if run is not None:
             self._advance(run, now)
             for key in run.shape.switches:
@@ -834,6 +865,7 @@ def simulate(
     config: SimConfig | None = None,
     progress: ProgressFn | None = None,
     annotator: Annotator | None = None,
+    fairshare: FairShare | None = None,
 ) -> SimResult:
-    return Simulator(workload, policy, config, progress, annotator).run()
+    return Simulator(workload, policy, config, progress, annotator, fairshare).run()
 

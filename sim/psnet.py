@@ -13,20 +13,52 @@ and the job's speed relative to computing alone is ``t_compute / T``. Distances 
 score (rack, domain) do not change bandwidth here: the testbed is one network of 15 Gbps
 NICs. The figures per model (gradient size, compute time per iteration on a T4) are inputs
 the study documents, not fitted.
+
+Calibration (:func:`calibrate`): the paper measured what one worker exchanges — a VGG-16
+worker's traffic "can reach 200 MB/s" (§5.1, Fig. 4, read as the per-second rate a monitor
+shows, i.e. bytes per iteration over the iteration's time). A model of full parameter-sized
+exchanges at 15 Gbps gives a lone VGG-16 worker about 945 MB/s, nearly five times that. The
+calibration keeps the compute times and the ratio between the models' sizes and scales every
+model's exchanged bytes by one factor, so that a lone worker of the reference model (its PS
+on another node, nothing else on either NIC) exchanges the measured rate:
+``B / (t_compute + B / nic) = rate``, hence ``B = rate · t_compute / (1 − rate / nic)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.model import Placement
 
 
 @dataclass(frozen=True)
 class SyncProfile:
-    gradient_mb: float  # model size G: pushed and pulled each iteration
+    gradient_mb: float  # G: pushed and pulled each iteration (the model's size, uncalibrated)
     compute_s: float  # one iteration of one worker, computing alone
+
+
+def lone_worker_mbps(profile: SyncProfile, nic_mbps: float) -> float:
+    """MB/s a lone worker exchanges with its PS on another node (nothing else on the NICs):
+    ``2·G`` per iteration over the iteration's time."""
+    exchanged = 2.0 * profile.gradient_mb
+    return exchanged / (profile.compute_s + exchanged / nic_mbps)
+
+
+def calibrate(profiles: Mapping[str, SyncProfile], reference: str, worker_mbps: float,
+              nic_mbps: float) -> tuple[dict[str, SyncProfile], float]:
+    """Profiles whose exchanged bytes are scaled by one factor so that a lone worker of
+    ``reference`` exchanges ``worker_mbps`` on ``nic_mbps`` NICs; and the factor."""
+    if not 0 < worker_mbps < nic_mbps:
+        raise ValueError(f"a worker's measured rate must be positive and below the NIC's "
+                         f"({worker_mbps} MB/s against {nic_mbps} MB/s)")
+    base = profiles.get(reference)
+    if base is None or base.gradient_mb <= 0:
+        raise ValueError(f"no profile with traffic for the reference model {reference!r}")
+    exchanged = worker_mbps * base.compute_s / (1.0 - worker_mbps / nic_mbps)
+    scale = exchanged / (2.0 * base.gradient_mb)
+    return ({name: replace(p, gradient_mb=p.gradient_mb * scale)
+             for name, p in profiles.items()}, scale)
 
 
 @dataclass
@@ -94,6 +126,19 @@ class PsNetwork:
             sync = max(sync, bytes_mb / share)
         compute = job.profile.compute_s
         return compute / (compute + sync)
+
+    def part_rates(self, job_id: str) -> dict[str, float]:
+        """MB/s through the sockets of each node's part of the job while it trains: its
+        workers' exchanges (``2·G`` per iteration each, local or remote) and, on the PS's
+        node, the PS's side of every worker's (what a node's byte counters would count)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return {}
+        exchanged = 2.0 * job.profile.gradient_mb
+        step = job.profile.compute_s / self.factor(job_id)
+        rates = {node: exchanged * count / step for node, count in job.workers.items()}
+        rates[job.ps] = rates.get(job.ps, 0.0) + exchanged * sum(job.workers.values()) / step
+        return rates
 
     def neighbours(self, job_id: str) -> set[str]:
         job = self._jobs.get(job_id)

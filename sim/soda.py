@@ -50,6 +50,7 @@ from masterd.core.inference import (
     replica_room,
 )
 from masterd.core.policy import Policy, Preempt
+from masterd.core.widen import spare_cores, widened
 from noded.policy.contention import (
     ContentionController,
     JobSample,
@@ -99,6 +100,9 @@ class SodaConfig:
     # the core gives whole GPUs, but such a job keeps its GPU busy at most that share.
     gpu_share: Mapping[str, float] = field(default_factory=dict)
     tick_until: float = math.inf  # periodic passes stop after this (simulated seconds)
+    # The allocator's per-GPU ceiling (the master's adaptive_max_cores_per_gpu; 0: a job's
+    # request is its ceiling). Cores above the request come from spare cores of the node.
+    max_cores_per_gpu: int = 0
 
 
 @dataclass
@@ -144,6 +148,7 @@ class SodaStats:
     tuned_parts: int = 0
     tuning_windows: int = 0
     cores_returned: int = 0  # cores handed back to the cluster by tuning
+    cores_widened: int = 0  # cores given beyond requests at launch (masterd.core.widen)
     core_changes: list[int] = field(default_factory=list)  # converged - requested, per part
     throttle_actions: int = 0
     replica_launches: int = 0
@@ -203,16 +208,20 @@ class SodaSimulator(Simulator):
         placement = self._placements[job_id]
         if spec.kind is JobKind.TRAINING and spec.gpus:
             parts = []
+            widen = self.mech.allocator and self.soda.max_cores_per_gpu > 0
             for alloc in placement.allocations:
                 if not alloc.gpus:
                     continue
                 inv = self.inventories[alloc.node]
                 numa = {c.id: c.numa_node for c in inv.cpus}
                 gpu_numa = {g.numa_node for g in inv.gpus if g.index in alloc.gpus}
-                order = rank_cores(alloc.cpus, numa, gpu_numa)
+                cpus = self._widen(job_id, alloc.node, alloc.cpus, len(alloc.gpus)) \
+                    if widen and len(alloc.cpus) >= 1 else alloc.cpus
+                order = rank_cores(cpus, numa, gpu_numa)
                 best = self.strue.best_fit(self._record_of[job_id].id, spec.model_type,
                                            len(alloc.gpus))
-                parts.append(_Part(alloc.node, order, len(order), best, len(order)))
+                # ``requested``: what the trace's duration was measured with (not widened).
+                parts.append(_Part(alloc.node, order, len(alloc.cpus), best, len(order)))
             self._parts[job_id] = parts
             self._sensitive[job_id] = self.strue.sensitive(self._record_of[job_id].id)
             if self.mech.allocator:
@@ -228,6 +237,26 @@ class SodaSimulator(Simulator):
         super()._begin(job_id, now)
         self._reprice_nodes(placement.nodes, now, skip=job_id)
         self._ensure_ticking(now)
+
+    def _widen(self, job_id: str, node: str, cpus: tuple[int, ...], gpus: int
+               ) -> tuple[int, ...]:
+        """§V-B: more cores than asked, from the node's spare cores (masterd.core.widen, the
+        rule the master's allocator applies at launch), taken as the master takes them."""
+        view = self.core.cluster.node(node)
+        if view is None:
+            return cpus
+        cpu_array = None
+        if isinstance(self.policy, ArrayPolicy):
+            na = self.policy.array_map(self.core.snapshot()).nodes.get(node)
+            cpu_array = na.cpu_job_cpus if na is not None else frozenset()
+        inv = self.inventories[node]
+        spare = spare_cores(view.free_cpus, cpu_array, len(view.free_gpus),
+                            len(inv.cpus) // max(1, len(inv.gpus)))
+        new = widened(cpus, gpus, spare, self.soda.max_cores_per_gpu)
+        if len(new) > len(cpus):
+            self.core.cores_changed(job_id, node, new)
+            self.stats.cores_widened += len(new) - len(cpus)
+        return new
 
     def _end_run(self, job_id: str, now: float) -> _Run | None:
         placement = self._placements.get(job_id)
@@ -319,8 +348,9 @@ class SodaSimulator(Simulator):
 
     def _window_done(self, job_id: str, part: _Part, token: object) -> bool:
         """A tuning window of ``part`` ended: feed its utilisation, carry out what follows."""
-        if part.token is not token or part.session is None or job_id not in self._runs:
-            return False  # the attempt ended (finished, preempted) since
+        if (part.token is not token or part.session is None or job_id not in self._runs
+                or not any(p is part for p in self._parts.get(job_id, ()))):
+            return False  # the attempt ended (finished, preempted; maybe running again) since
         now = self.now
         session = part.session
         run = self._runs[job_id]

@@ -10,18 +10,33 @@ figure the paper does not give (docs/results-notes/openb.md lists them). Draws a
 job (``random.Random`` seeded by a string), so a job's constants do not depend on the order
 of the replay or on which policy runs.
 
-**CPU cores** (§IV-B, §V-B). A training job part's throughput against its pinned cores ``c``
-rises like a multithreaded data pipeline feeding the GPU up to its best fit ``b`` and then
-holds or drops slightly: ``rel(c) = c / b`` below ``b``, ``1 - drop_per_core * (c - b)``
-above (never below ``floor_above_best``). GPU utilisation follows the same curve (§V-B:
-"a DNN training job's GPU utilization and running speed change in a same trend"): busy share
-``u_best * rel(c)``. The best fit is the paper's category figure (CV 3, NLP 5, speech 5;
-§V-B1) plus a seeded per-job offset (Fig. 6: the best fit differs by model and GPU). The
-paper gives one figure per category and starts every job there whatever its GPUs, so a part's
-best fit does not grow with its GPUs by default (``best_fit_scales_with_gpus``: assumption;
-CODA's per-configuration figures are not in the seed).
-A trace duration was measured with the cores the pod asked for, so a part's speed is
-``rel(pinned) / rel(requested)``: exactly the trace's speed when it runs as recorded.
+**CPU cores** (§IV-A, §IV-B, §IV-E, §V-B). Steps 1–2 of Fig. 4 (reading and preprocessing
+data) run on the CPU and feed the GPU; with fewer cores than the pipeline needs the GPU
+starves. A training job part's throughput against its pinned cores ``c`` rises like a
+multithreaded data pipeline (§IV-B: "like the traditional multithreading job") up to the
+cores it needs, ``b``, and then holds or drops slightly: ``rel(c) = c / b`` below ``b``,
+``1 - drop_per_core * (c - b)`` above (never below ``floor_above_best``). GPU busy share
+while active follows the same curve (§V-B: "a DNN training job's GPU utilization and running
+speed change in a same trend"): ``u_best * rel(c)``. So the cores a job *has* set both its
+speed and how busy its GPUs are while it holds them.
+
+The need ``b`` is **not** the allocator's formula (the master's N_start is one figure per
+category, 3/5/5, whatever the GPUs, §V-B1). It is per GPU of the part, because each GPU
+consumes its own input stream (§IV-B's aNbG setups; Fig. 6: the best fit differs by model
+and configuration): ``b = need_per_gpu * gpus``. The per-GPU figure is anchored on §IV-E,
+the paper's own measurement-based choice of "12 CPU cores to represent the CPU cores
+occupied by GPU jobs" on its four-GPU test machines, i.e. 3 cores per GPU, and spread by
+category with the paper's characterisation (§IV-C1, §IV-C3): CV models decode and augment
+images and have the highest bandwidth and PCIe demand (2–5 per GPU), speech models'
+preprocessing differs by model (2–4), NLP models move little data (1–3). Each job draws its
+figure from its category's range, seeded by job (the spread and ranges are assumptions
+around §IV-E's 3 per GPU). ``need_scales_with_gpus = False`` keeps one figure per part
+whatever its GPUs (an ablation).
+A trace duration was measured with the cores the job asked for, so a part's speed is
+``rel(pinned) / rel(requested)``: exactly the trace's speed when it runs as recorded. The
+GPU work of a job (busy GPU-seconds) is therefore the same whatever cores it gets, as it is
+on a real GPU: the cores move how long the job holds its GPUs and how busy they are while
+held, which is what SODA §III-A's utilisation (busy share of the GPUs in use) measures.
 
 **Memory bandwidth** (§IV-C1, Table IV, §V-E, §VI-G). Every running job uses bandwidth on its
 node: a CPU job ``light_gbps_per_core`` per core, or ``heavy_gbps_per_core`` for the seeded
@@ -57,8 +72,10 @@ CATEGORY = MappingProxyType({
     "alexnet": "cv", "googlenet": "cv", "resnet50": "cv", "inception-v3": "cv",
     "lstm": "nlp", "seq2seq": "nlp", "generic": "speech",
 })
-# §V-B1: "we choose 3 for CV models, 5 for NLP models, and 5 for SPEECH models".
-BEST_FIT_PER_GPU = MappingProxyType({"cv": 3, "nlp": 5, "speech": 5})
+# Cores per GPU a part needs to keep its GPUs fed, by category: §IV-E's 3 per GPU (12 cores
+# for the GPU jobs of a four-GPU machine), spread by §IV-C's characterisation (CV heaviest,
+# NLP lightest). Ranges are assumptions; a job draws one value, seeded.
+NEED_PER_GPU = MappingProxyType({"cv": (2, 3, 4, 5), "speech": (2, 3, 4), "nlp": (1, 2, 3)})
 
 
 @dataclass(frozen=True)
@@ -87,9 +104,8 @@ INFERENCE_MODELS = MappingProxyType({
 @dataclass(frozen=True)
 class SodaTruthConfig:
     # -- CPU cores (§IV-B, §V-B) --------------------------------------------------------------
-    best_fit_per_gpu: Mapping[str, int] = field(default_factory=lambda: BEST_FIT_PER_GPU)
-    best_fit_offsets: tuple[int, ...] = (-1, 0, 1)  # seeded per job; assumption (Fig. 6 spread)
-    best_fit_scales_with_gpus: bool = False  # True: times the part's GPUs; assumption
+    need_per_gpu: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: NEED_PER_GPU)
+    need_scales_with_gpus: bool = True  # False: one figure per part (ablation)
     u_best: float = 0.90  # GPU busy share at the best fit; assumption
     drop_per_core: float = 0.01  # "does not change or drop slightly" past it; assumption
     floor_above_best: float = 0.90  # assumption
@@ -139,10 +155,9 @@ class SodaTruth:
 
     def best_fit(self, job_key: str, model_type: str | None, gpus_on_node: int) -> int:
         cfg = self.config
-        base = cfg.best_fit_per_gpu[self.category(model_type)]
-        offset = self._rng(job_key, "best-fit").choice(cfg.best_fit_offsets)
-        scale = max(1, gpus_on_node) if cfg.best_fit_scales_with_gpus else 1
-        return max(1, (base + offset) * scale)
+        per_gpu = self._rng(job_key, "need").choice(cfg.need_per_gpu[self.category(model_type)])
+        scale = max(1, gpus_on_node) if cfg.need_scales_with_gpus else 1
+        return max(1, per_gpu * scale)
 
     def throughput(self, cores: int, best_fit: int) -> float:
         """Relative throughput of a part pinned to ``cores`` (1.0 at the best fit)."""

@@ -23,6 +23,7 @@ from masterd.api.caller import CALLER
 from masterd.api.limits import Handler
 from masterd.api.metrics import MasterMetrics
 from masterd.api.nodeguard import check_event
+from masterd.api.relay import handle_relay
 from masterd.api.rpc import VERSION, Rpc
 from masterd.journal.store import StoreError
 from masterd.service.master import Master
@@ -39,6 +40,7 @@ from shared.protocol import (
     encode_rpc_result,
     error_body,
 )
+from shared.relay import STREAM_FRAMES
 from shared.schema import SchemaError, decode
 
 log = logging.getLogger("trellis.master.http")
@@ -204,6 +206,11 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 if session is not None:
                     session.resolve(frame.id, frame.type == "ack", frame.body)
                 continue
+            if frame.type in STREAM_FRAMES:  # a relayed stream's bytes (shared/relay.py)
+                if session is not None:
+                    master.features.relays.from_node(session.name, frame.type, frame.body,
+                                                      msg.data)
+                continue
             try:
                 schema = NODE_EVENTS.get(frame.type)
                 if schema is None:
@@ -240,6 +247,11 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                 session.silent_s = 1.5 * master.config.node_heartbeat_s
             master.node_disconnected(session)
     return ws
+
+
+async def handle_relay_ws(request: web.Request) -> web.StreamResponse:
+    """A client's relayed stream into a job (masterd/api/relay.py)."""
+    return await handle_relay(request, request.app[MASTER_KEY], request.app[GATE_KEY].closed)
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -295,6 +307,7 @@ async def handle_unknown(request: web.Request) -> web.Response:
 ROUTES: dict[str, tuple[str, Handler]] = {
     "/v1/rpc": ("POST", handle_rpc),
     "/v1/node": ("GET", handle_node),
+    "/v1/relay": ("GET", handle_relay_ws),
     "/healthz": ("GET", handle_health),
     "/readyz": ("GET", handle_ready),
     "/metrics": ("GET", handle_metrics),

@@ -37,7 +37,14 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "job", "nodes",
                             "place", "placement", "release", "report_load", "services",
                             # Their own jobs only (masterd.features.holds checks the owner).
-                            "hold", "update", "logs"})
+                            "hold", "update", "logs",
+                            # GET /v1/relay: their own jobs' terminals and ports.
+                            "relay",
+                            # Their own accounts only (masterd.api.accounts filters them).
+                            "account_list", "account_show",
+                            # Filtered to their accounts' rows and their own jobs
+                            # (masterd.api.fairshare), as sshare and sreport are for users.
+                            "share", "report"})
 NODE_METHODS = frozenset({"ping"})
 
 

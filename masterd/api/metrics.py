@@ -28,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from masterd.api.accountmetrics import AccountCollector
 from masterd.core.policy import Preempt, Start
 from shared.model import Job, JobKind, JobState
 
@@ -317,6 +318,7 @@ class MasterMetrics:
         self.registry.register(MasterStateCollector(master, version, clock))
         self.registry.register(LeadershipCollector(master.leadership))
         self.registry.register(FailureCollector(master))
+        self.registry.register(AccountCollector(master))  # per account (fair share)
         self._scheduler_metrics(master, clock)
 
     def _scheduler_metrics(self, master: Master, clock: Callable[[], float]) -> None:

@@ -39,6 +39,8 @@ from shared import protocol
 from shared.config import MasterConfig
 from shared.messages import NODE_COMMAND_REPLIES, NODE_COMMANDS, NODE_EVENT_REPLIES, NODE_EVENTS
 from shared.model import Job, JobSpec, WaitReason
+from shared.relay import MAX_CHUNK as MAX_RELAY_CHUNK
+from shared.relay import ClientOpen
 from shared.schema import Bounds, decode
 from shared.views import JobView, PlacementPart
 
@@ -376,7 +378,32 @@ def render() -> str:
         if kind in NODE_COMMAND_REPLIES:
             out += ["Answered with an `ack` whose body is:", ""]
             out += fields_table(NODE_COMMAND_REPLIES[kind], links)
+    out += relayed_streams(links)
     return "\n".join(out).rstrip() + "\n"
+
+
+def relayed_streams(links: dict[type, str]) -> list[str]:
+    """The stream frames both WebSockets carry and the client's relay endpoint
+    (shared/relay.py, docs/interactive.md)."""
+    out = ["### Relayed streams", "",
+           "A job's terminal and its forwarded TCP connections ([interactive jobs]"
+           "(interactive.md#relayed-streams)). After `relay_open`, both directions of the "
+           "node channel carry frames of id 0 that are not answered: `relay_data` "
+           f"`{{stream, data}}` (at most {MAX_RELAY_CHUNK} bytes), `relay_ack` "
+           "`{stream, bytes}` (that many bytes were passed on: the sender may send as many "
+           "more; at most `window` unacknowledged), `relay_resize` `{stream, rows, cols}` "
+           "(master to node, terminals) and `relay_close` `{stream, reason}`.", "",
+           "## Relay endpoint", "",
+           "`GET /v1/relay` upgraded to a WebSocket, authenticated as `/v1/rpc` (a client "
+           "credential reaches its own user's jobs, an admin every job). The client's first "
+           "frame (node-channel framing, id 0) is `relay_open`; the master answers "
+           "`relay_opened` `{stream, node, window}` or `error` `{code, message}` (codes "
+           "`unknown_job`, `forbidden`, `not_running`, `no_terminal`, `busy`, "
+           "`not_listening`, `connect_failed`, `node_unreachable`, `invalid_params`) and "
+           "closes. Then the stream frames above, `stream` being the one `relay_opened` "
+           "named.", "", "#### relay_open (client)", ""]
+    out += fields_table(ClientOpen, links)
+    return out
 
 
 def member_comments(cls: type[enum.Enum]) -> dict[str, str]:

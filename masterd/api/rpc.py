@@ -7,7 +7,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from masterd.api.accounts import method_table as account_methods
 from masterd.api.failures import method_table as failure_methods
+from masterd.api.fairshare import method_table as fairshare_methods
 from masterd.api.genie import job_extras
 from masterd.api.genie import method_table as genie_methods
 from masterd.api.helios import job_extras as helios_job_extras
@@ -17,7 +19,7 @@ from masterd.api.lifecycle import method_table as lifecycle_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
 from masterd.api.logs import method_table as logs_methods
-from masterd.api.visibility import check_owner, only_user
+from masterd.api.visibility import check_owner, check_visible, viewer
 from masterd.core.scheduler import JobError
 from masterd.core.waiting import WaitExplainer
 from masterd.journal.store import EventRow, Store
@@ -157,6 +159,10 @@ class Rpc:
         self.methods.update(lifecycle_methods(master.features.controls, self._view))
         # GPUs returned to service (masterd.features.gpufaults).
         self.methods.update(failure_methods(master.features.gpufaults))
+        # Fair share and accounting (masterd.features.fairshare).
+        self.methods.update(fairshare_methods(master.features.fairshare))
+        # Accounts, quotas and caps (masterd.features.accounts).
+        self.methods.update(account_methods(master.features.accounts))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -266,9 +272,11 @@ class Rpc:
     async def jobs(self, p: JobsParams) -> dict[str, Any]:
         """Jobs in the master's memory: every queued and active one, and the newest
         ``finished_jobs_in_memory`` ended ones (older ones: ``job`` and ``events``). A client
-        credential sees its own user's jobs only."""
+        credential sees its own user's jobs and, with accounts on, its accounts' and their
+        sub-accounts' jobs."""
         out = []
-        user = only_user()  # a client lists its own user's jobs only
+        # A client lists its own user's jobs and its accounts' (and sub-accounts') only.
+        who = viewer(self.master.features.accounts.visible_accounts)
         waits: WaitExplainer | None = None  # made once per listing, if a queued job is listed
         # Starting/running jobs are a small index of their own; scanning every job ever
         # submitted for them made each such list cost O(all jobs).
@@ -283,7 +291,7 @@ class Rpc:
                 continue
             if p.tenant and job.spec.tenant != p.tenant:
                 continue
-            if user is not None and job.spec.user != user:
+            if who is not None and not who.sees(job):
                 continue
             if p.node and not (job.placement and p.node in job.placement.nodes):
                 continue
@@ -304,7 +312,7 @@ class Rpc:
     async def job(self, p: JobIdParams) -> dict[str, Any]:
         """One job, also one ended long ago (read from the journal), with its events."""
         job = await self._job(p.id)
-        check_owner(job, "see")
+        check_visible(job, "see", self.master.features.accounts.visible_accounts)
         events = await self.master.journal.call(Store.events, job.id)
         return {
             "job": self._view(job),
@@ -323,9 +331,9 @@ class Rpc:
              "(ids) and `gpu_detail` (each GPU's inventory and `utilization_pct`).")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
         """Every registered node with its status and free resources. A client credential
-        sees the ids of its own user's jobs only (the free resources show what others hold)."""
+        sees the ids of the jobs it may see only (the free resources show what others hold)."""
         out = []
-        user = only_user()
+        who = viewer(self.master.features.accounts.visible_accounts)
         jobs = self.master.core.jobs
         for view in self.master.core.cluster.views():
             inv = view.inventory
@@ -343,7 +351,7 @@ class Rpc:
                 "memory_mib": inv.memory_mib,
                 "memory_free_mib": view.free_memory_mib,
                 "jobs": [j for j in self.master.core.cluster.jobs_on(view.name)
-                         if user is None or (j in jobs and jobs[j].spec.user == user)],
+                         if who is None or (j in jobs and who.sees(jobs[j]))],
                 "gpu_detail": [
                     dict(dataclasses.asdict(g), utilization_pct=(
                         util[g.index].utilization_pct if g.index in util else None))

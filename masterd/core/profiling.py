@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from masterd.core.arrays.policy import PassResult
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.fairorder import FairShareOrdering
 from masterd.core.placement import FreePool, pack, realise
 from masterd.core.policy import Decision, Policy, Start
 from shared.model import Job, Placement
@@ -125,6 +126,6 @@ def _first_fitting(jobs: Iterable[Job], pool: FreePool) -> str | None:
 
 def unwrap(policy: Policy) -> Policy:
     """The configured policy inside any wrapper."""
-    while isinstance(policy, ProfilingPolicy):
+    while isinstance(policy, ProfilingPolicy | FairShareOrdering):
         policy = policy.inner
     return policy

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import overload
+from typing import Protocol, overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.placement import fits_cluster
@@ -25,6 +25,29 @@ from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitR
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
 _QueueKey = tuple[int, int, float, int]
+
+
+class Admission(Protocol):
+    """Quota admission's hooks (masterd.core.quotas.QuotaAdmission), called by the core as
+    jobs enter and leave the queue and their resources."""
+
+    def bind(self, core: SchedulingCore) -> None: ...
+    def queued(self, job: Job) -> None: ...
+    def ordered(self, job: Job, key: tuple[int, int, float, int]) -> None: ...
+    def dequeued(self, job: Job) -> None: ...
+    def admit(self, job: Job) -> str | None: ...
+    def started(self, job: Job) -> None: ...
+    def released(self, job: Job) -> None: ...
+    def recheck(self) -> None: ...
+    def reclaim(self, snapshot: ClusterSnapshot, queue_order: Mapping[str, object]
+                ) -> list[Preempt | Reorder]: ...
+
+
+@dataclass(frozen=True)
+class Reorder:
+    """Admission moved a queued job's ``requeue_priority``: refile it in the queue."""
+
+    job_id: str
 
 
 class JobError(ValueError):
@@ -96,6 +119,22 @@ class SchedulingCore:
         # When the policy wants a pass although nothing happens (a batch window closing), as
         # of the last pass: the master sets a timer, the simulator an event.
         self.wake_at: float | None = None
+        # Quota admission (masterd/core/quotas.py), when accounts are on: its hooks run as
+        # jobs enter and leave the queue and their resources.
+        self.admission: Admission | None = None
+        self._last_notes: Mapping[str, str] = {}
+        # When the pass asked for a follow-up pass (admission), so that one asks for none.
+        self._follow_up_at: float | None = None
+
+    def set_admission(self, admission: Admission | None) -> None:
+        """Attach (or detach: None) quota admission; the jobs already here are counted."""
+        previous = self.admission
+        self.admission = admission
+        if admission is not None:
+            admission.bind(self)
+        elif previous is not None:  # accounts turned off: every quota gate opens
+            for job in list(self._blocked.values()):
+                self.set_gate(job.id, "quota", None)
 
     # -- nodes ---------------------------------------------------------------------------
     def node_up(self, inventory: NodeInventory) -> None:
@@ -139,6 +178,8 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
+            if self.admission is not None:
+                self.admission.started(job)
 
     def restore(self, job: Job) -> None:
         """Re-enter a job loaded from the store, keeping its resources if it was placed."""
@@ -147,6 +188,8 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
+            if self.admission is not None:
+                self.admission.started(job)
 
     def forget(self, job_id: str) -> Job:
         """Drop an ended job from memory (its journal row stays); returns it.
@@ -181,6 +224,8 @@ class SchedulingCore:
 
     def _enqueue(self, job: Job) -> None:
         job.state = JobState.QUEUED
+        if self.admission is not None:
+            self.admission.queued(job)  # closes its quota gate if it may not be admitted
         if job.gates:
             self._blocked[job.id] = job
             self._note_gate(job)
@@ -189,6 +234,8 @@ class SchedulingCore:
         # Re-queued (preempted) jobs first, then the job's priority, then submission order.
         key = (-job.requeue_priority, -job.spec.priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
+        if self.admission is not None:
+            self.admission.ordered(job, key)
         entry = (key, job.id)
         ordered = self._ordered
         if not ordered or ordered[-1] < entry:
@@ -208,6 +255,10 @@ class SchedulingCore:
         not pay for the whole queue on every event. Jobs an admission gate holds back are not
         in it (see :meth:`blocked`)."""
         return QueueView(self._ordered, self._queued)
+
+    def queue_keys(self) -> Iterator[tuple[_QueueKey, str]]:
+        """(key, job id) of every job in the policy's queue, in order."""
+        return iter(self._ordered)
 
     def noted(self, job_id: str) -> bool:
         """Whether a queued job's reason is the policy's note from the last pass."""
@@ -258,7 +309,8 @@ class SchedulingCore:
         job.reason = job.gates[code]
 
     def reorder(self, job_id: str) -> None:
-        """A queued job's priority changed (its spec was replaced): move it to its place."""
+        """A queued job's priority changed (its spec was replaced, or its requeue priority
+        by quota reclaim): move it to its place."""
         if job_id in self._queued:
             job = self._dequeue(job_id)
             self._enqueue(job)
@@ -277,47 +329,32 @@ class SchedulingCore:
     # -- the scheduling pass -------------------------------------------------------------
     def schedule(self, now: float) -> list[Decision]:
         self.wake_at = None
+        if self.admission is not None:
+            self.admission.recheck()  # gates opened by jobs that gave resources back
         if not self._queued:
             return []
-        # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
-        # arrays); those notes become the jobs' reasons, so operators see them.
-        plan = getattr(self.policy, "plan", None)
-        notes: Mapping[str, str] = {}
-        if plan is not None:
-            result = plan(self.snapshot(), self.queue(), now)
-            decisions, notes = result.decisions, result.notes
-        else:
-            decisions = self.policy.decide(self.snapshot(), self.queue(), now)
         applied: list[Decision] = []
-        for decision in decisions:
-            if isinstance(decision, Start):
-                job = self._queued.get(decision.job_id)
-                if job is None:
+        held_back = self._decide_and_apply(now, applied)
+        notes = self._last_notes
+        if self.admission is not None:
+            # Gates of accounts whose use changed, then borrowed resources reclaimed for
+            # owners within their quotas that the policy could not place.
+            self.admission.recheck()
+            for decision in self.admission.reclaim(self.snapshot(), self._order):
+                if isinstance(decision, Reorder):
+                    self.reorder(decision.job_id)
                     continue
-                try:
-                    self.cluster.allocate(job.id, decision.placement)
-                except AllocationError:
-                    # A stale or conflicting decision: leave the job queued for the next pass.
-                    continue
-                self._dequeue(job.id)
-                job.state = JobState.STARTING
-                job.placement = decision.placement
-                job.attempts += 1
-                job.node_states = {n: "preparing" for n in decision.placement.nodes}
-                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
-                job.wait = ""
-                self._active[job.id] = job
-                applied.append(decision)
-            elif isinstance(decision, Preempt):
-                job = self._active.get(decision.job_id)
-                if job is None or job.stopping:
-                    continue
-                job.stopping = True
-                job.reason = f"preempted: {decision.reason}"
-                applied.append(decision)
+                self._preempting(decision, applied)
         wake = getattr(unwrap(self.policy), "wake_at", None)
         if wake is not None:
             self.wake_at = wake(now)
+        follow_up, self._follow_up_at = self._follow_up_at == now, None
+        if "limit" in held_back and self._queued and not follow_up:
+            # Admission held back starts the policy chose that together pass a limit:
+            # another pass at once (one, not a chain), where the policy sees their gates, so
+            # what it planned for them is not left idle until the next event (the master
+            # runs it straight after this one; the simulator too).
+            self.wake_at = self._follow_up_at = now
         if notes or self._noted:
             # A note from an earlier pass that no longer applies is dropped, not left stale.
             for job_id in self._noted.difference(notes):
@@ -332,6 +369,59 @@ class SchedulingCore:
                     self._noted.add(job_id)
         return applied
 
+    def _decide_and_apply(self, now: float, applied: list[Decision]) -> set[str]:
+        """The policy's decisions applied; returns why admission held starts back, if it
+        did ("limit", "pause")."""
+        held_back: set[str] = set()
+        # A policy with plan() also says why jobs wait, borrow or are preempted (SODA's
+        # arrays); those notes become the jobs' reasons, so operators see them.
+        plan = getattr(self.policy, "plan", None)
+        notes: Mapping[str, str] = {}
+        if plan is not None:
+            result = plan(self.snapshot(), self.queue(), now)
+            decisions, notes = result.decisions, result.notes
+        else:
+            decisions = self.policy.decide(self.snapshot(), self.queue(), now)
+        self._last_notes = notes
+        for decision in decisions:
+            if isinstance(decision, Start):
+                job = self._queued.get(decision.job_id)
+                if job is None:
+                    continue
+                if self.admission is not None:
+                    refused = self.admission.admit(job)
+                    if refused is not None:  # over its account's limits after earlier starts
+                        held_back.add(refused)
+                        continue
+                try:
+                    self.cluster.allocate(job.id, decision.placement)
+                except AllocationError:
+                    # A stale or conflicting decision: leave the job queued for the next pass.
+                    continue
+                self._dequeue(job.id)
+                job.state = JobState.STARTING
+                job.placement = decision.placement
+                job.attempts += 1
+                job.node_states = {n: "preparing" for n in decision.placement.nodes}
+                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
+                job.wait = ""
+                self._active[job.id] = job
+                if self.admission is not None:
+                    self.admission.started(job)
+                applied.append(decision)
+            elif isinstance(decision, Preempt):
+                self._preempting(decision, applied)
+        return held_back
+
+    def _preempting(self, decision: Preempt, applied: list[Decision]) -> None:
+        """Mark a running job as being preempted (once) and note the decision as applied."""
+        job = self._active.get(decision.job_id)
+        if job is None or job.stopping:
+            return
+        job.stopping = True
+        job.reason = f"preempted: {decision.reason}"
+        applied.append(decision)
+
     # -- events from nodes ---------------------------------------------------------------
     def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:
         """A node refused to start its part: free everything and queue the job again, unless
@@ -341,6 +431,8 @@ class SchedulingCore:
         if job is None:
             return None
         self.cluster.release(job_id)
+        if self.admission is not None:
+            self.admission.released(job)
         job.placement = None
         job.node_states = {}
         job.reason = f"start failed: {reason}"
@@ -396,6 +488,8 @@ class SchedulingCore:
     def _finish(self, job: Job, now: float) -> Transition:
         del self._active[job.id]
         self.cluster.release(job.id)
+        if self.admission is not None:
+            self.admission.released(job)
         stopping = job.stopping
         job.stopping = False
         if job.end_as == JobState.QUEUED.value:
@@ -461,6 +555,8 @@ class SchedulingCore:
                 del self._blocked[job_id]
             else:
                 self._dequeue(job_id)
+            if self.admission is not None:
+                self.admission.dequeued(job)
             job.state = end_as
             job.end_time = now
             job.reason = reason

@@ -34,6 +34,8 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "memory_mib": spec.memory_mib,
         "command": list(spec.command),
+        # The OCI image it runs in (None: a host command; docs/containers.md).
+        "image": spec.launch.image,
         # Time limit in seconds (None: none), its warning ("[B:]SIG@SECONDS"), the grace
         # the job asked for (None: the master's stop_grace_s) and whether it may be requeued
         # after a failure (None: the master's requeue_default): the spec's stop, flat.

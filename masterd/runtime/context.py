@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.policy import Policy, Preempt
 from masterd.core.profiling import unwrap
+from masterd.core.quotas import QuotaAdmission
 from masterd.core.scheduler import SchedulingCore
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
@@ -138,7 +139,8 @@ class JobActions:
     # in the background; a launch that fails ends it (it never waits in the queue). Raises
     # ValueError or AllocationError, before anything changed, when it cannot be started.
     launch_placed: Callable[[JobSpec, Placement, str, str], Job]
-    # (job, node, cpus): a running part now holds only these cores there (a subset).
+    # (job, node, cpus): a running part now holds these cores there: a subset, or at launch
+    # its cores plus free ones (the adaptive allocator widening it, masterd.core.widen).
     cores_changed: Callable[[str, str, tuple[int, ...]], None]
     # (job, reason), during the restore only: cancel a restored job, journalled at once.
     cancel_restored: Callable[[str, str], None]
@@ -169,6 +171,9 @@ class JobActions:
     # stands and only the lost parts are counted. Journalled before any node is told.
     lose_parts: Callable[[str, Sequence[str], str, JobState | None],
                          Awaitable[Job]] | None = None
+    # (admission or None): attach quota admission to the scheduling core, or detach it
+    # (SchedulingCore.set_admission; masterd.features.accounts).
+    set_admission: Callable[[QuotaAdmission | None], None] = lambda admission: None
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,14 @@ class NodeCommands:
     gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
     # The leadership epoch this master commands nodes at (every command carries it).
     epoch: Callable[[], int] = lambda: 0
+    # (node, frame type, body): send a frame that is not a command (no ack awaited): the
+    # bytes of a relayed stream (shared/relay.py). Dropped when the node is not connected.
+    push: Callable[[str, str, dict[str, Any]], Awaitable[None]] = (
+        lambda node, type_, body: _no_push())
+
+
+async def _no_push() -> None:
+    return None
 
 
 async def _no_power() -> None:

@@ -21,12 +21,14 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from masterd.core.fencing import Judgement
 from masterd.core.scheduler import JobError, Transition
+from shared.accounts import AccountTree
 from shared.messages import CorePlan, GpuHealth, Hello, JobExited, JobMetric, JobReport
 from shared.model import Job, JobSpec, NodeAllocation, NodeInventory
 from shared.nodelease import LeaseTerms
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 log = logging.getLogger("trellis.master.events")
 
@@ -142,12 +144,25 @@ class Provider(Generic[P, R]):
         return self._answer(*args, **kwargs)
 
 
+class Chain(Generic[T]):
+    """A value passed through every subscriber in turn, each returning it (changed or not):
+    the spec a submission is journalled with, completed by several features."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._steps: list[Callable[[T], T]] = []
+
+    def provide(self, fn: Callable[[T], T]) -> None:
+        self._steps.append(fn)
+
+    def __call__(self, value: T) -> T:
+        for fn in self._steps:
+            value = fn(value)
+        return value
+
+
 def _no_core_plan(job: Job, alloc: NodeAllocation) -> CorePlan | None:
     return None
-
-
-def _as_submitted(spec: JobSpec) -> JobSpec:
-    return spec
 
 
 def _as_reported(inventory: NodeInventory) -> NodeInventory:
@@ -199,10 +214,14 @@ class MasterEvents:
     core_plan: Provider[[Job, NodeAllocation], CorePlan | None] = field(
         default_factory=lambda: Provider("core_plan", _no_core_plan))
     # The spec a checked submission is journalled with: the master's defaults written into
-    # what the submission left open (the time limit feature: default_time_limit_s). Return
-    # the spec itself when nothing changes.
-    spec_defaults: Provider[[JobSpec], JobSpec] = field(
-        default_factory=lambda: Provider("spec_defaults", _as_submitted))
+    # what the submission left open (the accounts feature: the user's default account; the
+    # time limit feature: default_time_limit_s), each feature in turn. Return the spec
+    # itself when nothing changes.
+    spec_defaults: Chain[JobSpec] = field(default_factory=lambda: Chain("spec_defaults"))
+    # The account tree in force changed (restored from the journal, seeded from the
+    # configuration, or changed by an admin): the accounts feature's tree, whole.
+    accounts_changed: Signal[[AccountTree]] = field(
+        default_factory=lambda: Signal("accounts_changed"))
     # SIGHUP applied a new configuration (read it with FeatureContext.config).
     config_changed: Signal[[]] = field(default_factory=lambda: Signal("config_changed"))
     # A submission was journalled and joined the queue (before any pass can see it): an

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from masterd.core.fairorder import FairShareOrdering
 from masterd.core.policy import Policy
 from masterd.core.profiling import ProfilingPolicy
+from masterd.features.accounts import Accounts
 from masterd.features.adaptive import AdaptiveCpus
 from masterd.features.arrays.pools import ArrayPools
+from masterd.features.containers import Containers
 from masterd.features.dependencies import Dependencies
+from masterd.features.fairshare import FairShareFeature
 from masterd.features.fencing import Fencing
 from masterd.features.genie.models import ModelStore, build_policy
 from masterd.features.genie.profiler import Profiler
@@ -26,6 +30,7 @@ from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
+from masterd.features.relays import Relays
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
@@ -58,6 +63,16 @@ class Features:
     # The node lease: a node cut off from every master stops the parts the master would
     # requeue elsewhere, before the master does.
     leases: NodeLeases
+    # Image jobs: the reference and mounts checked at submission (noded runs them).
+    containers: Containers
+    # Jobs' terminals and ports, relayed between clients and nodes (trellisctl run --pty,
+    # port-forward).
+    relays: Relays
+    # Fair share with a memory (usage from the journal, factors, ordering) and accounting.
+    fairshare: FairShareFeature
+    # Accounts, caps and quota admission (docs/governance.md); last, so its restore sees
+    # every gate the others closed.
+    accounts: Accounts
 
 
 def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Policy]:
@@ -68,14 +83,19 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
     ``job_transition`` the profiler records a run's end before anything else.
     """
     models = ModelStore.for_config(ctx, config.policy, config.policy_options)
-    adaptive = AdaptiveCpus(ctx, config.adaptive_cpus)
+    adaptive = AdaptiveCpus(ctx, config.adaptive_cpus, config.adaptive_max_cores_per_gpu)
     inference = InferenceService(ctx, config.inference)
     profiler = Profiler(ctx, models)
     arrays = ArrayPools(ctx)
-    # Every predicting part of the policy reads the live model database; profiling runs are
-    # started only on resources no waiting job can use.
-    policy = ProfilingPolicy(build_policy(config.policy, config.policy_options, models.db),
-                             profiler.is_run, profiler.any_runs)
+    fairshare = FairShareFeature(ctx)
+    # Every predicting part of the policy reads the live model database; with fair share
+    # ordering on it sees the queue in fair-share order; profiling runs are started only on
+    # resources no waiting job can use.
+    configured = build_policy(config.policy, config.policy_options, models.db)
+    if config.fairshare.order:
+        configured = fairshare.ordering = FairShareOrdering(configured, fairshare.tracker,
+                                                            config.fairshare.recalc_s)
+    policy = ProfilingPolicy(configured, profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
                         inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
@@ -84,5 +104,6 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
-                        leases=NodeLeases(ctx))
+                        leases=NodeLeases(ctx), containers=Containers(ctx),
+                        relays=Relays(ctx), fairshare=fairshare, accounts=Accounts(ctx))
     return features, policy

@@ -60,7 +60,15 @@ from shared.messages import (
     StartJob,
     StopJob,
 )
-from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, check_name
+from shared.model import (
+    Job,
+    JobSpec,
+    JobState,
+    NodeAllocation,
+    NodeInventory,
+    Placement,
+    check_name,
+)
 from shared.protocol import ProtocolError
 from shared.schema import encode
 
@@ -162,11 +170,12 @@ class Master:
                 launch_placed=self.launch_placed, cores_changed=self.core.cores_changed,
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
                 post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop,
-                reorder=self.core.reorder, lose_parts=self.lose_parts),
+                reorder=self.core.reorder, lose_parts=self.lose_parts,
+                set_admission=self.core.set_admission),
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state,
                                gpu_health=self.set_gpu_health,
-                               epoch=lambda: self.leadership.epoch),
+                               epoch=lambda: self.leadership.epoch, push=self._push),
             tasks=self.tasks,
             events=self.events,
             workers=Workers(),
@@ -555,14 +564,19 @@ class Master:
             # the master requeues it elsewhere (the node lease, masterd.features.selffence).
             grace = grace_for(job.spec, self.config.stop_grace_s, self.config.max_grace_s)
             requeue_if_lost = self.events.requeue_if_lost(job)
-            prepares = [
-                self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
+            prepares = []
+            for rank, a in enumerate(placement.allocations):
+                cores = self.events.core_plan(job, a)
+                # The core plan may have given the part more cores (SODA §V-B): send what it
+                # holds now.
+                a = self._allocation_on(job, a)
+                prepares.append(self._command(a.node, "prepare_job", prepare_wire(PrepareJob(
                     job_id=job.id, spec=job.spec, allocation=a, node_rank=rank, nnodes=nnodes,
-                    cores=self.events.core_plan(job, a), restarts=job.restarts,
+                    cores=cores, restarts=job.restarts,
                     grace_s=grace, requeue_if_lost=requeue_if_lost,
-                    nodes=tuple(b.node for b in placement.allocations)), spec))
-                for rank, a in enumerate(placement.allocations)
-            ]
+                    nodes=tuple(b.node for b in placement.allocations)), spec)))
+            if job.placement != placement:  # widened: journalled before any node hears of it
+                await self._persist([job], [])
             results = await asyncio.gather(*prepares, return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
@@ -588,6 +602,13 @@ class Master:
                 await self._abort_launch(job, str(failures[0]))
         finally:
             self._launching.discard(job.id)
+
+    def _allocation_on(self, job: Job, alloc: NodeAllocation) -> NodeAllocation:
+        """The job's allocation on ``alloc.node`` as the cluster holds it now."""
+        held = self.core.placement_of(job.id)
+        if held is None:
+            return alloc
+        return next((a for a in held.allocations if a.node == alloc.node), alloc)
 
     async def _abort_launch(self, job: Job, reason: str, permanent: bool = False) -> None:
         log.warning("job=%s launch failed: %s", job.id, reason)
@@ -732,6 +753,12 @@ class Master:
         if timeout_s is None:
             return await session.request(type_, wire)
         return await session.request(type_, wire, timeout_s)
+
+    async def _push(self, node: str, type_: str, body: dict[str, Any]) -> None:
+        """A frame without an ack to ``node`` (relayed streams); dropped if not connected."""
+        session = self.sessions.get(node)
+        if session is not None and not self.halted:
+            await session.push(type_, body)
 
     async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
         job = self.core.jobs.get(job_id)

@@ -84,6 +84,10 @@ class NodeSession:
         with contextlib.suppress(ConnectionError):
             await self.ws.send_bytes(encode_frame(type_, id_, body))
 
+    async def push(self, type_: str, body: dict[str, Any]) -> None:
+        """Send a frame that is not a command (id 0, no ack): a relayed stream's bytes."""
+        await self._send(type_, 0, body)
+
     def close(self) -> None:
         self.closed = True
         for fut in self._waiting.values():

@@ -184,3 +184,30 @@ def rmdir_group(writer: KernelWriter, group: Path, what: str, busy_hint: str) ->
         if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
             raise GroupBusyError(f"cannot remove {group}: {exc.strerror} ({busy_hint})") from exc
         raise
+
+
+def subgroups(group: Path) -> list[Path]:
+    """The groups below ``group``, deepest first (the order they can be removed in). A job's
+    own group gets children when its container runtime nests one there (noded/containers)."""
+    found: list[Path] = []
+    for top, dirs, _files in os.walk(group):
+        found.extend(Path(top) / d for d in dirs)
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def subtree_pids(writer: KernelWriter, group: Path) -> list[int] | None:
+    """The processes of ``group`` and of every group below it; None if it does not exist."""
+    text = quiet_read(writer, group / "cgroup.procs")
+    if text is None:
+        return None
+    found = parse_pid_lines(text)
+    for sub in subgroups(group):
+        found.extend(parse_pid_lines(quiet_read(writer, sub / "cgroup.procs") or ""))
+    return found
+
+
+def remove_subgroups(writer: KernelWriter, group: Path, job_id: str) -> None:
+    """Remove the (empty) groups a container runtime left below a job's group."""
+    for sub in subgroups(group):
+        rmdir_group(writer, sub, f"job {job_id} subgroup removed",
+                    "a process still runs in the container's group")

@@ -29,10 +29,12 @@ from noded.cgroups.base import (
     check_writer_covers,
     limits_summary,
     parse_oom_kill,
-    parse_pid_lines,
     quiet_read,
+    remove_subgroups,
     rmdir_group,
     signal_members,
+    subgroups,
+    subtree_pids,
     write_pid,
 )
 from noded.cgroups.devrules import DeviceRules, v1_deny_lines
@@ -155,6 +157,9 @@ class V1CgroupManager:
         cs = self._dir("cpuset", job_id)
         # mems before cpus: both must be non-empty before tasks can join, and neither order
         # matters for an update.
+        nested = subgroups(cs)
+        if nested:
+            self._widen_nested(cs, nested, limits, why)
         self.writer.write(cs / "cpuset.mems", format_cpu_list(limits.mems), what=why)
         self.writer.write(cs / "cpuset.cpus", format_cpu_list(limits.cpus), what=why)
         if "memory" in self.mounts:
@@ -167,6 +172,18 @@ class V1CgroupManager:
         elif limits.net_classid is not None:
             log.debug("net_cls not mounted job=%s classid=%s ignored", job_id, limits.net_classid)
         log.info("cgroup limits applied kind=v1 job=%s %s", job_id, limits_summary(limits))
+
+    def _widen_nested(self, cs: Path, nested: list[Path], limits: GroupLimits,
+                      why: str) -> None:
+        """A v1 cpuset must hold its children's CPUs, and a child does not follow its parent:
+        to re-pin a job whose container runtime nested a group below its own, the job's group
+        takes the union first, then every nested group (top down) the new set; the caller
+        then narrows the job's group."""
+        for name, new in (("cpuset.mems", limits.mems), ("cpuset.cpus", limits.cpus)):
+            union = sorted(set(parse_cpu_list(self.writer.read(cs / name))) | set(new))
+            self.writer.write(cs / name, format_cpu_list(tuple(union)), what=why)
+            for group in reversed(nested):
+                self.writer.write(group / name, format_cpu_list(new), what=why)
 
     def _write_memory(self, path: Path, limits: GroupLimits, why: str) -> None:
         if limits.memory_bytes is None:
@@ -217,8 +234,8 @@ class V1CgroupManager:
             write_pid(self.writer, path, pid, job_id)
 
     def _procs(self, ctl: str, job_id: str) -> list[int] | None:
-        text = quiet_read(self.writer, self._dir(ctl, job_id) / "cgroup.procs")
-        return None if text is None else parse_pid_lines(text)
+        # With the groups a container runtime nests below the job's (noded/containers).
+        return subtree_pids(self.writer, self._dir(ctl, job_id))
 
     def oom_kills(self, job_id: str) -> int | None:
         check_job(job_id)
@@ -283,6 +300,7 @@ class V1CgroupManager:
                 members,
             )
         for ctl in present:
+            remove_subgroups(self.writer, self._dir(ctl, job_id), job_id)
             rmdir_group(
                 self.writer,
                 self._dir(ctl, job_id),

@@ -36,10 +36,11 @@ from noded.cgroups.base import (
     check_writer_covers,
     limits_summary,
     parse_oom_kill,
-    parse_pid_lines,
     quiet_read,
+    remove_subgroups,
     rmdir_group,
     signal_members,
+    subtree_pids,
     write_pid,
 )
 from noded.cgroups.devrules import DeviceRules
@@ -222,10 +223,10 @@ class V2CgroupManager:
 
     def pids(self, job_id: str) -> list[int]:
         group = self._require(job_id)
-        text = quiet_read(self.writer, group / "cgroup.procs")
-        if text is None:
+        found = subtree_pids(self.writer, group)  # with a container runtime's nested groups
+        if found is None:
             raise GroupNotFoundError(f"job {job_id!r} has no cgroup under {self.parent_dir}")
-        return parse_pid_lines(text)
+        return found
 
     def list_jobs(self) -> list[str]:
         if not self.parent_dir.is_dir():
@@ -265,8 +266,7 @@ class V2CgroupManager:
         group = self._require(job_id)
 
         def members() -> list[int]:
-            text = quiet_read(self.writer, group / "cgroup.procs")
-            return parse_pid_lines(text) if text is not None else []
+            return subtree_pids(self.writer, group) or []
 
         return signal_members(members, sig)
 
@@ -282,6 +282,7 @@ class V2CgroupManager:
                 "removing its cgroup",
                 members,
             )
+        remove_subgroups(self.writer, group, job_id)
         rmdir_group(self.writer, group, f"job {job_id} removed", "a process joined while removing")
 
     def fence_support(self) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from noded.gpu.base import GpuBackend, GpuSample
 from noded.jobs import JobPart, JobRunner
+from noded.policy.stats import Running
 from noded.usage.acctgroup import AccountingGroups
 from noded.usage.cgroupstat import (
     JobGroups,
@@ -35,7 +36,6 @@ from noded.usage.cgroupstat import (
 )
 from noded.usage.netcount import NetCounters
 from noded.usage.phase import PhaseDetector
-from noded.usage.stats import Running
 from shared.messages import JobPhase, JobUsage
 from shared.schema import encode
 
@@ -95,6 +95,8 @@ class UsageCollector:
         self._last_util: dict[str, float] = {}
         self._unremoved: set[str] = set()  # accounting groups still holding processes
         self._tasks: set[asyncio.Task[None]] = set()
+        # (job id, mounts) -> the groups to meter, or None for the first process's groups.
+        self.group_finders: list[Callable[[str, Mounts], JobGroups | None]] = []
         runner.attach_providers.append(self.attach)
         runner.cleanup_hooks.append(self.cleanup)
 
@@ -192,6 +194,15 @@ class UsageCollector:
                 self._unremoved.discard(job_id)
 
     # -- sampling ------------------------------------------------------------------------
+    def _own_groups(self, job_id: str) -> JobGroups | None:
+        """Groups a finder knows better than the first process's (a container runtime moves
+        the job's processes out of the accounting group into groups of its own)."""
+        for find in self.group_finders:
+            found = find(job_id, self.mounts)
+            if found is not None:
+                return found
+        return None
+
     def _track(self, job_id: str, gpus: tuple[int, ...]) -> _Track:
         track = self.tracks.get(job_id)
         if track is None:
@@ -208,6 +219,8 @@ class UsageCollector:
             pids = self.runner.cgroups.pids(job_id)
         except (OSError, ValueError, LookupError):
             pids = []
+        if track.groups is None:
+            track.groups = self._own_groups(job_id)
         if track.groups is None and pids:
             track.groups = groups_of(pids[0], self.mounts)
         groups = track.groups
@@ -277,6 +290,10 @@ class UsageCollector:
             net_tx_bytes=None if net is None else net.get("tx", 0),
             net_rx_bytes=None if net is None else net.get("rx", 0),
             final=final,
+            # Phase lengths (Liquid §6.1): the launching phase once seen, the post phase
+            # only in the final report (it lasts until the part exits).
+            pre_s=track.phase.pre_s,
+            post_s=track.phase.post_s(track.last_report) if final else None,
         )
         log.debug("job=%s usage final=%s cpu_peak=%s mem_mib=%s gpu=%s", track.job_id, final,
                   usage.cpu_peak, usage.memory_peak_mib, usage.gpu_util_mean)

@@ -7,10 +7,12 @@
 - ``genie``: the GENIE workload (GENIE §7.1–7.2).
 - ``philly``: the Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4).
 - ``ces``: Cluster Energy Saving on Philly's node activity (Helios §4.3, Table 5).
-- ``openb``: the openb trace (SODA §VI).
+- ``openb``: SODA (§VI) on its published workload (``soda_paper``) and the openb trace.
 - ``liquid``: Liquid's testbed in batch mode, its resource model on measured data, and GPU
   sharing on openb with fractional requests honoured (Liquid §7).
 - ``sched2``: SCHED²'s learned selection on Philly resampled to its workload (§IV).
+- ``tenants``: Philly's virtual clusters as accounts sharing one cluster, without quotas,
+  with hard quotas and with quotas + borrowing (docs/governance.md).
 
 Each study module owns its configuration dataclass, the paper's figures it quotes, its run
 function and its plots, and ends with ``STUDY = Study(...)``. The report runs the studies of
@@ -39,9 +41,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.studies import ces, genie, liquid, openb, philly, sched2
+from sim.studies import ces, genie, liquid, openb, philly, sched2, tenants
 from sim.studies.common import Study
 
 # The report's studies, in the order of its sections.
 REGISTRY: tuple[Study[Any], ...] = (genie.STUDY, philly.STUDY, ces.STUDY, openb.STUDY,
-                                     sched2.STUDY, liquid.STUDY)
+                                     sched2.STUDY, liquid.STUDY, tenants.STUDY)

@@ -88,11 +88,16 @@ class PhillyStudy:
     extra_scales: tuple[float, ...] = (1.0,)  # also replayed with the three policies
     alignment: bool = True  # what each Helios rule changes, at the found scale
     limit: int | None = None
+    # The FIFO ÷ QSSF ratios as a band: every seed of Helios' error model (which also fills
+    # each job's model and batch) at each of the VC scales whose FIFO utilisation came nearest
+    # the target in the search (one point of the search is too fragile to quote alone).
+    band_seeds: tuple[int, ...] = (1, 2, 3)
+    band_scales: int = 3
 
 
 def tiny() -> PhillyStudy:
     return replace(PhillyStudy(), scale_low=0.5, scale_high=1.0, util_tolerance_pct=100.0,
-                   extra_scales=(0.5, 1.0))
+                   extra_scales=(0.5, 1.0), band_seeds=(1, 2), band_scales=1)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +113,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated VC scales also replayed (default 1; empty: none)")
     parser.add_argument("--no-philly-alignment", action="store_true",
                         help="skip the replays without Helios' placement and SJF rules")
+    parser.add_argument("--philly-band-seeds",
+                        help="comma-separated seeds of Helios' error model the FIFO ÷ QSSF "
+                             "band spans (default 1,2,3)")
 
 
 def apply_options(study: PhillyStudy, args: argparse.Namespace) -> PhillyStudy:
@@ -131,6 +139,10 @@ def apply_options(study: PhillyStudy, args: argparse.Namespace) -> PhillyStudy:
             csv_list(extra, float, "--philly-extra-scales")) if extra.strip() else ())
     if getattr(args, "no_philly_alignment", False):
         study = replace(study, alignment=False)
+    seeds = getattr(args, "philly_band_seeds", None)
+    if seeds:
+        study = replace(study, band_seeds=tuple(
+            csv_list(seeds, int, "--philly-band-seeds")))
     return study
 
 
@@ -245,9 +257,12 @@ def search_scale(setup: Setup, log: list[dict[str, Any]]) -> float:
             return best[1]
         seen.add(nodes)
         result, wall = setup.run("fifo", scale)
-        util = stats(result, setup.workload(scale))["node_util_pct"] or 0.0
+        st = stats(result, setup.workload(scale))
+        util = st["node_util_pct"] or 0.0
         log.append({"vc_scale": scale, "node_util_pct": util, "wall_s": wall,
-                    "nodes": setup.workload(scale).notes["nodes"]})
+                    "nodes": setup.workload(scale).notes["nodes"],
+                    "avg_jct_s": st["avg_jct_s"], "avg_queue_s": st["avg_queue_s"],
+                    "queued_jobs": st["queued_jobs"]})
         if best is None or abs(util - target) < best[0]:
             best = (abs(util - target), scale)
         if abs(util - target) <= study.util_tolerance_pct or high - low <= study.scale_resolution:
@@ -257,6 +272,72 @@ def search_scale(setup: Setup, log: list[dict[str, Any]]) -> float:
         else:
             high = scale
         setup.workloads.pop(scale, None)  # a probe's workload is loaded again if chosen
+
+
+def nearest_scales(probes: list[dict[str, Any]], target: float, count: int) -> list[float]:
+    """The ``count`` probed VC scales whose FIFO utilisation came nearest ``target``, nearest
+    first (ties: the smaller scale); scales sharing a node count are one scale."""
+    seen_nodes: set[int] = set()
+    out: list[float] = []
+    for p in sorted(probes, key=lambda p: (abs(p["node_util_pct"] - target), p["vc_scale"])):
+        if p["nodes"] in seen_nodes:
+            continue
+        seen_nodes.add(p["nodes"])
+        out.append(p["vc_scale"])
+        if len(out) == count:
+            break
+    return out
+
+
+def band(values: list[float | None]) -> tuple[float, float] | None:
+    """[low, high] of the values that exist; None when there are none."""
+    kept = [v for v in values if v is not None]
+    return (min(kept), max(kept)) if kept else None
+
+
+def seeded_setup(study: PhillyStudy, trace_dir: Path, seed: int, show: bool = False) -> Setup:
+    """A replay setup for one seed of Helios' error model, with the study's truth (every job
+    runs its recorded duration: no noise, no interference)."""
+    truth_config = TruthConfig(noise_sigma=0.0, interference=False)
+    seeded = replace(study, seed=seed)
+    return Setup(seeded, trace_dir, TruthModel(truth_config, seed),
+                 SimConfig(seed=seed, truth=truth_config), _day(study.since, "philly since"),
+                 _day(study.until, "philly until"), show, {})
+
+
+def ratio_band(study: PhillyStudy, trace_dir: Path, scales: list[float],
+               known: dict[tuple[int, float], dict[str, Any]],
+               progress: Callable[[dict[str, Any]], None] | None = None,
+               show: bool = False) -> list[dict[str, Any]]:
+    """FIFO and QSSF at every (seed, scale) of the band: one row each with both averages and
+    the ratios. ``known`` holds replays already made ({(seed, scale): {policy: stats}})."""
+    rows: list[dict[str, Any]] = []
+    for seed in study.band_seeds:
+        setup = seeded_setup(study, trace_dir, seed, show)
+        for scale in scales:
+            done = known.get((seed, scale), {})
+            got: dict[str, dict[str, Any]] = {}
+            for name in ("fifo", "qssf"):
+                if name in done:
+                    got[name] = done[name]
+                else:
+                    result, _ = setup.run(name, scale)
+                    got[name] = stats(result, setup.workload(scale))
+            fifo, qssf = got["fifo"], got["qssf"]
+            row = {
+                "seed": seed, "vc_scale": scale, "nodes": setup.workload(scale).notes["nodes"],
+                "fifo_node_util_pct": fifo["node_util_pct"],
+                "fifo_avg_jct_s": fifo["avg_jct_s"], "qssf_avg_jct_s": qssf["avg_jct_s"],
+                "fifo_avg_queue_s": fifo["avg_queue_s"],
+                "qssf_avg_queue_s": qssf["avg_queue_s"],
+                "fifo_over_qssf_jct": _ratio(fifo["avg_jct_s"], qssf["avg_jct_s"]),
+                "fifo_over_qssf_queue": _ratio(fifo["avg_queue_s"], qssf["avg_queue_s"]),
+            }
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+            setup.workloads.pop(scale, None)  # one scale's workload at a time in memory
+    return rows
 
 
 def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Section:
@@ -286,6 +367,16 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
         for name in ("fifo", "sjf"):
             result, wall = setup.run(name, scale, aligned=False)
             unaligned[name] = dict(stats(result, setup.workload(scale)), wall_s=wall)
+    band_scales = (nearest_scales(probes, study.target_util_pct, study.band_scales)
+                   if probes else [scale])
+    if scale not in band_scales:
+        band_scales = [scale, *band_scales[:-1]]
+    # Replays already made: the search's FIFO probes and both policies at the chosen scale.
+    known: dict[tuple[int, float], dict[str, Any]] = {
+        (study.seed, p["vc_scale"]): {"fifo": p} for p in probes}
+    known[(study.seed, scale)] = {"fifo": results[("fifo", scale)],
+                                  "qssf": results[("qssf", scale)]}
+    band_rows = ratio_band(study, trace_dir, band_scales, known, show=show)
     base = setup.workload(scale)
     window = {
         "jobs": len(base.jobs),
@@ -342,15 +433,41 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
         for name in POLICIES:
             theirs = HELIOS_PHILLY[key][name]  # type: ignore[index]
             t3.add(metric, title(name), theirs, results[(name, scale)][key])
+    seeds_text = ", ".join(map(str, study.band_seeds))
+    scales_text = ", ".join(f"{s:g}" for s in band_scales)
     ratios = section.table(Table(
-        "philly-ratios", ["ratio", "Helios", "ours"], ["{}", "{:.2f}", "{:.2f}"],
-        caption="FIFO ÷ QSSF, as Helios' text quotes it (2.3× JCT, 7.3× queueing).",
+        "philly-ratios", ["ratio", "Helios", f"ours (seed {study.seed}, scale {scale:g})",
+                          "ours, band low", "ours, band high", "replays in the band"],
+        ["{}", "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}", "{:d}"],
+        caption="FIFO ÷ QSSF, as Helios' text quotes it (2.3× JCT, 7.3× queueing): the point "
+                f"estimate, and the band over error-model seeds {seeds_text} × the VC scales "
+                f"{scales_text} (the search's nearest to the utilisation target).",
         command=command(study, scale, ("fifo", "qssf")),
     ))
-    for label, key in (("avg JCT", "avg_jct_s"), ("avg queueing", "avg_queue_s")):
+    ratio_bands: dict[str, Any] = {}
+    for label, key, short in (("avg JCT", "avg_jct_s", "jct"),
+                              ("avg queueing", "avg_queue_s", "queue")):
         theirs = HELIOS_PHILLY[key]  # type: ignore[index]
         ours = _ratio(fifo[key], qssf[key])
-        ratios.add(f"FIFO ÷ QSSF {label}", theirs["fifo"] / theirs["qssf"], ours)
+        spread = band([r[f"fifo_over_qssf_{short}"] for r in band_rows])
+        ratio_bands[f"fifo_over_qssf_{short}"] = {"point": ours,
+                                                 "band": list(spread) if spread else None}
+        ratios.add(f"FIFO ÷ QSSF {label}", theirs["fifo"] / theirs["qssf"], ours,
+                   spread[0] if spread else None, spread[1] if spread else None,
+                   len(band_rows))
+    band_table = section.table(Table(
+        "philly-band",
+        ["seed", "VC scale", "nodes", "FIFO node util %", "FIFO avg JCT s", "QSSF avg JCT s",
+         "FIFO ÷ QSSF JCT", "FIFO ÷ QSSF queueing"],
+        ["{:d}", "{:g}", "{:d}", "{:.1f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.2f}"],
+        caption="Every replay behind the band. The seed draws Helios' estimate error and also "
+                "fills in each job's model type and batch, which the ground truth reads, so "
+                "FIFO's figures move with it too.",
+    ))
+    for r in band_rows:
+        band_table.add(r["seed"], r["vc_scale"], r["nodes"], r["fifo_node_util_pct"],
+                       r["fifo_avg_jct_s"], r["qssf_avg_jct_s"], r["fifo_over_qssf_jct"],
+                       r["fifo_over_qssf_queue"])
     t4 = section.table(Table(
         "philly-table4", ["job group", "Helios Table 4", "ours", "jobs"],
         ["{}", "{:.2f}", "{:.2f}", "{:d}"],
@@ -414,6 +531,8 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
         "workload_notes": {f"{s:g}": setup.workload(s).notes for s in
                            dict.fromkeys([scale, *study.extra_scales])},
         "runs": [dict(policy=n, vc_scale=s, **st) for (n, s), st in results.items()],
+        "ratio_band": {"seeds": list(study.band_seeds), "vc_scales": band_scales,
+                       "rows": band_rows, **ratio_bands},
         "unaligned": unaligned,
         "commands": {"table3": command(study, scale)},
     }

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
-from sim.truth import NodeTopology, TruthModel, TruthParams
+from sim.truth import NodeTopology, TruthConfig, TruthModel, TruthParams
 from sim.workloads.assign import (
     BATCHES,
     GENIE_QOS_MIX,
@@ -151,3 +151,44 @@ def generate(options: GenieOptions) -> Workload:
     )
     workload.sort()
     return workload
+
+
+@dataclass(frozen=True)
+class OfferedLoad:
+    """Work offered over the arrival window against what the platform can do in it.
+
+    ``work_gpu_h`` is every task's single-GPU latency (noise-free ground truth, no
+    neighbours) in GPU-hours: one GPU is the cheapest way to run a task in GPU-hours (spreading
+    adds synchronisation and shrinks the local batch), so this is the least the tasks need.
+    ``capacity_gpu_h`` is the platform's GPUs × the arrival window. A ratio above 1 means the
+    platform cannot finish the window's work within the window whatever the policy.
+    """
+
+    tasks: int
+    work_gpu_h: float
+    gpus: int
+    hours: float
+
+    @property
+    def capacity_gpu_h(self) -> float:
+        return self.gpus * self.hours
+
+    @property
+    def ratio(self) -> float:
+        return self.work_gpu_h / self.capacity_gpu_h if self.capacity_gpu_h > 0 else math.inf
+
+    def arithmetic(self) -> str:
+        """The sum spelled out, e.g. ``240 tasks, 313 GPU-h ÷ (16 GPUs × 24 h) = 0.82``."""
+        return (f"{self.tasks} tasks, {self.work_gpu_h:.0f} GPU-h ÷ ({self.gpus} GPUs × "
+                f"{self.hours:g} h) = {self.ratio:.2f}")
+
+
+def offered_load(workload: Workload, hours: float) -> OfferedLoad:
+    """The offered load of a generated GENIE workload over its ``hours`` of arrivals."""
+    truth = TruthModel(TruthConfig(noise_sigma=0.0, interference=False))
+    single = NodeTopology(1, 1, 1)
+    seconds = 0.0
+    for job in workload.jobs:
+        seconds += truth.job_truth(job.id, job.spec.kind, 1, job.truth, single).lat11
+    gpus = sum(len(n.gpus) for n in workload.nodes)
+    return OfferedLoad(len(workload.jobs), seconds / 3600.0, gpus, hours)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_cluster
 from sim.psnet import SyncProfile
-from sim.truth import ModelProfile, TruthParams
+from sim.truth import ModelProfile, TruthConfig, TruthParams
 from sim.workloads.base import SimJob, Workload
 
 SYNC_PROFILES: dict[str, SyncProfile] = {
@@ -68,6 +68,13 @@ def truth_profiles(launch_s: float) -> dict[str, tuple[ModelProfile, ModelProfil
         profile = ModelProfile(rate, 0.0, 0.0, 0.0, 0.0, launch_s)
         out[model] = (profile, profile)
     return out
+
+
+def testbed_truth(launch_s: float) -> TruthConfig:
+    """Computing is placement-independent here; what placement changes is the PS traffic
+    (sim.psnet), so the GENIE-style locality and interference terms are off."""
+    return TruthConfig(profiles=truth_profiles(launch_s), gpu_speed=(("T4", 1.0),),
+                       interference=False, beta_switch=0.0, beta_socket=0.0)
 
 
 def build_testbed(config: LiquidTestbed) -> Workload:

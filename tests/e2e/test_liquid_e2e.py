@@ -59,5 +59,9 @@ def test_usage_and_pre_scheduling_on_a_live_cluster(make_cluster) -> None:
     assert usage["gpu_memory_peak_mib"] == 5000
     assert 10 < usage["gpu_util_mean"] < 80 and usage["gpu_util_std"] > 10
     assert usage["seconds"] >= 9 and usage["memory_peak_mib"] > 1
+    # The phases the node measured (Liquid §6.1), which the model learns phase lengths from:
+    # 1 s launching, 6 s saving, give or take the 0.2 s samples and the exit.
+    assert 0.5 < usage["pre_s"] < 2.5 and 4.5 < usage["post_s"] < 8.0, usage
     code, text, err = ctl(cluster, "show", first, json_out=False)
     assert code == 0 and "Usage:" in text and "gpu mem peak=5000 MiB" in text, text
+    assert "phases pre=" in text and " post=" in text, text

@@ -162,3 +162,32 @@ def _wait_pinned(cluster: LocalCluster, job_id: str, count: int) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} never ran on {count} core(s)")
+
+
+@needs_root
+def test_a_job_asking_one_core_is_given_and_keeps_the_two_it_needs(make_cluster: Any) -> None:
+    """SODA §V-B/§VI-D: the request is not the ceiling. With a ceiling of two cores per GPU
+    the master widens a one-core job to two from the node's spare cores at launch; the tuner
+    probes one, finds the GPU starved, and keeps two: more than the owner asked."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs at least 2 CPU cores to widen a one-core job")
+    cluster = make_cluster(
+        nodes=1, gpus_per_node=1,
+        extra_master={"adaptive_cpus": True, "adaptive_max_cores_per_gpu": 2},
+        node_sections={"tuner": TUNER, "gpu": GPU})
+    job = {"name": "asks-one", "user": USER, "gpus": 1, "cpus": 1, "model_family": "nlp",
+           "command": ["python3", TRAINER, "--iterations", "100000", "--loaders", "2",
+                       "--load-ms", "17", "--gpu-ms", "10"]}
+    job_id = cluster.client().call("submit", {"job": job})["job"]["id"]
+    _shield(cluster, job_id)
+    detail = _wait_converged(cluster, job_id)
+    start = next(e["detail"] for e in _events(cluster, job_id) if e["kind"] == "cores_start")
+    assert start["asked"] == 1 and start["max_cores"] == 2
+    assert len(detail["pinned"]) == 2, _tuning_log(cluster)
+    probes = [e["detail"] for e in _events(cluster, job_id)
+              if e["kind"] == "cores_changed" and not e["detail"]["converged"]]
+    assert any(len(p["pinned"]) == 1 for p in probes), "one core was never tried"
+    assert _job_cpus(cluster, job_id) == {tuple(detail["pinned"])}
+    state = cluster.client().call("job", {"id": job_id})["job"]
+    assert state["attempts"] == 1 and len(state["placement"][0]["cpus"]) == 2
+    _cancel(cluster, job_id)

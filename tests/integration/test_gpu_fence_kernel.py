@@ -65,14 +65,23 @@ def _cleaned(manager: CgroupManager, jobs: list[str]) -> Iterator[None]:
             manager.remove_parent()
 
 
+# What a file the fence lets through answers: the driver's absence (ENXIO, or ENODEV for a
+# minor no GPU has) or, on a server whose NVIDIA driver is loaded, the real device (OK: the
+# scratch files carry the driver's own numbers, 195:N and nvidiactl's 195:255).
+LET_THROUGH = ("ENXIO", "ENODEV", "OK")
+
+
 def _expect(answers: dict[str, str], nodes: GpuDeviceNodes, gpus: tuple[int, ...]) -> None:
     for index, node in nodes.gpus.items():
         if index in gpus:
-            assert answers[node.path] in ("ENXIO", "ENODEV"), answers
+            assert answers[node.path] in LET_THROUGH, answers
         else:
             assert answers[node.path] == "EPERM", answers
     ctl = nodes.control[0].path
-    assert answers[ctl] == ("ENXIO" if gpus else "EPERM"), answers
+    if gpus:
+        assert answers[ctl] in LET_THROUGH, answers
+    else:
+        assert answers[ctl] == "EPERM", answers
     assert answers["/dev/null"] == "OK"
 
 
@@ -113,7 +122,7 @@ def test_v2_device_program_fences_a_group_and_goes_with_it(nodes: GpuDeviceNodes
             assert time.monotonic() < deadline, f"device program {second} outlived its group"
             time.sleep(0.05)
     # Outside any fenced group nothing is refused.
-    assert {open_answer(n.path) for n in nodes.gpus.values()} == {"ENXIO"}
+    assert {open_answer(n.path) for n in nodes.gpus.values()} <= set(LET_THROUGH)
 
 
 def test_v1_devices_group_fences_a_job(nodes: GpuDeviceNodes) -> None:

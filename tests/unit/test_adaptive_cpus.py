@@ -117,3 +117,46 @@ async def test_allocator_settings_are_checked_at_submission(tmp_path: Path) -> N
         assert plans["on"] is not None and plans["off"] is None and plans["one"] is None
     finally:
         await master.close()
+
+
+async def test_a_job_gets_more_cores_than_asked_from_spare_ones(tmp_path: Path) -> None:
+    """§V-B/§VI-D: with a per-GPU ceiling the request is not the ceiling; the extra cores
+    come from spare cores of the node, a reserve kept for its other free GPU."""
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 8)}, adaptive_cpus=True,
+                                   adaptive_max_cores_per_gpu=6)
+    try:
+        job = await master.submit(spec(cpus=1))
+        await until("the launch", lambda: sessions["g1"].commands("start_job"))
+        [prepare] = sessions["g1"].commands("prepare_job")
+        # Asked 1; 7 free, 4 of them (8 cores / 2 GPUs) kept for the other free GPU: 3 more.
+        held = prepare.allocation.cpus
+        assert len(held) == 4
+        assert master.core.cluster.node("g1").free_cpus == frozenset(range(8)) - set(held)
+        plan = prepare.cores
+        assert plan is not None and plan.n_start == 3  # CV's N_start fits the widened budget
+        stored = {j.id: j for j in master.store.load_jobs()}[job.id]
+        assert stored.placement is not None and stored.placement.allocations[0].cpus == held
+        starts = await until("the cores_start event", lambda: [
+            e for e in master.store.events(job.id) if e.kind == "cores_start"])
+        assert starts[0].detail["asked"] == 1 and starts[0].detail["max_cores"] == 4
+        # The tuner hands back what it does not need, down to fewer than the widened budget.
+        await started(master, "g1", job.id)
+        await master.features.adaptive.cores_changed("g1", CoresChanged(
+            job_id=job.id, cpus=held[:2], pinned=held[:2], step=1, utilisation=80.0,
+            measured_cores=2, converged=True))
+        assert master.core.cluster.node("g1").free_cpus == frozenset(range(8)) - set(held[:2])
+    finally:
+        await master.close()
+
+
+async def test_without_a_ceiling_the_request_is_the_budget(tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, {"g1": (1, 8)}, adaptive_cpus=True)
+    try:
+        await master.submit(spec(cpus=1))
+        await until("the launch", lambda: sessions["g1"].commands("start_job"))
+        [prepare] = sessions["g1"].commands("prepare_job")
+        assert len(prepare.allocation.cpus) == 1 and prepare.cores is None
+    finally:
+        await master.close()

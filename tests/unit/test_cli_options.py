@@ -124,6 +124,23 @@ def test_show_prints_dash_for_empty_fields() -> None:
     assert next(x for x in text.splitlines() if x.startswith("Exit code:")).split()[-1] == "0"
 
 
+def test_show_says_where_an_images_pull_stands() -> None:
+    def image_line(state: str, **metrics: float) -> str:
+        text = show_job({"job": job_view(state=state, image="reg:5000/team/pt:1"),
+                         "metrics": {k: {"last": v, "value": v, "count": 1}
+                                     for k, v in metrics.items()}, "events": []})
+        return next(x for x in text.splitlines() if x.startswith("Image:"))
+
+    assert image_line("queued") == "Image:      reg:5000/team/pt:1"
+    assert image_line("running").endswith("(pulling)")
+    assert image_line("running", image_pull_layers=3, image_pull_s=4.25).endswith(
+        "(pulling: 3 layer(s) copied, 4.2 s so far)")
+    assert image_line("running", image_pull_s=9.0, image_pulled=1).endswith("(pulled in 9.0 s)")
+    assert image_line("finished", image_cached=1).endswith("(in the node's cache)")
+    # A host job shows no Image line.
+    assert "Image:" not in show_job({"job": job_view(), "events": []})
+
+
 def test_yaml_reads_back_as_the_same_data() -> None:
     yaml = pytest.importorskip("yaml", reason="PyYAML (the test extra) reads the output back")
     data = {

@@ -22,7 +22,7 @@ def _keys(cls: type) -> list[str]:
 
 # Fields that are tables of their own ([master.inference], [gpu], ...), documented key by key.
 _NESTED = {"inference", "estimator", "power", "liquid", "gpu", "rdt", "contention", "tuner",
-           "net", "jobs"}
+           "net", "jobs", "fairshare"}
 
 
 def test_every_configuration_key_is_documented() -> None:

@@ -147,6 +147,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "signal_job": {"job_id": "j", "signal": "SIGUSR1"},
     "read_log": {"job_id": "j"},
     "reset_gpu": {"index": 0},
+    "relay_open": {"stream": 1, "job_id": "j", "kind": "pty", "window": 1 << 20},
 }
 
 

@@ -169,6 +169,26 @@ def test_ga_never_returns_worse_than_the_plans_it_starts_from() -> None:
                                         best.placed)
 
 
+def test_without_a_cap_the_ga_stops_by_liquids_rule_alone() -> None:
+    nodes = [node(f"n{i}") for i in range(6)]
+    core = core_with(LiquidPolicy(), nodes)
+    jobs = [Job(id=f"j{i}", spec=spec(f"j{i}", 3), submit_time=0.0) for i in range(3)]
+    state = LiquidPass(core.snapshot(), 0.0, ScoreWeights(), 100.0, SharingRule(), False)
+    demands = [demand_of(j, 100.0, None) for j in jobs]
+    cands = [state.candidates(j) for j in jobs]
+    capped = grouping_ga(demands, cands, state.caps, Load(), ScoreWeights(),
+                         GaSettings(max_evaluations=50), "s")
+    free = grouping_ga(demands, cands, state.caps, Load(), ScoreWeights(),
+                       GaSettings(max_evaluations=0), "s")
+    assert capped is not None and free is not None
+    assert capped.capped and capped.evaluations == 50
+    # Liquid's rule: 30 + n generations without improvement (n = 12 tasks) end it.
+    assert not free.capped and free.generations >= 30 + 12 and free.evaluations > 50
+    assert free.fitness >= capped.fitness
+    with pytest.raises(ValueError, match="max_evaluations"):
+        GaSettings(max_evaluations=-1)
+
+
 def test_fractional_jobs_share_a_gpu_under_liquids_rule() -> None:
     core = core_with(LiquidPolicy(), [node("n1", gpus=2)])
     submit(core, "a", spec("a", 1, cpus=1, milli=400))
@@ -286,6 +306,20 @@ def test_buddy_cells_take_an_aligned_free_cell() -> None:
     [start] = core.schedule(1.0)
     workers = {a.node for a in start.placement.allocations if a.gpus}
     assert workers == {"n2", "n3"}  # the cell n0+n1 is split, n2+n3 is whole
+
+
+def test_buddy_cells_keep_the_parameter_server_inside_the_jobs_cell() -> None:
+    core = core_with(make_policy("buddy-cells"), [node(f"n{i}") for i in range(4)])
+    submit(core, "one", spec("one", 1))
+    run_all(core, core.schedule(0.0), 0.0)  # n0 half used: emptier nodes would draw the PS
+    submit(core, "two", spec("two", 2))
+    submit(core, "three", spec("three", 3))
+    starts = {d.job_id: d.placement for d in core.schedule(1.0)}
+    assert set(starts) == {"two", "three"}
+    # A cell of one node: the PS (rank 0, the first allocation) is on it, no other node.
+    assert len(starts["two"].nodes) == 1
+    cell = {a.node for a in starts["three"].allocations if a.gpus}
+    assert set(starts["three"].nodes) == cell and len(cell) == 2
 
 
 def test_even_spread_spreads_and_random_is_seeded() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from masterd.core.liquid.demand import GPU_MEM, GPU_UTIL, NET, POST_SINCE
+from masterd.core.liquid.demand import GPU_MEM, GPU_UTIL, NET, POST_S, POST_SINCE, PRE_S
 from masterd.core.policies.liquid import LiquidPolicy
 from masterd.core.scheduler import SchedulingCore
 from masterd.features.liquid.feature import LiquidResources
@@ -48,6 +48,9 @@ def test_labels_are_per_task() -> None:
     labels = labels_of(usage, workers=2)
     assert labels == {"gpu_util": 0.6, "gpu_util_std": 0.05, "gpu_mem_mib": 9000.0,
                       "cpu": 2.0, "mem_mib": 1024.0, "net_mbps": 20.0}
+    # Phase lengths are the part's, not per task.
+    phases = labels_of({**usage, "pre_s": 4.0, "post_s": 30.0}, workers=2)
+    assert phases is not None and phases["pre_s"] == 4.0 and phases["post_s"] == 30.0
     assert labels_of({**usage, "seconds": 0}, 1) is None
 
 
@@ -148,6 +151,55 @@ def test_a_model_update_repredicts_running_jobs(tmp_path: Path) -> None:
             liquid.model, liquid.version = model, 1
             liquid.predict_all()
             assert core.jobs["r"].annotations[GPU_UTIL] == pytest.approx(0.5)
+        finally:
+            await harness.close()
+
+    asyncio.run(scenario())
+
+
+def test_measured_phase_lengths_become_predictions_that_time_pre_scheduling(
+        tmp_path: Path) -> None:
+    """Liquid §6.1 live: noded's final reports carry the phases it measured, the model learns
+    them, and a lent GPU waits for Liquid's rule (remaining post phase within 15 s)."""
+    async def scenario() -> None:
+        core = SchedulingCore(LiquidPolicy(batch=False))
+        core.node_up(build_node("n1", NodeGroup(count=1, gpus_per_node=1, gpu_model="T4")))
+        harness = FeatureHarness(tmp_path, core=core)
+        liquid = LiquidResources(harness.ctx)
+        try:
+            rng = random.Random(3)
+            for i in range(14):
+                job = Job(id=f"done-{i}", spec=spec(f"done-{i}", 64), submit_time=0.0)
+                core.submit(job)
+                core.schedule(harness.now)
+                core.node_started(job.id, "n1", harness.now)
+                await harness.events.node_event.emit("n1", JobUsage(
+                    job_id=job.id, seconds=200.0, samples=200, gpu_util_mean=70.0,
+                    gpu_util_std=9.0, pre_s=5.0 + rng.uniform(-0.5, 0.5),
+                    post_s=60.0 + rng.uniform(-2, 2), final=True))
+                core.node_exited(job.id, "n1", 0, None, harness.now)
+            outcome = await liquid.retrain()
+            assert outcome["version"] == 1
+
+            holder = Job(id="holder", spec=spec("holder", 64), submit_time=harness.now)
+            core.submit(holder)
+            harness.events.before_pass.emit()
+            notes = core.jobs["holder"].annotations
+            assert notes[PRE_S] == pytest.approx(5.0, abs=0.6)
+            assert notes[POST_S] == pytest.approx(60.0, abs=2.5)
+            [start] = core.schedule(harness.now)
+            core.node_started("holder", "n1", harness.now)
+            await harness.events.node_event.emit("n1", JobPhase(
+                job_id="holder", phase="post", gpu_util=3.0, pre_s=5.0))
+            since = harness.now
+            core.submit(Job(id="next", spec=spec("next", 64), submit_time=harness.now))
+            harness.events.before_pass.emit()
+            # Its GPU is lent, but the holder has ~60 s of saving left: not yet.
+            assert core.schedule(since + 1.0) == []
+            eligible = since + notes[POST_S] - 15.0
+            assert core.wake_at == pytest.approx(eligible)
+            assert [d.job_id for d in core.schedule(eligible)] == ["next"]
+            assert start.job_id == "holder"
         finally:
             await harness.close()
 

@@ -94,3 +94,50 @@ def test_the_replay_of_the_testbed_is_seeded(tmp_path: Path) -> None:
         sim = LiquidSimulator(workload, make_policy("liquid"), SimConfig(seed=3))
         results.append([(r.id, r.first_start, r.end) for r in sim.run().records])
     assert results[0] == results[1]
+
+
+def test_traffic_is_calibrated_to_the_papers_measured_worker() -> None:
+    from sim.psnet import calibrate, lone_worker_mbps
+    from sim.workloads.liquid import SYNC_PROFILES
+
+    assert lone_worker_mbps(SYNC_PROFILES["vgg16"], 1875.0) > 900  # uncalibrated: ~945 MB/s
+    profiles, scale = calibrate(SYNC_PROFILES, "vgg16", 200.0, 1875.0)
+    assert abs(lone_worker_mbps(profiles["vgg16"], 1875.0) - 200.0) < 1e-9
+    assert 0 < scale < 1
+    for name, p in profiles.items():  # one factor for every model; compute untouched
+        assert abs(p.gradient_mb - scale * SYNC_PROFILES[name].gradient_mb) < 1e-9
+        assert p.compute_s == SYNC_PROFILES[name].compute_s
+    # The replay's network gives a lone worker (PS on another node) exactly that rate.
+    net = PsNetwork(1875.0, 10_000.0, profiles)
+    net.start("j", "vgg16", Placement((NodeAllocation("a", ()), NodeAllocation("b", (0,)))))
+    step = profiles["vgg16"].compute_s / net.factor("j")
+    assert abs(2 * profiles["vgg16"].gradient_mb / step - 200.0) < 1e-6
+    for bad in (0.0, 1875.0):
+        try:
+            calibrate(SYNC_PROFILES, "vgg16", bad, 1875.0)
+        except ValueError as exc:
+            assert "NIC" in str(exc)
+        else:
+            raise AssertionError("a rate at or above the NIC's was accepted")
+
+
+def test_the_history_is_what_the_simulated_nodes_metered() -> None:
+    from sim.liquid_history import History, history_rows
+    from sim.liquid_meter import MeterConfig
+    from sim.psnet import calibrate
+    from sim.workloads.liquid import SYNC_PROFILES
+
+    profiles, _ = calibrate(SYNC_PROFILES, "vgg16", 200.0, 1875.0)
+    testbed = replace(LiquidTestbed(), nodes=5)
+    quiet = History(runs=12, meter=MeterConfig(util_noise_pct=0.0, bytes_noise=0.0,
+                                               memory_noise=0.0))
+    rows = history_rows(profiles, testbed, quiet)
+    assert len(rows) >= 12  # a report per part: at least one per job
+    for _features, labels in rows:
+        assert labels["net_mbps"] >= 0
+        if "gpu_util" in labels:  # a part with GPUs: launching dilutes the mean below 1
+            assert 0.0 < labels["gpu_util"] < 1.0 and "gpu_mem_mib" in labels
+    # Noise changes the measurements, not which runs there were.
+    noisy = history_rows(profiles, testbed, replace(quiet, meter=MeterConfig()))
+    assert [f for f, _ in noisy] == [f for f, _ in rows]
+    assert [lab for _, lab in noisy] != [lab for _, lab in rows]

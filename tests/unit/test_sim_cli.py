@@ -130,3 +130,38 @@ def test_the_placers_warnings_stay_in_the_replays_unless_verbose(
     assert cli.main(["-v", "policies"]) == 0
     assert seen == [False, True]
     assert placer.level == before  # the command's setting does not outlive it
+
+
+def test_default_philly_run_is_the_helios_study_setup(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Without a cluster, `--workload philly` replays per VC at the study's scale, in Helios'
+    window, jobs at their recorded durations, with Helios' rules: jobs wait and the policies
+    differ. With a cluster chosen, nothing is filled in and an idle cluster is said to be."""
+    from tests.unit.test_sim_results import write_traces
+
+    traces = write_traces(tmp_path / "traces")
+    out = tmp_path / "helios"
+    assert main([*BASE, "--workload", "philly", "--trace", str(traces), "--policies",
+                 "fifo,qssf,sjf", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Helios study's setup" in printed and "VC scale 0.2125" in printed
+    assert "no job waited" not in printed
+    document = json.loads((out / "summary.json").read_text())
+    notes = document["notes"]["workload_notes"]["philly"]
+    assert notes["per_vc"] and notes["vc_scale"] == 0.2125 and notes["nodes"] == 2
+    assert notes["since"].startswith("2017-10-01") and notes["until"].startswith("2017-12-01")
+    runs = {r["policy"]: r for r in document["runs"]}
+    assert all(r["queued_jobs"] > 0 for r in runs.values())
+    assert runs["fifo"]["avg_jct_s"] != runs["sjf"]["avg_jct_s"]
+    # 32 jobs in the window; the unsized VC's job and the 16-GPU job (one node left to its
+    # VC at this scale) can never fit.
+    assert runs["fifo"]["finished"] == 30 and runs["fifo"]["rejected"] == 2
+
+    # A cluster of the user's own: used as given; when nothing waits, the run says so.
+    idle = tmp_path / "idle"
+    assert main([*BASE, "--workload", "philly", "--trace", str(traces), "--nodes", "64",
+                 "--policies", "fifo,sjf", "--out", str(idle)]) == 0
+    printed = capsys.readouterr().out
+    assert "Helios study's setup" not in printed
+    assert "no job waited in any run" in printed and "--vc-scale" in printed

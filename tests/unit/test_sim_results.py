@@ -33,6 +33,7 @@ SECTIONS = (
     "## 3. Cluster Energy Saving",
     "## 4. openb trace",
     "## 5. SCHED²",
+    "## 7. Accounts and quotas",
 )
 
 
@@ -180,18 +181,20 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     # The run's own numbers agree with a direct replay: SWAF's first-seed QoS at density 5.
     genie_runs = document["studies"]["genie"]["data"]["runs"]
     assert {r["policy"] for r in genie_runs} == {"swaf", "fifo", "tetris-cer", "sjf"}
-    # SWAF as the study sets it up: every placement, a database profiled on the platform.
+    # SWAF as the study sets it up: every placement, a database profiled on the platform,
+    # urgent tasks on the highest CER (Algorithm 1 line 13).
     workload = genie.generate(genie.GenieOptions(density=5.0, hours=2.0, seed=1))
     profiled = profile_platform(workload.nodes, TruthModel(TruthConfig(), 1),
                                 {m: max(b) for m, b in BATCHES.items()})
     direct = summarise(simulate(
-        workload, make_policy("swaf", modeldb=profiled.db, shape_mode="any"),
+        workload, make_policy("swaf", modeldb=profiled.db, shape_mode="any",
+                              urgent_placement="cer"),
         SimConfig(seed=1),
     ))
     logged = next(r for r in genie_runs
                   if (r["policy"], r["density"], r["seed"], r["variant"], r["shape_mode"],
-                      r["interference"], r["modeldb"])
-                  == ("swaf", 5.0, 1, "", "any", True, "profiled"))
+                      r["interference"], r["noise"], r["modeldb"])
+                  == ("swaf", 5.0, 1, "", "any", True, True, "profiled"))
     assert logged["summary"]["qos_pct"] == direct["qos_pct"]
     assert logged["summary"]["makespan_s"] == direct["makespan_s"]
     philly_data = document["studies"]["philly"]["data"]
@@ -208,13 +211,28 @@ def test_report_runs_end_to_end_and_markdown_matches_json(tmp_path: Path) -> Non
     assert {r["policy"] for r in philly_data["runs"]} == {"fifo", "sjf", "qssf"}
     assert set(philly_data["unaligned"]) == {"fifo", "sjf"}
     assert "Regenerate: `trellis-sim run --workload philly --per-vc" in text
+    tenants_runs = document["studies"]["tenants"]["data"]["runs"]
+    assert set(tenants_runs) == {"none", "hard", "borrow", "fair"}
+    # The unsized VC's job belongs to no account; the 16-GPU job of aaa111 (quota 16) runs.
+    assert tenants_runs["none"]["accounts"]["ccc333"]["quota_gpus"] is None
+    assert tenants_runs["hard"]["unfinished"] == 0
+    assert tenants_runs["hard"]["preemptions"] == 0
+    # Fair share ran through the master's own tracker: the same jobs, all finished.
+    assert tenants_runs["fair"]["unfinished"] == tenants_runs["borrow"]["unfinished"] == 0
     openb_runs = document["studies"]["openb"]["data"]["runs"]
     assert set(openb_runs) == {"fifo", "drf", "soda_arrays", "soda_full", "no_allocator",
-                               "no_placer", "no_eliminator", "no_arrays", "idle_lending"}
+                               "no_placer", "no_eliminator", "no_arrays", "idle_lending",
+                               "no_widening", "plain_fifo"}
     # SODA's mechanisms ran through the live code: the tuner tuned, cores went back.
     assert openb_runs["soda_full"]["tuned_parts"] > 0
     assert openb_runs["soda_full"]["cores_returned"] > 0
     assert openb_runs["soda_arrays"]["tuned_parts"] == 0
+    # The second workload, from SODA's published distributions, ran the same variants, and
+    # the paper's measure (busy share of GPUs in use) is reported beside the others.
+    paper_runs = document["studies"]["openb"]["data"]["workloads"]["soda_paper"]["runs"]
+    assert set(paper_runs) == set(openb_runs)
+    assert paper_runs["soda_full"]["gpu_busy_of_active_pct"] is not None
+    assert "soda_paper-main" in text and "busy of active" in text
     for name in document["studies"]["genie"]["figures"] + document["studies"]["openb"]["figures"]:
         path = out / "results" / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

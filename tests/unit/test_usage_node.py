@@ -18,9 +18,9 @@ from noded.agent import NodeAgent
 from noded.gpu.declared import read_declared
 from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
 from noded.mps import BINARY, MpsControl, MpsError, open_mps, share_env
+from noded.policy.stats import Running
 from noded.usage.cgroupstat import JobGroups, cpu_seconds, memory_bytes, parse_proc_cgroup
 from noded.usage.phase import PhaseDetector
-from noded.usage.stats import Running
 from shared.model import GpuInfo
 
 
@@ -35,6 +35,8 @@ def test_phase_detector_needs_training_then_a_lasting_fall() -> None:
     assert not d.add(7.0, 90.0)
     # ... three in a row are, reported once.
     assert [d.add(t, 2.0) for t in (8.0, 9.0, 10.0, 11.0)] == [False, False, True, False]
+    # The post phase began at the first sample of the fall that lasted.
+    assert d.post_from == 8.0 and d.post_s(20.0) == 12.0
 
 
 def test_running_statistics() -> None:

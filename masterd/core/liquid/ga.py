@@ -17,14 +17,16 @@ always survives. The first population is the first-fit plan, the plan best fit m
 job, and random-fit plans, ``30 + n/2`` in all for ``n`` tasks (Liquid's code).
 
 It stops after ``30 + n`` generations without an improvement above 1e-6 (Liquid's code), or
-when it has evaluated ``max_evaluations`` plans. Liquid bounds a batch by 30 seconds of wall
-time instead; a budget of evaluations bounds it as well (``bench/liquid_ga.py`` measures how
-long it takes) and keeps the decision the same on every run and in the simulator. The random
-generator is seeded from the policy's seed and the batch's job ids.
+when it has evaluated ``max_evaluations`` plans (``None`` or 0: no cap, Liquid's rule alone).
+Liquid also bounds a batch by 30 seconds of wall time; a budget of evaluations bounds it
+instead (``bench/liquid_ga.py`` measures how long Liquid's own rule takes, and what the cap
+costs in plan quality) and keeps the decision the same on every run and in the simulator.
+The random generator is seeded from the policy's seed and the batch's job ids.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,15 +47,21 @@ class GaSettings:
     population_base: int = 30  # population = base + tasks / 2
     patience_base: int = 30  # stop after base + tasks generations without improvement
     min_improvement: float = 1e-6
-    max_evaluations: int = 3000
+    max_evaluations: int | None = 3000  # None or 0: no cap (Liquid's stopping rule alone)
 
     def __post_init__(self) -> None:
         for name in ("crossover", "mutation"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ga {name} probability must be in [0, 1], got {value}")
-        if self.tournament < 1 or self.population_base < 1 or self.max_evaluations < 1:
-            raise ValueError("ga tournament, population_base and max_evaluations must be >= 1")
+        if self.tournament < 1 or self.population_base < 1:
+            raise ValueError("ga tournament and population_base must be >= 1")
+        if self.max_evaluations is not None and self.max_evaluations < 0:
+            raise ValueError("ga max_evaluations must be >= 0 (0: no cap)")
+
+    @property
+    def budget(self) -> float:
+        return float(self.max_evaluations) if self.max_evaluations else math.inf
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class GaResult:
     fitness: float
     generations: int
     evaluations: int
+    capped: bool = False  # stopped by max_evaluations, not by Liquid's patience rule
 
 
 class _Problem:
@@ -272,7 +281,8 @@ def grouping_ga(
         return None
     size = settings.population_base + n // 2
     evaluations = len(population)
-    while len(population) < size and evaluations < settings.max_evaluations:
+    budget = settings.budget
+    while len(population) < size and evaluations < budget:
         plan = _Plan(n, base)
         order = everything[:]
         rng.shuffle(order)
@@ -288,10 +298,10 @@ def grouping_ga(
     best = max(population, key=lambda p: p.fitness)
     patience = settings.patience_base + n
     stale = generations = 0
-    while stale < patience and evaluations < settings.max_evaluations:
+    while stale < patience and evaluations < budget:
         generations += 1
         offspring = [best]
-        while len(offspring) < size and evaluations < settings.max_evaluations:
+        while len(offspring) < size and evaluations < budget:
             child = tournament().copy()
             if rng.random() < settings.crossover:
                 _crossover(problem, child, tournament(), rng)
@@ -315,7 +325,7 @@ def grouping_ga(
     for k, node in enumerate(best.assign):
         assert node is not None
         base.add(node, problem.tasks[k])
-    return GaResult(placed, best.fitness, generations, evaluations)
+    return GaResult(placed, best.fitness, generations, evaluations, capped=stale < patience)
 
 
 def _crossover(problem: _Problem, child: _Plan, other: _Plan, rng: random.Random) -> None:

@@ -25,6 +25,7 @@ class PassStats:
     batch_jobs: int = 0
     ga_generations: int = 0
     ga_evaluations: int = 0
+    ga_capped: int = 0  # batches the evaluation cap stopped before Liquid's rule did
     shared_starts: int = 0
     prescheduled_starts: int = 0
 
@@ -198,6 +199,7 @@ class LiquidPass:
         self.stats.batch_jobs += len(jobs)
         self.stats.ga_generations += result.generations
         self.stats.ga_evaluations += result.evaluations
+        self.stats.ga_capped += result.capped
         starts = []
         for (job, demand, _), placed in zip(jobs, result.placed, strict=True):
             placement = realise_plan(demand, placed, self.pool, {})

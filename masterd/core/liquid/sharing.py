@@ -74,7 +74,9 @@ def lent_eligible(holder: Job, next_pre_s: float | None, now: float) -> tuple[bo
         return True, None
     remaining = post - (now - since)
     allowance = (next_pre_s or 0.0) + PRESCHEDULE_SLACK_S
-    if remaining <= allowance:
+    # A wake-up computed as since + post - allowance lands here with float rounding: a
+    # microsecond's tolerance keeps that pass from waking itself again.
+    if remaining <= allowance + 1e-6:
         return True, None
     return False, now + (remaining - allowance)
 

@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.fairorder import fair_key
 from masterd.core.placement import FreePool, pack
 from masterd.core.policy import Decision, Start
 from shared.model import Job, Placement
@@ -54,12 +55,16 @@ class DrfPolicy:
         for tenant in pending:
             usage.setdefault(tenant, [0.0, 0.0, 0.0])
 
-        def share(tenant: str) -> tuple[float, str]:
+        # With fair share ordering on, the tenant's fair-share band comes first (the same for
+        # all its jobs: masterd/core/fairorder.py).
+        band = {tenant: fair_key(jobs[0])[2:] for tenant, jobs in pending.items()}
+
+        def share(tenant: str) -> tuple[tuple[int, ...], float, str]:
             used = usage[tenant]
             dominant = max(
                 (u / c for u, c in zip(used, capacity, strict=True) if c > 0), default=0.0
             )
-            return (dominant / self.weights.get(tenant, 1.0), tenant)
+            return (band[tenant], dominant / self.weights.get(tenant, 1.0), tenant)
 
         decisions: list[Decision] = []
         while pending:

@@ -13,8 +13,9 @@ a multi-GPU training job; see ``masterd.core.liquid.demand``) and differs only i
 * ``buddy-cells``: a HiveD-like buddy cell allocator for the workers — the job gets one cell
   of the smallest level holding its GPUs (level 0 one GPU, level 1 one node, level k ≥ 1 an
   aligned run of 2^(k-1) nodes), all of it free, taken from the most used cell above it so
-  large cells stay whole; the parameter server, which holds no GPU, goes where Kubernetes'
-  default would put it (``least-requested``).
+  large cells stay whole; the parameter server, which holds no GPU, goes inside the job's
+  cell too (HiveD binds all of a job's pods to its cell), on the cell's node Kubernetes'
+  default score prefers (``least-requested`` over the cell's nodes).
 
 None shares GPUs or batches jobs: a fractional job gets a whole GPU.
 """
@@ -162,6 +163,7 @@ class BuddyCellPolicy(_PerTaskPolicy):
         cands = state.candidates(job)
         placed: dict[int, str] = {}
         gpu_workers = [t for t in workers if t.gpus]
+        inside = cands  # where the job's other tasks may go: its cell, once it has one
         if gpu_workers:
             cell = self._cell(state, cands, gpu_workers)
             if cell is None:
@@ -169,10 +171,12 @@ class BuddyCellPolicy(_PerTaskPolicy):
             for task, node in zip(gpu_workers, cell, strict=True):
                 placed[task.index] = node
                 state.load.add(node, task)
+            members = set(cell)
+            inside = [c for c in cands if c.name in members]
         for task in demand.tasks:
             if task.index in placed:
                 continue
-            node = least_requested(state, task, cands)
+            node = least_requested(state, task, inside)
             if node is None:
                 for index, where in placed.items():
                     state.load.add(where, demand.tasks[index], -1)

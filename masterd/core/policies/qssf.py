@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.consolidate import check_placement, start_in_order
+from masterd.core.fairorder import fair_key
 from masterd.core.helios.estimate import ESTIMATE_KEY
 from masterd.core.policy import Decision
 from shared.model import Job
@@ -40,6 +41,7 @@ class QssfPolicy:
     def decide(
         self, snapshot: ClusterSnapshot, queue: Sequence[Job], now: float
     ) -> list[Decision]:
-        order = sorted(enumerate(queue), key=lambda entry: (self.priority(entry[1]), entry[0]))
+        order = sorted(enumerate(queue),
+                       key=lambda entry: (fair_key(entry[1]), self.priority(entry[1]), entry[0]))
         return start_in_order(snapshot, (job for _, job in order), self.placement,
                               self.backfill)

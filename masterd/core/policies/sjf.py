@@ -19,6 +19,7 @@ from pathlib import Path
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.consolidate import check_placement, start_in_order
+from masterd.core.fairorder import fair_key
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.plan import JobPlan
 from masterd.core.helios.estimate import RECORDED_KEY
@@ -65,7 +66,7 @@ class SjfPolicy(PredictingPolicy):
             predicted = {
                 job.id: plans[job.id].latency_as_requested(job.spec.gpus) for job in queue
             }
-        ordered = sorted(queue, key=lambda j: (predicted[j.id], position[j.id]))
+        ordered = sorted(queue, key=lambda j: (fair_key(j), predicted[j.id], position[j.id]))
         if self.backfill and self.placement == "pack":
             return start_packed(snapshot, ordered)
         return start_in_order(snapshot, ordered, self.placement, self.backfill)

@@ -9,7 +9,9 @@
 * Before each pass, waiting and running jobs the current model has not predicted get their
   predictions (``JobActions.annotate``, keys of :mod:`masterd.core.liquid.demand`).
 * ``job_phase`` (post) from a node lends the job's GPUs (``JobActions.post_phase``) and notes
-  when the post phase began, for Liquid's pre-scheduling rule.
+  when the post phase began, for Liquid's pre-scheduling rule; the phase lengths noded puts
+  in final reports (``pre_s``, ``post_s``) are labels like the others, so the predictions
+  include ``liquid.pre_s`` and ``liquid.post_s`` once enough jobs have reported them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ ANNOTATIONS = {
     "cpu": (keys.CPU, 1.0),
     "mem_mib": (keys.MEM, 1.0),
     "net_mbps": (keys.NET, 1.0),
+    # Phase lengths noded measured: pre-scheduling's rule reads them (§6.1).
+    "pre_s": (keys.PRE_S, 1.0),
+    "post_s": (keys.POST_S, 1.0),
 }
 
 

@@ -10,7 +10,9 @@ runs and processes) to numbers, as Liquid's code hashes them.
 
 Labels are per task (one worker, one GPU): mean and standard deviation of GPU utilisation
 (0–1), peak GPU memory, peak CPU in cores, peak memory, and network bandwidth (MB/s sent and
-received), from a part's final ``job_usage`` divided over the workers the part ran.
+received), from a part's final ``job_usage`` divided over the workers the part ran; and the
+lengths of the part's launching and post phases in seconds (Liquid §6.1's phase model), as
+noded measured them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ FEATURES: tuple[str, ...] = (
     *(f"hp_other_{i}" for i in range(HASHED_BUCKETS)),
 )
 LABELS: tuple[str, ...] = ("gpu_util", "gpu_util_std", "gpu_mem_mib", "cpu", "mem_mib",
-                           "net_mbps")
+                           "net_mbps", "pre_s", "post_s")
 _KINDS = {"training": 0.0, "inference": 1.0, "cpu": 2.0}
 
 
@@ -143,5 +145,7 @@ def labels_of(usage: Mapping[str, Any], workers: int) -> dict[str, float] | None
                     else usage["memory_peak_mib"] / share),
         "net_mbps": (None if tx is None or rx is None
                      else (tx + rx) / seconds / 1e6 / share),
+        "pre_s": usage.get("pre_s"),
+        "post_s": usage.get("post_s"),
     }
     return {k: float(v) for k, v in labels.items() if v is not None}

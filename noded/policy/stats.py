@@ -1,4 +1,5 @@
-"""Peaks, means and standard deviations kept as samples come (Welford's update)."""
+"""Peaks, means and standard deviations kept as samples come (Welford's update): the
+node's usage accumulator, pure so the simulator meters with the same code (sim/liquid_meter)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,393 @@
+"""Interactive jobs end to end (docs/interactive.md): ``trellisctl run`` and ``run --pty``
+driven through a pseudo-terminal of the test's own, ``trellisctl port-forward`` to a TCP
+server the job runs, with real master and node daemons (authenticated: the client token is a
+user's), real jobs under their shims and cgroups.
+
+One cluster for the module (terminal_grace_s = 4 s, so a dropped client ends its job soon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import termios
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import psutil
+import pytest
+
+from control.client import RpcError
+from control.relayclient import RelayRefused, open_stream
+from demo.cluster import LocalCluster, default_job_user
+from demo.harness import scratch_dir
+from demo.terminal import Terminal
+from shared.protocol import decode_frame, encode_frame
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = default_job_user()
+GRACE_S = 4.0
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[tuple[LocalCluster, Path]]:
+    with scratch_dir("trellis-test-", mode=0o777) as root:
+        prefix = f"trellis-test-{uuid.uuid4().hex[:6]}"
+        cluster = LocalCluster(root / prefix, prefix=prefix, nodes=1, gpus_per_node=1,
+                               auth=True, extra_master={"terminal_grace_s": GRACE_S,
+                                                         "clients_may_submit": True})
+        with cluster:
+            cluster.start()
+            shutil.copy(Path(__file__).with_name("relay_server.py"), root / "server.py")
+            yield cluster, root
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def ctl_env(cluster: LocalCluster, role: str = "client") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    env["TRELLIS_TOKEN_FILE"] = str(cluster.token_file(role))
+    env["TERM"] = "xterm"
+    return env
+
+
+def ctl_argv(cluster: LocalCluster, *args: str) -> list[str]:
+    return [sys.executable, "-m", "control.cli", "--master", cluster.url, *args]
+
+
+def ctl(cluster: LocalCluster, *args: str, role: str = "client",
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(ctl_argv(cluster, *args), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=ctl_env(cluster, role),
+                          stdin=subprocess.DEVNULL)
+
+
+def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
+    try:
+        return cluster.client().call("job", {"id": job_id})["job"]
+    except RpcError as exc:
+        if exc.code == "unknown_job":  # not submitted yet
+            return {"state": "", "wait": "", "reason": ""}
+        raise
+
+
+def terminal(cluster: LocalCluster, *args: str) -> Terminal:
+    """trellisctl on a pseudo-terminal of the test's: its controlling terminal."""
+    return Terminal(ctl_argv(cluster, *args), ctl_env(cluster), ROOT)
+
+
+def run_args(job_id: str, *more: str) -> tuple[str, ...]:
+    return ("run", "--id", job_id, "--user", USER, "--cpus", "1", *more)
+
+
+# -- terminals ------------------------------------------------------------------------------------
+def test_pty_shell_types_resizes_and_exits_with_its_code(env: tuple[LocalCluster, Path]
+                                                         ) -> None:
+    cluster, _ = env
+    with terminal(cluster, *run_args("tty-shell", "--gpus", "1", "--pty", "--", "sh")) as term:
+        term.expect(b"$ ")
+        # Raw mode here: what the job's terminal echoes is all that shows.
+        assert not termios.tcgetattr(term.master)[3] & termios.ECHO
+        term.type(b"echo $((6*7)) $(id -un) gpus=$CUDA_VISIBLE_DEVICES; tty; "
+                  b"cat /proc/self/cgroup; echo END$((1+1))\r")
+        shown = term.expect(b"END2\r\n")
+        assert b"42 " + USER.encode() + b" gpus=0" in shown
+        assert b"/dev/pts/" in shown
+        assert b"tty-shell" in shown.split(b"cat /proc/self/cgroup")[-1]  # its own cgroups
+        # A window size change reaches the job's terminal (SIGWINCH here, TIOCSWINSZ there).
+        term.resize(41, 101)
+        wait_for("the new size on the job's terminal", lambda: (
+            term.type(b"stty size\r"), b"41 101" in term.expect(b"$ ", 10))[-1], timeout=15)
+        term.type(b"exit 7\r")
+        assert term.wait() == 7
+        # The terminal is as it was before trellisctl made it raw.
+        assert termios.tcgetattr(term.master)[3] == term.before[3]
+    view = job(cluster, "tty-shell")
+    assert (view["state"], view["exit_code"]) == ("failed", 7)
+
+
+def test_pty_without_a_terminal_is_refused_before_submitting(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, _ = env
+    before = len(cluster.client().call("jobs")["jobs"])
+    proc = ctl(cluster, *run_args("no-tty", "--pty", "--", "sh"))
+    assert proc.returncode == 2, proc.stderr
+    assert "--pty needs a terminal, and standard input is not one" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert len(cluster.client().call("jobs")["jobs"]) == before  # no job was created
+
+
+def test_a_client_gone_ends_the_job_after_the_grace_unless_one_attaches(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, _ = env
+    with terminal(cluster, *run_args("dropped", "--pty", "--", "sh")) as dropped, \
+            terminal(cluster, *run_args("stopped", "--pty", "--", "sh")) as stopped:
+        dropped.expect(b"$ ")
+        stopped.expect(b"$ ")
+        # One client at a time on a terminal.
+        busy = ctl(cluster, "attach", "dropped")
+        assert busy.returncode == 2 and "attach needs a terminal" in busy.stderr
+        with terminal(cluster, "attach", "dropped") as second:
+            assert second.wait() == 1
+            assert b"busy: job dropped's terminal is attached to another client" in second.seen
+        os.killpg(dropped.proc.pid, signal.SIGKILL)  # the connection drops, no goodbye
+        stopped.proc.send_signal(signal.SIGTERM)  # trellisctl is told to go
+        stopped_at = time.monotonic()
+        assert dropped.wait() == -signal.SIGKILL
+        assert stopped.wait() == 128 + signal.SIGTERM
+        # SIGTERM is a way out too: the terminal is as it was before.
+        assert termios.tcgetattr(stopped.master)[3] == stopped.before[3]
+        # Within the grace, a client attaches again: the session goes on.
+        with terminal(cluster, "attach", "dropped") as again:
+            wait_for("attach to go raw", lambda: not termios.tcgetattr(again.master)[3]
+                     & termios.ECHO)
+            again.type(b"echo again$((1+1))\r")
+            again.expect(b"again2")
+            os.killpg(again.proc.pid, signal.SIGKILL)
+            again.proc.wait(10)
+            dropped_at = time.monotonic()
+    for job_id, gone in (("dropped", dropped_at), ("stopped", stopped_at)):
+        view = wait_for(f"{job_id} cancelled", lambda job_id=job_id: (
+            (v := job(cluster, job_id))["state"] != "running" and v), timeout=30)
+        assert time.monotonic() - gone >= GRACE_S - 0.5
+        assert view["state"] == "cancelled"
+        assert "terminal_grace_s" in view["reason"]
+    # Attaching to a job that is no longer running: one sentence.
+    with terminal(cluster, "attach", "dropped") as late:
+        assert late.wait() == 1
+        assert b"job dropped is cancelled, not running" in late.seen
+
+
+# -- run without a terminal -------------------------------------------------------------------
+def test_run_streams_output_shows_why_it_waits_and_exits_with_the_code(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, root = env
+    gate = root / "gate-run"
+    client = cluster.client()
+    client.call("submit", {"id": "first", "job": {
+        "name": "first", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"],
+        "user": USER, "kind": "cpu", "cpus": 1}})
+    proc = subprocess.Popen(
+        ctl_argv(cluster, *run_args("second", "-d", "afterok:first", "--", "sh", "-c",
+                                    "echo out; echo err >&2; exit 3")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ctl_env(cluster),
+        stdin=subprocess.DEVNULL)
+    try:
+        wait_for("second waiting", lambda: job(cluster, "second")["wait"] == "dependency")
+        gate.touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    assert b"out\n" in out and b"err\n" in out  # the job's stdout and stderr, in its log
+    assert b"job second waits (dependency)" in err
+
+
+def test_ctrl_c_cancels_the_job(env: tuple[LocalCluster, Path]) -> None:
+    cluster, _ = env
+    proc = subprocess.Popen(
+        ctl_argv(cluster, *run_args("interrupted", "--", "sh", "-c", "echo started; sleep 600")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ctl_env(cluster),
+        stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"  # it runs, and its output streams
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_for("the job cancelled", lambda: job(cluster, "interrupted")["state"] == "cancelled")
+
+
+# -- ports ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def forwarding(cluster: LocalCluster, job_id: str, ports: str) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(ctl_argv(cluster, "port-forward", job_id, ports),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env=ctl_env(cluster), stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(b"Forwarding from 127.0.0.1:"), (line, proc.stderr.read())  # type: ignore[union-attr]
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_server(cluster: LocalCluster, root: Path, job_id: str) -> tuple[int, Path]:
+    portfile, countfile = root / f"{job_id}.port", root / f"{job_id}.count"
+    cluster.client().call("submit", {"id": job_id, "job": {
+        "name": job_id, "command": ["python3", str(root / "server.py"), str(portfile),
+                                    str(countfile)],
+        "user": USER, "kind": "cpu", "cpus": 1}})
+    port = int(wait_for(f"the job's server ({job_id})",
+                        lambda: portfile.exists() and portfile.read_text(), timeout=60))
+    return port, countfile
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        assert more, f"closed after {len(data)} of {n} bytes"
+        data += more
+    return data
+
+
+def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, root = env
+    remote, _ = start_server(cluster, root, "web")
+    local = free_port()
+
+    # Nobody of the job listens there: one sentence, and no local port left taken.
+    proc = ctl(cluster, "port-forward", "web", f"{local}:{remote + 1 if remote < 65535 else 1}")
+    assert proc.returncode == 1 and "no process of job web listens on TCP port" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", local))  # free again
+
+    # The local port is taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", local))
+        taken.listen()
+        proc = ctl(cluster, "port-forward", "web", f"{local}:{remote}")
+    assert proc.returncode == 1 and f"local port {local} is taken" in proc.stderr
+
+    # Bad ports, a job that does not run, a job that is not the caller's.
+    proc = ctl(cluster, "port-forward", "web", "http")
+    assert proc.returncode == 2 and "LOCAL:REMOTE" in proc.stderr
+    # A job that waits for web to finish: queued while web runs.
+    cluster.client().call("submit", {"id": "later", "job": {
+        "name": "later", "command": ["true"], "user": USER, "kind": "cpu", "cpus": 1,
+        "after": [{"type": "afterok", "jobs": ["web"]}]}})
+    proc = ctl(cluster, "port-forward", "later", f"{local}:{remote}")
+    assert proc.returncode == 1 and "job later is queued, not running" in proc.stderr
+    cluster.client().call("submit", {"id": "theirs", "job": {
+        "name": "theirs", "command": ["sleep", "600"], "user": "daemon", "kind": "cpu",
+        "cpus": 1}})
+    proc = ctl(cluster, "port-forward", "theirs", f"{local}:{remote}")
+    assert proc.returncode == 1 and "forbidden" in proc.stderr, proc.stderr
+    cluster.client().call("cancel", {"id": "theirs"})
+
+    with forwarding(cluster, "web", f"{local}:{remote}") as forward:
+        with socket.create_connection(("127.0.0.1", local)) as one, \
+                socket.create_connection(("127.0.0.1", local)) as two:
+            one.sendall(b"echo\n")
+            two.sendall(b"send 3000000\n")
+            payload = os.urandom(200_000)
+            one.sendall(payload)
+            assert recv_exactly(one, len(payload)) == payload
+            assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
+        # The forward ends with its job.
+        cluster.client().call("cancel", {"id": "web"})
+        assert forward.wait(30) == 1
+        assert b"job web is cancelled: the forward ends" in forward.stderr.read()  # type: ignore[union-attr]
+    # trellisctl is gone, and so is its listening socket.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", local), timeout=5).close()
+
+
+def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, root = env
+    remote, countfile = start_server(cluster, root, "flood")
+    local = free_port()
+    assert cluster.master is not None and cluster.master.proc is not None
+    master = psutil.Process(cluster.master.proc.pid)
+    rss_before = master.memory_info().rss
+
+    def sent() -> int:
+        return int(countfile.read_text()) if countfile.exists() else 0
+
+    with forwarding(cluster, "flood", f"{local}:{remote}"), \
+            socket.create_connection(("127.0.0.1", local)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.sendall(b"flood\n")
+        recv_exactly(sock, 1 << 20)  # it flows ...
+        # ... and the reader stalls: the job's sends must stop within the windows and
+        # socket buffers between, and stay stopped.
+        last = [-1]
+
+        def settled() -> bool:
+            now = sent()
+            same = now == last[0]
+            last[0] = now
+            if not same:
+                time.sleep(0.5)
+            return same
+
+        wait_for("the job's sends to stop", settled, timeout=30)
+        stalled = sent()
+        assert stalled < 64 << 20, f"{stalled} bytes went out to a reader that stalled"
+        growth = master.memory_info().rss - rss_before
+        assert growth < 32 << 20, f"the master grew {growth} bytes"
+        # Reading again, the flow resumes.
+        recv_exactly(sock, 4 << 20)
+        assert sent() > stalled
+    cluster.client().call("cancel", {"id": "flood"})
+
+
+def test_the_relay_endpoint_refuses_bad_peers_with_one_sentence(
+        env: tuple[LocalCluster, Path]) -> None:
+    cluster, _ = env
+    url = cluster.url + "/v1/relay"
+    token = {"Authorization": f"Bearer {cluster.tokens['client']}"}
+
+    async def first_answer(headers: dict[str, str], frame: bytes) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http, \
+                http.ws_connect(url, headers=headers) as ws:
+            await ws.send_bytes(frame)
+            msg = await ws.receive(timeout=10)
+            return decode_frame(msg.data).body
+
+    async def main() -> None:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await first_answer({}, b"")
+        assert refused.value.status == 401
+        body = await first_answer(token, b"\xc1 not msgpack")
+        assert body["code"] and "msgpack" in body["message"]
+        body = await first_answer(token, encode_frame("relay_open", 0, {"job": "x",
+                                                                        "kind": "ssh"}))
+        assert body["code"] == "invalid_params" and "kind" in body["message"]
+        body = await first_answer(token, encode_frame("relay_data", 0, {"stream": 1}))
+        assert body["code"] == "invalid_message" and "relay_open" in body["message"]
+        with pytest.raises(RelayRefused, match="unknown_job: job 'nope' does not exist"):
+            await open_stream(cluster.client(role="client"), "nope", "tcp", port=80)
+
+    asyncio.run(main())
