@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from masterd.core.sched2.locality import spread_slowdown
 from shared.model import JobKind, NodeInventory, Placement
 
 
@@ -41,14 +42,19 @@ class ModelProfile:
     gamma: float
     lam: float
     startup_s: float
+    # SCHED²'s models: slowdown over two servers (§II-A), extended to other shapes by
+    # ``masterd.core.sched2.locality`` instead of Eq. 8 (0: Eq. 8, as for every other model).
+    spread_slowdown: float = 0.0
 
     @classmethod
     def from_shape(
-        cls, *, c0: float, peak: float, b_sat: float, gamma: float, lam: float, startup_s: float
+        cls, *, c0: float, peak: float, b_sat: float, gamma: float, lam: float, startup_s: float,
+        spread_slowdown: float = 0.0,
     ) -> ModelProfile:
         """A quadratic through (0, c0) whose vertex is (b_sat, peak)."""
         span = peak - c0
-        return cls(c0, 2 * span / b_sat, -span / (b_sat * b_sat), gamma, lam, startup_s)
+        return cls(c0, 2 * span / b_sat, -span / (b_sat * b_sat), gamma, lam, startup_s,
+                   spread_slowdown)
 
     @property
     def saturation_batch(self) -> float:
@@ -61,12 +67,14 @@ class ModelProfile:
 
 
 def _pair(
-    c0: float, peak: float, b_sat: float, gamma: float, lam: float, startup_s: float
+    c0: float, peak: float, b_sat: float, gamma: float, lam: float, startup_s: float,
+    spread_slowdown: float = 0.0,
 ) -> tuple[ModelProfile, ModelProfile]:
     # Inference: a forward pass only (about 3x the training rate, saturating later) and no
     # gradient synchronisation, hence gamma = 0 (GENIE §5.1.4).
     train = ModelProfile.from_shape(
-        c0=c0, peak=peak, b_sat=b_sat, gamma=gamma, lam=lam, startup_s=startup_s
+        c0=c0, peak=peak, b_sat=b_sat, gamma=gamma, lam=lam, startup_s=startup_s,
+        spread_slowdown=spread_slowdown,
     )
     infer = ModelProfile.from_shape(
         c0=3 * c0, peak=3 * peak, b_sat=2 * b_sat, gamma=0.0, lam=0.0, startup_s=startup_s
@@ -109,12 +117,17 @@ DEFAULT_PROFILES: dict[str, tuple[ModelProfile, ModelProfile]] = {
     "lstm": _pair(c0=20, peak=700, b_sat=128, gamma=0.9, lam=0.30, startup_s=15),
     "seq2seq": _pair(c0=10, peak=300, b_sat=128, gamma=0.9, lam=0.30, startup_s=20),
     GENERIC_MODEL: _pair(c0=5, peak=100, b_sat=64, gamma=0.7, lam=0.25, startup_s=20),
-    # SCHED²'s models: γ from the slowdowns above, so spreading a job over servers costs what
-    # SCHED² measured. Their sPR curves are placeholders (K80-like, like the rows above); a
-    # known-duration job's speed is a ratio of two placements, which they do not change.
+    # SCHED²'s models: spreading a job over servers costs what SCHED² measured at 4 GPUs over
+    # two servers, and elsewhere what ``masterd.core.sched2.locality`` extends it to (monotone
+    # in servers, the paper's order at every shape). γ is still solved from the slowdown, so
+    # GENIE's Eq. 8 (the model database) reproduces the measured point, from which the
+    # agent's profiles extend it the same way. Their sPR curves are placeholders (K80-like,
+    # like the rows above); a known-duration job's speed is a ratio of two placements, which
+    # they do not change.
     **{
         name: _pair(c0=c0, peak=peak, b_sat=b_sat, lam=SCHED2_LAMBDA, startup_s=30,
-                    gamma=gamma_for_slowdown(SCHED2_SLOWDOWNS[name], SCHED2_LAMBDA))
+                    gamma=gamma_for_slowdown(SCHED2_SLOWDOWNS[name], SCHED2_LAMBDA),
+                    spread_slowdown=SCHED2_SLOWDOWNS[name])
         for name, c0, peak, b_sat in (("vgg16", 4, 120, 64), ("transformer", 10, 300, 128),
                                       ("deepspeech", 3, 80, 64), ("inception3", 2, 40, 64))
     },
@@ -300,9 +313,14 @@ class TruthModel:
             return hit
         cfg = self.config
         per_gpu = profile.single_gpu_rate(batch / gpus)
-        eff_gpus = max(
-            gpus - comm_penalty(profile, d_node, gpus / d_node), cfg.min_efficiency * gpus
-        )
+        if profile.spread_slowdown and kind is JobKind.TRAINING and gpus > 1:
+            # Eq. 8 inside one server, SCHED²'s form across servers (see ModelProfile).
+            local = max(gpus - comm_penalty(profile, 1, gpus), cfg.min_efficiency * gpus)
+            eff_gpus = local / spread_slowdown(profile.spread_slowdown, d_node)
+        else:
+            eff_gpus = max(
+                gpus - comm_penalty(profile, d_node, gpus / d_node), cfg.min_efficiency * gpus
+            )
         locality = 1.0
         if kind is JobKind.TRAINING and (spans_switches or spans_sockets):
             sens = cfg.batch_ref / (cfg.batch_ref + batch / gpus)

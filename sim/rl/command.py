@@ -39,6 +39,20 @@ def add_parser(sub: Any, trace_default: str) -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=10, help="J: waiting jobs the agent sees")
     train.add_argument("--eval-every", type=int, default=10,
                        help="episodes between greedy evaluations (the best export is kept)")
+    train.add_argument("--load", type=float, default=None,
+                       help="expected offered load (default: the paper's implied 0.69)")
+    train.add_argument("--paper-state", action="store_true",
+                       help="Table I's state only: no packing feature, servers by name")
+    train.add_argument("--imitate", type=int, default=4, metavar="EPISODES",
+                       help="warm start: episodes acted by the hold rule, learned as "
+                       "demonstrations (0: none; needs the packing feature)")
+    train.add_argument("--pretrain-steps", type=int, default=2000,
+                       help="gradient steps on the demonstrations before the agent acts")
+    train.add_argument("--time-constant", type=float, default=3600.0, metavar="SECONDS",
+                       help="τ of the elapsed-time discount e^(-Δt/τ) (0: per decision only)")
+    train.add_argument("--lr", type=float, default=5e-4, help="Adam's learning rate")
+    train.add_argument("--margin", type=float, default=0.1,
+                       help="DQfD's margin for the demonstrated actions")
     train.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return train
 
@@ -52,9 +66,11 @@ def options(args: argparse.Namespace) -> Sched2Options:
         except ValueError:
             raise TrainUsageError(f"--mix {args.mix!r}: a share in [0, 1] or 'philly'") from None
     try:
-        return replace(Sched2Options(), one_gpu_share=share, jobs=args.jobs,
+        base = Sched2Options()
+        return replace(base, one_gpu_share=share, jobs=args.jobs,
                        servers=args.servers, gpus_per_server=args.gpus_per_server,
-                       mean_gap_s=args.mean_gap, seed=args.seed)
+                       mean_gap_s=args.mean_gap, seed=args.seed,
+                       load=base.load if getattr(args, "load", None) is None else args.load)
     except ValueError as exc:
         raise TrainUsageError(str(exc)) from None
 
@@ -67,10 +83,24 @@ def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
         if "torch" not in str(exc):
             raise
         raise TrainUsageError(TORCH_HINT) from None
+    from sim.rl.dqn import DqnConfig
+    if args.time_constant < 0:
+        raise TrainUsageError(f"--time-constant must be >= 0, got {args.time_constant}")
+    fixes = not args.paper_state
+    if not (args.lr > 0 and args.margin >= 0):
+        raise TrainUsageError(f"--lr must be > 0 and --margin >= 0, got {args.lr}, "
+                              f"{args.margin}")
+    dqn = DqnConfig(time_constant_s=args.time_constant, lr=args.lr, margin=args.margin)
+    if args.imitate and fixes:
+        # Started from the rule: explore around it rather than from scratch.
+        dqn = replace(dqn, eps_start=0.2, eps_end=0.02)
     try:
         config = TrainConfig(trace_dir=trace_dir, out=Path(args.out), episodes=args.episodes,
                              seed=args.seed, options=opts, window=args.window,
-                             eval_every=args.eval_every, command=command)
+                             eval_every=args.eval_every, command=command, dqn=dqn,
+                             packing=fixes, canonical=fixes,
+                             imitate_episodes=args.imitate if fixes else 0,
+                             pretrain_steps=args.pretrain_steps if fixes else 0)
     except ValueError as exc:
         raise TrainUsageError(str(exc)) from None
     if config.window < 1:

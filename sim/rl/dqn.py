@@ -3,7 +3,15 @@
 The learner keeps an online and a target network; every ``train_every`` decisions it samples a
 prioritized batch and takes one Adam step on the importance-weighted Huber loss of
 
-    Q(s, a) − (r + γ · max_{a' allowed in s'} Q_target(s', a'))     (0 after the last decision)
+    Q(s, a) − (r + γ · e^(−Δt/τ) · max_{a' allowed in s'} Q_target(s', a'))   (0 after the last)
+
+with Δt the simulated seconds between the decision and the next one. The per-decision γ
+alone (the paper's form) makes "no job" cost 1% however long the GPUs then stay idle; the
+time factor (``time_constant_s`` = τ; 0 turns it off) makes idle time cost what it costs.
+Transitions of a teacher (the hold rule, ``TrainingAgent(teacher=...)``) are marked as
+demonstrations and add DQfD's large-margin loss (Hester et al., AAAI 2018):
+max_a [Q(s, a) + m·(a ≠ a_E)] − Q(s, a_E), so the network starts from the rule and TD
+learning then moves it where the rewards say.
 
 The target network copies the online one every ``target_every`` steps. A transition runs from
 one decision of the agent to its next one, wherever that is: later in the same frozen instant
@@ -14,6 +22,7 @@ without asking (nothing in the window fits) are not transitions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +54,17 @@ class DqnConfig:
     eps_end: float = 0.05
     eps_fraction: float = 0.5  # share of the training decisions over which ε decays
     grad_clip: float = 10.0
+    time_constant_s: float = 0.0  # τ of the elapsed-time discount; 0: per decision only
+    margin: float = 0.1  # DQfD's margin for demonstrated actions
+    demo_weight: float = 1.0  # weight of the margin loss
+
+
+def discounts(config: DqnConfig, elapsed: np.ndarray) -> np.ndarray:
+    """γ per decision times e^(−Δt/τ) for the seconds each transition spanned."""
+    out = np.full(elapsed.shape, config.gamma, dtype=np.float32)
+    if config.time_constant_s > 0:
+        out *= np.exp(-np.maximum(elapsed, 0.0) / config.time_constant_s).astype(np.float32)
+    return out
 
 
 class DqnLearner:
@@ -70,15 +90,27 @@ class DqnLearner:
         c = self.config
         b = self.replay.sample(c.batch, beta)
         servers, jobs = torch.from_numpy(b.servers), torch.from_numpy(b.jobs)
-        q = self.online(servers, jobs).gather(1, torch.from_numpy(b.actions)[:, None])[:, 0]
+        all_q = self.online(servers, jobs)
+        q = all_q.gather(1, torch.from_numpy(b.actions)[:, None])[:, 0]
         with torch.no_grad():
             nxt = self.target(torch.from_numpy(b.next_servers), torch.from_numpy(b.next_jobs))
             nxt = nxt.masked_fill(~torch.from_numpy(b.next_masks), -torch.inf).max(1).values
             nxt = torch.where(torch.from_numpy(b.done), torch.zeros_like(nxt), nxt)
-            target = torch.from_numpy(b.rewards) + c.gamma * nxt
+            factor = torch.from_numpy(discounts(c, b.elapsed))
+            target = torch.from_numpy(b.rewards) + factor * nxt
         errors = q - target
-        loss = (torch.from_numpy(b.weights)
-                * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
+        weights = torch.from_numpy(b.weights)
+        loss = (weights * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
+        demo = torch.from_numpy(b.demo)
+        if c.demo_weight > 0 and bool(demo.any()):
+            actions = torch.from_numpy(b.actions)
+            margins = torch.full_like(all_q, c.margin)
+            margins.scatter_(1, actions[:, None], 0.0)
+            masks = torch.from_numpy(b.masks)
+            best = (all_q + margins).masked_fill(~masks, -torch.inf).max(1).values
+            chosen = all_q.gather(1, actions[:, None])[:, 0]
+            loss = loss + c.demo_weight * (weights * (best - chosen) * demo).sum() / max(
+                1, int(demo.sum()))
         self.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.online.parameters(), c.grad_clip)
@@ -96,30 +128,40 @@ class TrainingAgent:
     """The agent the ``sched2`` policy consults while training: ε-greedy, recording each
     decision as a transition and learning as it goes."""
 
-    def __init__(self, learner: DqnLearner, total_decisions: int, seed: int) -> None:
+    def __init__(self, learner: DqnLearner, total_decisions: int, seed: int,
+                 teacher: Callable[[Observation], int] | None = None) -> None:
         self.learner = learner
+        # While ``teaching`` is on, the teacher acts (no exploration) and its transitions
+        # are demonstrations; ε then counts from the first decision the agent takes itself.
+        self.teacher = teacher
+        self.teaching = teacher is not None
+        self._own = 0  # decisions taken by the agent itself
         self.total = max(1, total_decisions)  # the planned number, for ε and β schedules
         self.rng = np.random.default_rng(seed)
         self.decisions = 0
         self.episode_reward = 0.0
-        self._pending: tuple[Observation, int] | None = None
+        self._pending: tuple[Observation, int, bool] | None = None
         self._reward = 0.0
 
     @property
     def epsilon(self) -> float:
         c = self.learner.config
-        done = min(1.0, self.decisions / (c.eps_fraction * self.total))
+        done = min(1.0, self._own / (c.eps_fraction * self.total))
         return c.eps_start + (c.eps_end - c.eps_start) * done
 
     def act(self, observation: Observation) -> int:
         if self._pending is not None:
             self._store(observation, done=False)
         valid = np.flatnonzero(observation.mask)
-        if self.rng.random() < self.epsilon:
+        if self.teaching and self.teacher is not None:
+            action = self.teacher(observation)
+        elif self.rng.random() < self.epsilon:
             action = int(valid[self.rng.integers(len(valid))])
+            self._own += 1
         else:
             action = greedy(self.learner.q_values(observation), observation.mask)
-        self._pending = (observation, action)
+            self._own += 1
+        self._pending = (observation, action, self.teaching)
         self._reward = 0.0
         self.decisions += 1
         c = self.learner.config
@@ -135,14 +177,15 @@ class TrainingAgent:
     def end_episode(self) -> float:
         """The episode is over: its last decision is terminal. Returns the episode's reward."""
         if self._pending is not None:
-            observation, _ = self._pending
-            self._store(observation, done=True)
+            self._store(self._pending[0], done=True)
         total, self.episode_reward = self.episode_reward, 0.0
         return total
 
     def _store(self, following: Observation, done: bool) -> None:
         assert self._pending is not None
-        observation, action = self._pending
+        observation, action, demo = self._pending
         self.learner.replay.add(observation.servers, observation.jobs, action, self._reward,
-                                following.servers, following.jobs, following.mask, done)
+                                following.servers, following.jobs, following.mask, done,
+                                elapsed=max(0.0, following.now - observation.now), demo=demo,
+                                mask=observation.mask)
         self._pending = None

@@ -23,10 +23,13 @@ class Batch:
     jobs: np.ndarray
     actions: np.ndarray
     rewards: np.ndarray
+    masks: np.ndarray  # actions allowed in the state
     next_servers: np.ndarray
     next_jobs: np.ndarray
     next_masks: np.ndarray
     done: np.ndarray
+    elapsed: np.ndarray  # seconds from this decision to the next one
+    demo: np.ndarray  # the action was the teacher's (imitation)
 
 
 class SumTree:
@@ -76,19 +79,25 @@ class PrioritizedReplay:
         self.servers = np.zeros((size, n, m), dtype=np.float32)
         self.jobs = np.zeros((size, d), dtype=np.float32)
         self.actions = np.zeros(size, dtype=np.int64)
+        self.masks = np.zeros((size, a), dtype=bool)
         self.rewards = np.zeros(size, dtype=np.float32)
         self.next_servers = np.zeros((size, n, m), dtype=np.float32)
         self.next_jobs = np.zeros((size, d), dtype=np.float32)
         self.next_masks = np.zeros((size, a), dtype=bool)
         self.done = np.zeros(size, dtype=bool)
+        self.elapsed = np.zeros(size, dtype=np.float32)
+        self.demo = np.zeros(size, dtype=bool)
 
     def __len__(self) -> int:
         return self.size
 
     def add(self, servers: np.ndarray, jobs: np.ndarray, action: int, reward: float,
             next_servers: np.ndarray, next_jobs: np.ndarray, next_mask: np.ndarray,
-            done: bool) -> None:
+            done: bool, elapsed: float = 0.0, demo: bool = False,
+            mask: np.ndarray | None = None) -> None:
         i = self.next
+        self.masks[i] = True if mask is None else mask
+        self.elapsed[i], self.demo[i] = elapsed, demo
         self.servers[i], self.jobs[i] = servers, jobs
         self.actions[i], self.rewards[i] = action, reward
         self.next_servers[i], self.next_jobs[i] = next_servers, next_jobs
@@ -108,8 +117,10 @@ class PrioritizedReplay:
         weights /= weights.max()
         return Batch(indices, weights.astype(np.float32), self.servers[indices],
                      self.jobs[indices], self.actions[indices], self.rewards[indices],
+                     self.masks[indices],
                      self.next_servers[indices], self.next_jobs[indices],
-                     self.next_masks[indices], self.done[indices])
+                     self.next_masks[indices], self.done[indices], self.elapsed[indices],
+                     self.demo[indices])
 
     def update(self, indices: np.ndarray, errors: np.ndarray) -> None:
         priorities = np.abs(errors) + self.epsilon

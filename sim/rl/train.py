@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from masterd.core.policies.sched2 import Sched2Policy
-from masterd.core.sched2.network import QNetwork, Shape
+from masterd.core.sched2.agent import HoldAgent
+from masterd.core.sched2.network import QNetwork, Shape, random_network
 from sim.engine import SimConfig, simulate
 from sim.oracle import oracle_modeldb
 from sim.rl.dqn import DqnConfig, DqnLearner, TrainingAgent
@@ -61,6 +62,13 @@ class TrainConfig:
     dqn: DqnConfig = field(default_factory=DqnConfig)
     decisions_per_episode: int = 3000  # a guess for the ε/β schedules; corrected after one
     command: str = ""
+    # The learning fixes (docs/policies/sched2.md): the packing feature and canonical server
+    # order in the state, and a warm start imitating the hold rule for ``imitate_episodes``
+    # episodes followed by ``pretrain_steps`` gradient steps on what it showed.
+    packing: bool = False
+    canonical: bool = False
+    imitate_episodes: int = 0
+    pretrain_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -69,6 +77,13 @@ class TrainConfig:
             raise ValueError(f"eval_every must be at least 1, got {self.eval_every}")
         if not self.train_episodes:
             raise ValueError("no training episodes")
+        if self.imitate_episodes < 0 or self.pretrain_steps < 0:
+            raise ValueError("imitate_episodes and pretrain_steps must be >= 0")
+        if self.imitate_episodes and not self.packing:
+            raise ValueError("imitating the hold rule needs the packing feature")
+        if self.imitate_episodes >= self.episodes:
+            raise ValueError(f"imitate_episodes ({self.imitate_episodes}) must be fewer than "
+                             f"episodes ({self.episodes})")
 
 
 @dataclass
@@ -92,11 +107,11 @@ def environment(config: TrainConfig) -> tuple[Callable[[int], Workload], Any]:
 
 
 def evaluate(network: QNetwork, episodes: Sequence[Workload], modeldb: Any,
-             gpus_per_server: int) -> dict[str, float]:
+             gpus_per_server: int, agent: Any = None) -> dict[str, float]:
     """Greedy replays of ``episodes`` with the numpy network: mean metrics."""
     rows = []
     for w in episodes:
-        policy = Sched2Policy(model=network, modeldb=modeldb)
+        policy = Sched2Policy(model=network, modeldb=modeldb, agent=agent)
         result = simulate(w, policy, SimConfig(seed=1, truth=TRUTH))
         rows.append(episode_metrics(w, result, gpus_per_server))
     return {
@@ -107,21 +122,35 @@ def evaluate(network: QNetwork, episodes: Sequence[Workload], modeldb: Any,
     }
 
 
+def evaluate_rule(shape: Shape, episodes: Sequence[Workload], modeldb: Any,
+                  gpus_per_server: int) -> dict[str, float]:
+    """The hold rule in the agent's seat on ``episodes``: the score to beat."""
+    return evaluate(random_network(shape), episodes, modeldb, gpus_per_server,
+                    agent=HoldAgent(shape))
+
+
 def train(config: TrainConfig, progress: Callable[[str], None] | None = None) -> TrainResult:
     torch.set_num_threads(1)  # small networks: threads cost more than they give
     started = time.monotonic()
     get, modeldb = environment(config)
     opts = config.options
-    shape = Shape(opts.servers, opts.gpus_per_server, config.window, config.profiles)
+    shape = Shape(opts.servers, opts.gpus_per_server, config.window, config.profiles,
+                  packing=config.packing, canonical=config.canonical)
     learner = DqnLearner(shape, config.dqn, config.seed)
-    agent = TrainingAgent(learner, config.episodes * config.decisions_per_episode, config.seed)
+    own_episodes = config.episodes - config.imitate_episodes
+    teacher = HoldAgent(shape).act if config.imitate_episodes else None
+    agent = TrainingAgent(learner, own_episodes * config.decisions_per_episode, config.seed,
+                          teacher=teacher)
     meta = {"trained_on": asdict(opts), "episodes": config.episodes, "seed": config.seed,
-            "command": config.command}
+            "command": config.command, "imitate_episodes": config.imitate_episodes}
     order = random.Random(f"{config.seed}/sched2-train/order")
     queue: list[int] = []
     history: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
     eval_set = [get(i) for i in config.eval_episodes]
+    teacher_score = (evaluate_rule(shape, eval_set, modeldb, opts.gpus_per_server)
+                     if config.packing else None)
+    meta["hold_rule_on_eval_episodes"] = teacher_score
     best: tuple[float, QNetwork] | None = None
     for e in range(config.episodes):
         if not queue:
@@ -129,6 +158,11 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             order.shuffle(queue)
         index = queue.pop()
         w = get(index)
+        if agent.teaching and e == config.imitate_episodes:
+            # The rule has shown enough: fit what it showed, then the agent acts itself.
+            for _ in range(config.pretrain_steps):
+                learner.step(config.dqn.beta_start)
+            agent.teaching = False
         policy = Sched2Policy(model=learner.online.export(config.time_scale, meta),
                               modeldb=modeldb, agent=agent)
         # No utilisation samples while training: nothing reads them, and they cost.
@@ -136,7 +170,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
                                                sample_interval=1e12))
         reward = agent.end_episode()
         if e == 0 and agent.decisions:  # now the schedules know an episode's length
-            agent.total = agent.decisions * config.episodes
+            agent.total = agent.decisions * own_episodes
         m = episode_metrics(w, result, opts.gpus_per_server)
         history.append({"episode": e, "trace_episode": index, "reward": reward,
                         "effectiveness": m.effectiveness, "jct_s": m.jct_s,
@@ -148,7 +182,8 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             progress(f"episode {e + 1}/{config.episodes} (trace {index}): reward {reward:.1f} "
                      f"effectiveness {m.effectiveness:.3f} ε {agent.epsilon:.2f} "
                      f"{time.monotonic() - started:.0f}s")
-        if (e + 1) % config.eval_every == 0 or e + 1 == config.episodes:
+        if ((e + 1) % config.eval_every == 0 or e + 1 == config.episodes
+                or (config.imitate_episodes and e + 1 == config.imitate_episodes + 1)):
             network = learner.online.export(config.time_scale, meta)
             score = evaluate(network, eval_set, modeldb, opts.gpus_per_server)
             evaluations.append({"episode": e + 1, **score})
@@ -181,6 +216,11 @@ def _finish(config: TrainConfig, meta: dict[str, Any], best: tuple[float, QNetwo
         "profiles": config.profiles,
         "time_scale": config.time_scale,
         "dqn": asdict(config.dqn),
+        "packing": config.packing,
+        "canonical": config.canonical,
+        "imitate_episodes": config.imitate_episodes,
+        "pretrain_steps": config.pretrain_steps,
+        "hold_rule_on_eval_episodes": meta.get("hold_rule_on_eval_episodes"),
         "eval_episodes": list(config.eval_episodes),
         "chosen": chosen,
         "history": history,

@@ -11,7 +11,11 @@ Replayed: the trained agent (the model shipped in the package unless ``--sched2-
 paper's baselines (SIF, DSIF, SAF, LRF, SPF, FIFO) and the registry's SJF, QSSF (Helios, its
 estimate under Helios' error model, as the workload draws it) and SWAF (GENIE, with exactly
 the GPUs asked — the paper's jobs keep their GPU count — and, reported apart,
-SWAF free to give fewer GPUs). Settings: the paper's mix on every held-out episode; the
+SWAF free to give fewer GPUs), and the hold rule (``sched2-hold``: the shortest window job
+packing places on its fewest servers, else "no job") at J = 10 and over the whole queue, the
+baseline the agent must beat. Durations are scaled to the offered load the paper's figures
+imply (0.69); a load sweep (0.5–1.2) repeats the comparisons, paired per episode with
+bootstrap intervals (``sim.paired``). Settings: the paper's mix on every held-out episode; the
 60% and 75% mixes and Philly as it is; the paper's Fig. 8 (arrival gaps scaled); and, to
 measure what the window of J jobs costs, the shortest job in a window of J = 10, 30, 100
 picked by a fixed rule instead of the agent.
@@ -39,6 +43,7 @@ from masterd.core.sched2.packing import best_servers
 from masterd.core.sched2.state import Observation
 from sim.engine import SimConfig, SimResult, simulate
 from sim.oracle import oracle_modeldb
+from sim.paired import PairedRatio, paired_ratio, speedup
 from sim.parallel import Runner, SerialRunner
 from sim.sched2_metrics import EpisodeMetrics, episode_metrics
 from sim.studies.common import (
@@ -73,13 +78,18 @@ TRUTH = TruthConfig(noise_sigma=0.0, interference=False)
 GAP2_MODEL = DEFAULT_MODEL.with_name("sched2-15x8-j10-gap2.npz")
 PAPER_BASELINES = ("sif", "dsif", "saf", "lrf", "spf", "fifo")
 OTHER_BASELINES = ("sjf", "qssf", "swaf-exact")
+# The hold rule (``sched2-hold``) at the agent's window J = 10, and over the whole queue.
+HOLD = "sched2-hold"
+HOLD_ALL = "sched2-hold-all"
+HOLD_RULES = (HOLD, HOLD_ALL)
 MOLDABLE = "swaf"  # may give a job fewer GPUs than it asked for: reported, not "best"
 WINDOW_RULE = "window-shortest"
 SENSITIVE = frozenset(m for m, s in SCHED2_SLOWDOWNS.items() if s >= 2.0)
 POLICY_TITLES = {"sched2": "SCHED² (learned)", "sif": "SIF", "dsif": "DSIF", "saf": "SAF",
                  "lrf": "LRF", "spf": "SPF", "qssf": "QSSF (Helios' error model)",
                  "swaf-exact": "SWAF, GPUs as asked",
-                 "swaf": "SWAF, fewer GPUs allowed"}
+                 "swaf": "SWAF, fewer GPUs allowed", "fifo": "FIFO",
+                 HOLD: "hold rule, J = 10", HOLD_ALL: "hold rule, whole queue"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ class Sched2Study:
     model: str = ""  # empty: the model shipped in the package
     episodes: tuple[int, ...] = tuple(workload.TEST_EPISODES)  # the paper's mix
     jobs: int = 1000
-    baselines: tuple[str, ...] = (*PAPER_BASELINES, *OTHER_BASELINES, MOLDABLE)
+    baselines: tuple[str, ...] = (*PAPER_BASELINES, *OTHER_BASELINES, *HOLD_RULES, MOLDABLE)
     mixes: tuple[float | None, ...] = (0.60, 0.75, None)  # beside 0.68; None: Philly as is
     gap_scales: tuple[float, ...] = (2.0, 4.0)  # Fig. 8: arrival gaps × these
     # (gap scale, model file): a model trained at that gap, evaluated there beside the main
@@ -96,12 +106,18 @@ class Sched2Study:
     other_episodes: int = 5  # held-out episodes per mix and per gap scale
     windows: tuple[int, ...] = (10, 30, 100)  # the window rule's J
     window_episodes: int = 10
+    # The load sweep (durations scaled; the paper's Fig. 8 varies the load by the gaps):
+    # beside the implied load of the main rows, ``other_episodes`` episodes each.
+    loads: tuple[float, ...] = (0.5, 0.8, 1.0, 1.2)
+    load_policies: tuple[str, ...] = (*PAPER_BASELINES, "swaf-exact", "qssf", *HOLD_RULES)
 
 
 def tiny() -> Sched2Study:
-    return Sched2Study(episodes=(30,), jobs=60, baselines=("sif", "fifo", "swaf-exact"),
+    return Sched2Study(episodes=(30,), jobs=60, baselines=("sif", "fifo", "swaf-exact", HOLD,
+                                                            HOLD_ALL),
                        mixes=(None,), gap_scales=(2.0,), other_episodes=1, windows=(10, 30),
-                       window_episodes=1, gap_models=())
+                       window_episodes=1, gap_models=(), loads=(1.2,),
+                       load_policies=("sif", HOLD))
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -156,6 +172,7 @@ class Cell:
     jobs: int = 1000
     window: int = 10
     keep_series: bool = False
+    load: float | None = workload.IMPLIED_LOAD  # expected offered load (durations scaled)
 
 
 @dataclass
@@ -178,7 +195,7 @@ class ShortestInWindow:
         self.shape = shape
 
     def act(self, observation: Observation) -> int:
-        step = self.shape.profiles + 2
+        step = self.shape.job_step
         allowed = np.flatnonzero(observation.mask[:-1])
         return int(min(allowed, key=lambda i: observation.jobs[i * step]))
 
@@ -187,7 +204,7 @@ class ShortestInWindow:
 
 
 def options_of(cell: Cell) -> workload.Sched2Options:
-    base = workload.Sched2Options(one_gpu_share=cell.share, jobs=cell.jobs)
+    base = workload.Sched2Options(one_gpu_share=cell.share, jobs=cell.jobs, load=cell.load)
     return replace(base, mean_gap_s=base.mean_gap_s * cell.gap_scale)
 
 
@@ -199,6 +216,8 @@ def build_policy(cell: Cell, network: QNetwork | None, opts: workload.Sched2Opti
         shape = Shape(opts.servers, opts.gpus_per_server, cell.window)
         return Sched2Policy(model=random_network(shape), modeldb=db,
                             agent=ShortestInWindow(shape))
+    if cell.policy == HOLD_ALL:
+        return make_policy(HOLD, modeldb=db, window=0)
     if cell.policy == "swaf-exact":
         return make_policy("swaf", modeldb=db, shape_mode="exact")
     if cell.policy in ("fifo", "lrf", "qssf"):  # no model: FIFO order, free GPUs, estimates
@@ -250,10 +269,17 @@ def cells(study: Sched2Study, model: str, trace_dir: Path) -> list[Cell]:
             for g in study.gap_scales for e in others for p in policies]
     out += [replace(base, setting="gap-model", gap_scale=g, episode=e, model=path)
             for g, path in study.gap_models for e in others]
+    out += [replace(base, setting=load_setting(load), load=load, episode=e, policy=p)
+            for load in study.loads for e in others
+            for p in ("sched2", *study.load_policies)]
     windows = tuple(workload.TEST_EPISODES)[:study.window_episodes]
     out += [replace(base, setting="window", episode=e, policy=WINDOW_RULE, window=j)
             for j in study.windows for e in windows]
     return out
+
+
+def load_setting(load: float) -> str:
+    return f"load {load:g}"
 
 
 def run(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool) -> Section:
@@ -317,7 +343,7 @@ def _mix_label(share: float | None) -> str:
 
 def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
            runner: Runner) -> Section:
-    names = [b for b in study.baselines if b not in ("swaf-exact",)]
+    names = [b for b in study.baselines if b not in ("swaf-exact", HOLD_ALL)]
     check_policies(names, "sched2 baselines")
     missing = [g for g, _ in study.gap_models if g not in study.gap_scales]
     if missing:
@@ -402,6 +428,7 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
             vs.rows.append([label, group, *[_ratio(v[m]) for m in LOWER], quote])
             summary[f"{label} / {group}"] = {m: {"best": b, "ratio": r}
                                              for m, (b, r) in v.items()}
+    _paired_table(section, res, study, paper)
     _sensitivity_table(section, res, comparable)
     _window_table(section, res, study)
     _load_table(section, res, study, settings)
@@ -411,6 +438,63 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
                     "replays": len(results)}
     section.wall_s = time.monotonic() - started
     return section
+
+
+def _paired(res: Results, setting: str, a: str, b: str) -> dict[str, PairedRatio] | None:
+    """``a`` against ``b`` on the episodes both replayed: effectiveness a ÷ b, JCT and
+    makespan speed-ups b ÷ a, with paired bootstrap 95% intervals (``sim.paired``)."""
+    ra = {r.cell.episode: r.metrics for r in res.runs(setting, 0.68, 1.0, a)}
+    rb = {r.cell.episode: r.metrics for r in res.runs(setting, 0.68, 1.0, b)}
+    both = sorted(ra.keys() & rb.keys())
+    if not both:
+        return None
+    return {
+        "effectiveness": paired_ratio([ra[e].effectiveness for e in both],
+                                      [rb[e].effectiveness for e in both]),
+        "jct_s": speedup([ra[e].jct_s for e in both], [rb[e].jct_s for e in both]),
+        "makespan_s": speedup([ra[e].makespan_s for e in both],
+                              [rb[e].makespan_s for e in both]),
+    }
+
+
+def _ci(r: PairedRatio) -> str:
+    return f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
+
+
+def _paired_table(section: Section, res: Results, study: Sched2Study,
+                  paper: Sequence[str]) -> None:
+    """The agent and the hold rule against each other and the baselines, at every load."""
+    section.text(
+        "Paired per episode (the same held-out episodes under each policy), with bootstrap "
+        "95% intervals over episodes: effectiveness as a ratio, JCT and makespan as "
+        "speed-ups (the other's mean ÷ the first's); above 1 the first is better. \"best of "
+        "paper's six\" is the one of SIF, DSIF, SAF, LRF, SPF and FIFO with the best mean "
+        "effectiveness at that load. The agent counts as working only where it beats the "
+        "hold rule, the fixed rule inside its own action space.")
+    table = section.table(Table(
+        "sched2-paired", ["load", "episodes", "comparison", "effectiveness", "JCT speed-up",
+                          "makespan speed-up"], ["{}", "{}", "{}", "{}", "{}", "{}"]))
+    rows = [("mix", f"{workload.IMPLIED_LOAD:g} (implied)")] + [
+        (load_setting(load), f"{load:g}") for load in study.loads]
+    for setting, label in rows:
+        scored = {b: res.mean(res.runs(setting, 0.68, 1.0, b), "effectiveness")
+                  for b in paper}
+        scored = {b: v for b, v in scored.items() if v is not None}
+        best = max(scored, key=scored.__getitem__) if scored else None
+        pairs = [("sched2", HOLD), (HOLD, best), ("sched2", best), (HOLD, "swaf-exact"),
+                 (HOLD, "qssf"), (HOLD, HOLD_ALL)]
+        for a, b in pairs:
+            if b is None:
+                continue
+            v = _paired(res, setting, a, b)
+            if v is None:
+                continue
+            name = (f"{POLICY_TITLES.get(a, title(a))} vs "
+                    f"{POLICY_TITLES.get(b, title(b))}"
+                    + (" (best of paper's six)" if b == best else ""))
+            table.rows.append([label, str(v["jct_s"].episodes), name,
+                               _ci(v["effectiveness"]), _ci(v["jct_s"]),
+                               _ci(v["makespan_s"])])
 
 
 def _hours(seconds: float | None) -> float | None:

@@ -11,6 +11,16 @@ the window Helios evaluates), seeded per episode:
   With a mix, only jobs of ``min_duration_s``–``max_duration_s`` are drawn: the paper's jobs
   run "from several minutes to hours" (§II-B), Philly's for up to a month (its multi-GPU jobs
   average 20 h); Philly as it is keeps every duration.
+- **Load**: a Philly job's GPUs and duration come together, so its mean work at the 68% mix
+  is about 37,400 GPU-seconds against 172 s × 120 GPUs = 20,640 offered: load 1.81, where
+  every queue grows without bound. The paper's own figures imply far less (Little's law on
+  its Fig. 10): a mean run of 5,422 s at one arrival per 172 s keeps 5,422 / 172 = 31.5 jobs
+  running, at 2.64 GPUs a job (the 68% mix's mean demand, Philly's multi-GPU jobs averaging
+  6.13) about 83 GPUs of 120, a load of 0.69 (``IMPLIED_LOAD``; 5,422 s is SCHED²'s *actual*
+  run time, so the ideal load the paper ran at was at most that). ``load`` scales every
+  drawn duration by one factor so the *expected* offered load, mean GPU-seconds a job ÷
+  (``mean_gap_s`` × GPUs), is ``load``: ``duration_scale``; ``None`` keeps Philly's durations.
+  Each episode's realised load (``notes["offered_load"]``) scatters around it.
 - **Arrivals**: gaps drawn from Philly's own inter-arrival gaps in the window (bursty, not
   Poisson: "the intervals ... follow the distribution of the original trace"), scaled so
   their mean is ``mean_gap_s``.
@@ -68,6 +78,10 @@ CATEGORY_MODELS: dict[str, tuple[str, ...]] = {
 }
 BATCH = 128
 GPU_MODEL = "P40"
+# Little's law on the paper's Fig. 10 (see the module's docstring): mean run 5,422 s, one
+# arrival per 172 s, 2.64 GPUs a job, 120 GPUs.
+PAPER_RUN_S, PAPER_GAP_S, PAPER_GPUS_PER_JOB, PAPER_GPUS = 5422.0, 172.0, 2.64, 120
+IMPLIED_LOAD = round(PAPER_RUN_S / PAPER_GAP_S * PAPER_GPUS_PER_JOB / PAPER_GPUS, 2)
 
 
 @dataclass(frozen=True)
@@ -82,8 +96,11 @@ class Sched2Options:
     min_duration_s: float = 60.0  # applied with a mix only (see the module's docstring)
     max_duration_s: float = 86400.0
     seed: int = 1
+    load: float | None = IMPLIED_LOAD  # expected offered load; None: Philly's durations
 
     def __post_init__(self) -> None:
+        if self.load is not None and not (self.load > 0 and math.isfinite(self.load)):
+            raise ValueError(f"load must be a positive number, got {self.load}")
         p = self.one_gpu_share
         if p is not None and not 0.0 <= p <= 1.0:
             raise ValueError(f"one_gpu_share must be within [0, 1], got {p}")
@@ -175,22 +192,50 @@ def pick_model(r: random.Random) -> tuple[str, str]:
     return category, models[r.randrange(len(models))]
 
 
+def _candidates(trace_dir: Path, options: Sched2Options) -> tuple[tuple[TraceJob, ...], ...]:
+    """The jobs an episode draws from: one group (Philly as it is) or (one-GPU, multi-GPU)."""
+    pool = load_pool(trace_dir, options.since, options.until,
+                     options.servers * options.gpus_per_server)
+    p = options.one_gpu_share
+    low, high = options.min_duration_s, options.max_duration_s
+    if p is None:
+        return (pool.one_gpu + pool.multi_gpu,)
+    candidates = tuple(
+        tuple(j for j in group if low <= j.duration <= high)
+        for group in (pool.one_gpu, pool.multi_gpu))
+    if (not candidates[0] and p > 0) or (not candidates[1] and p < 1):
+        raise TraceError(trace_dir / JOBS_FILE, None, "no jobs of the asked kind in the "
+                         f"duration window {low:g}-{high:g} s")
+    return candidates
+
+
+def expected_work(candidates: tuple[tuple[TraceJob, ...], ...], share: float | None) -> float:
+    """Mean GPU-seconds of a drawn job: the mix's weights over the groups' means."""
+    def mean(group: tuple[TraceJob, ...]) -> float:
+        return math.fsum(j.gpus * j.duration for j in group) / len(group) if group else 0.0
+    if share is None:
+        return mean(candidates[0])
+    return share * mean(candidates[0]) + (1.0 - share) * mean(candidates[1])
+
+
+def duration_scale(trace_dir: Path, options: Sched2Options) -> float:
+    """The factor on every drawn duration that makes the expected offered load ``load``:
+    load × mean gap × GPUs ÷ expected GPU-seconds a job (1.0 when ``load`` is None)."""
+    if options.load is None:
+        return 1.0
+    work = expected_work(_candidates(trace_dir, options), options.one_gpu_share)
+    gpus = options.servers * options.gpus_per_server
+    return options.load * options.mean_gap_s * gpus / work
+
+
 def episode(trace_dir: Path, options: Sched2Options, index: int,
             truth: TruthModel) -> Workload:
     """Episode ``index`` (``TRAIN_EPISODES``, ``TEST_EPISODES``) of the workload."""
     pool = load_pool(trace_dir, options.since, options.until,
                      options.servers * options.gpus_per_server)
     p = options.one_gpu_share
-    low, high = options.min_duration_s, options.max_duration_s
-    if p is None:
-        candidates = (pool.one_gpu + pool.multi_gpu,)
-    else:
-        candidates = tuple(
-            tuple(j for j in group if low <= j.duration <= high)
-            for group in (pool.one_gpu, pool.multi_gpu))
-        if (not candidates[0] and p > 0) or (not candidates[1] and p < 1):
-            raise TraceError(trace_dir / JOBS_FILE, None, "no jobs of the asked kind in the "
-                             f"duration window {low:g}-{high:g} s")
+    candidates = _candidates(trace_dir, options)
+    stretch = duration_scale(trace_dir, options)
     nodes = build_cluster([node_group(options)])
     topo = NodeTopology.of(nodes)
     r = random.Random(f"{options.seed}/sched2/{index}")
@@ -202,7 +247,8 @@ def episode(trace_dir: Path, options: Sched2Options, index: int,
         if n:
             submit += pool.gaps[r.randrange(len(pool.gaps))] * scale
         group = candidates[0] if p is None or r.random() < p else candidates[1]
-        picked = group[r.randrange(len(group))]
+        drawn = group[r.randrange(len(group))]
+        picked = TraceJob(drawn.duration * stretch, drawn.gpus, drawn.vc)
         category, model = pick_model(r)
         categories[category] += 1
         key = f"s2-e{index}-{n:04d}"
@@ -229,6 +275,8 @@ def episode(trace_dir: Path, options: Sched2Options, index: int,
             "one_gpu_share": sum(j.spec.gpus == 1 for j in jobs) / len(jobs),
             "mean_gap_s": submit / max(1, len(jobs) - 1),
             "offered_load": work / (max(submit, 1.0) * gpus),
+            "target_load": options.load,
+            "duration_scale": stretch,
             "categories": categories,
             "servers": options.servers,
             "gpus_per_server": options.gpus_per_server,

@@ -44,3 +44,15 @@ def test_qssf_is_a_baseline_of_the_study_and_replays_on_the_estimates() -> None:
     assert result.metrics.jobs == fifo.metrics.jobs == 200
     # Shortest expected GPU time first beats arrival order on an overloaded queue.
     assert result.metrics.jct_s < fifo.metrics.jct_s
+
+
+def test_the_tiny_study_pairs_the_agent_with_the_hold_rule_at_every_load(
+        tmp_path: Path) -> None:
+    from sim.parallel import SerialRunner
+
+    section = study.run_on(study.tiny(), TRACES, tmp_path, False, SerialRunner())
+    tables = {t.to_json()["id"]: t.to_json() for t in section.tables()}
+    rows = tables["sched2-paired"]["rows"]
+    assert {r[0] for r in rows} == {f"{workload.IMPLIED_LOAD:g} (implied)", "1.2"}
+    assert any(r[2] == "SCHED² (learned) vs hold rule, J = 10" for r in rows)
+    assert any(r[2] == "hold rule, J = 10 vs hold rule, whole queue" for r in rows)

@@ -21,6 +21,7 @@ from masterd.core.policies.qssf import QssfPolicy
 from masterd.core.policies.sched2 import Sched2Policy
 from masterd.core.policies.sched2_baselines import (
     DsifPolicy,
+    HoldPolicy,
     LrfPolicy,
     SafPolicy,
     SifPolicy,
@@ -52,6 +53,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "saf": SafPolicy,
     "lrf": LrfPolicy,
     "spf": SpfPolicy,
+    "sched2-hold": HoldPolicy,
 }
 
 

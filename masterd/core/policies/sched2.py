@@ -33,8 +33,15 @@ from masterd.core.sched2.estimate import Estimator
 from masterd.core.sched2.models import GpuModels
 from masterd.core.sched2.network import QNetwork
 from masterd.core.sched2.packing import pack
-from masterd.core.sched2.state import GpuState, Observation, Waiting, job_vector
-from shared.model import Job
+from masterd.core.sched2.state import (
+    NO_PLACEMENT,
+    GpuState,
+    Observation,
+    Waiting,
+    job_vector,
+    packing_feature,
+)
+from shared.model import Job, Placement
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "sched2" / "models" / "sched2-15x8-j10.npz"
 
@@ -140,9 +147,12 @@ class Sched2Policy:
             rest = (int(totals[0]) - len(present), totals[1] - sum(w.gpus for w in present),
                     totals[2] - sum(w.profile.ideal for w in present),
                     totals[3] - sum(w.job.submit_time for w in present))
+            packing = (self._packing(window, mask, pool, models) if self.shape.packing
+                       else None)
             observation = Observation(
-                self.gpu_state.features(now, scale),
-                job_vector(window, rest, self.shape, now, scale, gpus_per_server), mask)
+                self.gpu_state.features(now, scale, self.shape.canonical),
+                job_vector(window, rest, self.shape, now, scale, gpus_per_server, packing),
+                mask, now)
             action = self.agent.act(observation)
             if not 0 <= action <= J or not mask[action]:
                 # Not an allowed action: "no job" if that is allowed, else the oldest job
@@ -172,6 +182,27 @@ class Sched2Policy:
             window.append(waiting[following] if following < len(waiting) else None)
             following += 1
         return decisions
+
+    def _packing(self, window: list[Waiting | None], mask: np.ndarray, pool: FreePool,
+                 models: GpuModels) -> list[float]:
+        """Per slot, the slowdown of the placement packing would give the job now."""
+        out: list[float] = []
+        placements: dict[tuple[object, ...], Placement | None] = {}
+        for i, w in enumerate(window):
+            if w is None or not mask[i]:
+                out.append(NO_PLACEMENT)
+                continue
+            s = w.job.spec
+            demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+            if demand not in placements:  # packing depends on the demand, not the job
+                placements[demand] = pack(s, pool, models.names)
+            placement = placements[demand]
+            actual = None
+            if placement is not None:
+                model = pool.views[placement.allocations[0].node].gpu_model or ""
+                actual = self.estimator.seconds(w.job, model, len(placement.allocations))
+            out.append(packing_feature(actual, w.profile.ideal))
+        return out
 
 
 def _fits(w: Waiting, free: Counter[str]) -> bool:

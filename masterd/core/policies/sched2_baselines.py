@@ -181,3 +181,65 @@ class SafPolicy(_Baseline):
             pool.take(placement)
             decisions.append(Start(waiting.pop(i).id, placement))
         return decisions
+
+
+class HoldPolicy(_Baseline):
+    """The hold rule, inside SCHED²'s own action space: of the first ``window`` waiting GPU
+    jobs (arrival order, J = 10 as the agent's; 0: the whole queue), start the shortest one
+    (ideal time) that packing places on its fewest servers (``ceil(GPUs / M)``), and repeat
+    as the window refills; when none can have its best locality now, "no job": the free GPUs
+    are held for the jobs that will. A job that needs more GPUs than are free waits like any
+    other. CPU-only jobs are not the rule's business: they start first come, first served.
+
+    It is the policy a learned agent must beat to count as having learned anything: every
+    choice it makes is one of the agent's J + 1 actions.
+    """
+
+    name = "sched2-hold"
+
+    def __init__(self, modeldb: ModelDB | str | Path | None = None,
+                 default_duration_s: float = 3600.0, window: int = 10) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"window must be a whole number >= 0 (0: the whole queue), "
+                             f"got {window!r}")
+        super().__init__(modeldb, default_duration_s)
+        self.window = window
+
+    def select(self, queue: list[Job], pool: FreePool, models: GpuModels,
+               now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        waiting: list[Job] = []
+        for job in queue:
+            if job.spec.gpus:
+                waiting.append(job)
+                continue
+            placement = pack(job.spec, pool, models.names)
+            if placement is not None:
+                pool.take(placement)
+                decisions.append(Start(job.id, placement))
+        while waiting:
+            window = waiting[:self.window] if self.window else waiting
+            # Packing depends on the demand, not the job: one placement per demand per step.
+            placements: dict[tuple[object, ...], Placement | None] = {}
+            best: tuple[float, int, Placement] | None = None
+            for i, job in enumerate(window):
+                s = job.spec
+                demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+                if demand not in placements:
+                    placements[demand] = pack(s, pool, models.names)
+                placement = placements[demand]
+                if placement is None:
+                    continue
+                model = pool.views[placement.allocations[0].node].gpu_model or ""
+                if len(placement.allocations) > best_servers(
+                        s.gpus, models.gpus_per_server.get(model, 1)):
+                    continue
+                seconds = self.ideal(job, models)
+                if best is None or seconds < best[0]:
+                    best = (seconds, i, placement)
+            if best is None:
+                break  # "no job": nothing in the window gets its best locality now
+            _, i, placement = best
+            pool.take(placement)
+            decisions.append(Start(waiting.pop(i).id, placement))
+        return decisions

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from masterd.core.sched2.network import QNetwork
+from masterd.core.sched2.network import QNetwork, Shape
 from masterd.core.sched2.state import Observation
 
 
@@ -42,3 +42,36 @@ class GreedyAgent:
 
     def reward(self, value: float) -> None:
         """Serving does not learn."""
+
+
+def hold_action(observation: Observation, shape: Shape) -> int:
+    """The hold rule (``sched2-hold``) read off the state: of the allowed slots whose job
+    packing would place at its best locality now (packing feature 0), the one with the
+    shortest ideal time (its first profile level); else "no job" (J) when allowed. Needs a
+    state with the packing feature (``shape.packing``)."""
+    if not shape.packing:
+        raise ValueError("the hold rule needs the packing feature in the state")
+    step, k, J = shape.job_step, shape.profiles, shape.jobs
+    best: tuple[float, int] | None = None
+    for i in range(J):
+        if not observation.mask[i] or observation.jobs[i * step + k + 2] != 0.0:
+            continue
+        ideal = float(observation.jobs[i * step])
+        if best is None or ideal < best[0]:
+            best = (ideal, i)
+    if best is not None:
+        return best[1]
+    return J if observation.mask[J] else int(np.argmax(observation.mask))
+
+
+class HoldAgent:
+    """The hold rule in the agent's seat: the teacher the trainer imitates first."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+
+    def act(self, observation: Observation) -> int:
+        return hold_action(observation, self.shape)
+
+    def reward(self, value: float) -> None:
+        """A rule does not learn."""

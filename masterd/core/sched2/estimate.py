@@ -5,8 +5,10 @@ executing it for a few mini-batches" and computes the remaining time of running 
 mini-batch time. Trellis already has that profiler: GENIE's (``trellisctl profile``), whose fits
 land in the model database every predicting policy reads (``modeldb``). So a job's time on
 ``servers`` servers is GENIE's Eq. 4–8 for its declared model type, batch and iterations, with
-its GPUs spread evenly over those servers (``d_gpn = gpus / servers``, fractional for an uneven
-split, which is what Eq. 8's average path length gives for it).
+its GPUs on those servers: Eq. 8 inside one server, and across servers the slowdown Eq. 8
+gives at the one shape SCHED² measured (4 GPUs over two servers, §II-A) extended to ``s``
+servers by ``sched2.locality`` (Eq. 8 itself falls to its floor at other shapes for the
+locality-sensitive models, inverting the paper's order of them).
 
 A job the database cannot predict (no model type, batch or iterations, nothing similar) takes
 ``default_duration_s`` wherever it runs: there is nothing to tell its placements apart. A
@@ -23,10 +25,19 @@ from dataclasses import dataclass
 
 from masterd.core.genie import model as perf
 from masterd.core.genie.modeldb import ModelDB, Resolution
+from masterd.core.sched2.locality import spread_slowdown
 from masterd.core.sched2.packing import best_servers
 from shared.model import Job, JobKind, JobSpec
 
 MIN_SCALING = 0.05
+
+
+def two_server_slowdown(c: perf.Coefficients) -> float:
+    """How many times slower Eq. 8 says a 4-GPU job runs over two servers than on one: the
+    one shape SCHED² measured (§II-A), from which ``sched2.locality`` extends to the rest."""
+    one = max(4 - perf.comm_penalty(c, 1, 4), MIN_SCALING * 4)
+    two = max(4 - perf.comm_penalty(c, 2, 2), MIN_SCALING * 4)
+    return max(1.0, one / two)
 
 
 @dataclass(frozen=True)
@@ -101,8 +112,15 @@ class Estimator:
         spr = perf.single_gpu_rate(c, local)
         if not spr > 0:
             return self.default_duration_s
-        comm = perf.comm_penalty(c, servers, d_gpn, inference)  # type: ignore[arg-type]
-        rate = max(spec.gpus - comm, MIN_SCALING * spec.gpus) * spr
+        if inference or spec.gpus == 1:
+            comm = perf.comm_penalty(c, servers, d_gpn, inference)  # type: ignore[arg-type]
+            rate = max(spec.gpus - comm, MIN_SCALING * spec.gpus) * spr
+        else:
+            # Eq. 8 inside one server; across servers the two-server slowdown Eq. 8 gives at
+            # §II-A's shape (what profiling measures), extended by SCHED²'s locality form.
+            local = max(spec.gpus - perf.comm_penalty(c, 1, spec.gpus),  # type: ignore[arg-type]
+                        MIN_SCALING * spec.gpus)
+            rate = local / spread_slowdown(two_server_slowdown(c), servers) * spr
         return perf.latency_from_rate(float(spec.batch) * spec.iterations, rate, c.nu)
 
     def profile(self, job: Job, gpu_model: str, gpus_per_server: int, servers: int,

@@ -15,10 +15,12 @@ expects and says which differs.
 Arrays (numpy ``x @ w + b`` layout, ``w`` is ``(inputs, outputs)``):
 
 - ``s1_w`` (M, hs1), ``s1_b``, ``s2_w`` (hs1, hs2), ``s2_b``: the per-server MLP;
-- ``j1_w`` ((k+2)·J + 4, hj1), ``j1_b``, ``j2_w`` (hj1, hj2), ``j2_b``: the job MLP;
+- ``j1_w`` ((k+2)·J + 4, hj1; (k+3)·J + 4 with ``packing_feature``), ``j1_b``, ``j2_w``
+  (hj1, hj2), ``j2_b``: the job MLP;
 - ``f1_w`` (N·hs2 + hj2, hf), ``f1_b``, ``f2_w`` (hf, J + 1), ``f2_b``: Eq. 5;
 - ``meta``: a JSON string — format, version, servers, gpus_per_server, jobs, profiles,
-  time_scale and anything the trainer records (its command, the workload).
+  packing_feature, canonical_servers (both false when absent), time_scale and anything the
+  trainer records (its command, the workload).
 """
 
 from __future__ import annotations
@@ -51,11 +53,22 @@ class Shape:
     gpus_per_server: int  # M
     jobs: int  # J
     profiles: int = 4  # k
+    # Beyond Table I (the learning fixes of docs/policies/sched2.md), off for older models:
+    # one more feature per job, the slowdown of the placement packing would give it now;
+    # and the servers' rows in a canonical (sorted) order instead of by name.
+    packing: bool = False
+    canonical: bool = False
+
+    @property
+    def job_step(self) -> int:
+        """Features per window slot: k profiles, demand, wait (+ packing's slowdown)."""
+        return self.profiles + 2 + int(self.packing)
 
     @property
     def job_features(self) -> int:
-        """Length of the job-and-statistics vector: (k + 2)·J + 4 (Table I)."""
-        return (self.profiles + 2) * self.jobs + STATISTICS
+        """Length of the job-and-statistics vector: (k + 2)·J + 4 (Table I), + J with the
+        packing feature."""
+        return self.job_step * self.jobs + STATISTICS
 
     @property
     def actions(self) -> int:
@@ -119,7 +132,8 @@ class QNetwork:
         meta = {**self.meta, "format": FORMAT, "version": VERSION,
                 "servers": self.shape.servers, "gpus_per_server": self.shape.gpus_per_server,
                 "jobs": self.shape.jobs, "profiles": self.shape.profiles,
-                "time_scale": self.time_scale}
+                "packing_feature": self.shape.packing,
+                "canonical_servers": self.shape.canonical, "time_scale": self.time_scale}
         arrays = {k: np.asarray(v, dtype=np.float32) for k, v in self.weights.items()}
         with open(path, "wb") as handle:
             np.savez_compressed(handle, meta=np.array(json.dumps(meta, sort_keys=True)),
@@ -150,7 +164,9 @@ class QNetwork:
         try:
             shape = Shape(servers=_positive(meta, "servers"),
                           gpus_per_server=_positive(meta, "gpus_per_server"),
-                          jobs=_positive(meta, "jobs"), profiles=_positive(meta, "profiles"))
+                          jobs=_positive(meta, "jobs"), profiles=_positive(meta, "profiles"),
+                          packing=_flag(meta, "packing_feature"),
+                          canonical=_flag(meta, "canonical_servers"))
             time_scale = float(meta["time_scale"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{source}: bad metadata: {exc}") from None
@@ -162,6 +178,13 @@ def _positive(meta: Mapping[str, Any], key: str) -> int:
     value = meta[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _flag(meta: Mapping[str, Any], key: str) -> bool:
+    value = meta.get(key, False)  # absent in models written before the flag existed
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
     return value
 
 

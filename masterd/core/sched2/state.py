@@ -9,6 +9,11 @@
 - **Job state**, for each of the first J waiting GPU jobs in queue (arrival) order: the
   predicted time at k placements (``estimate.spread_levels``), the GPU demand ÷ M and the time
   waited so far; zeros for an empty slot.
+- **Packing** (a learning fix beyond Table I, with ``Shape.packing``): per job, the
+  slowdown of the placement packing would give it now (``packing_feature``), so whether a
+  job would get its best locality is an input, not something to infer from the matrix.
+- **Canonical order** (with ``Shape.canonical``): the rows sorted, so servers that differ
+  only in name give one input.
 - **Statistics** of the waiting GPU jobs beyond the window: how many (log1p(n) / 10), their
   mean demand ÷ M, mean ideal time and mean wait.
 
@@ -41,8 +46,9 @@ class Observation:
     """One decision's input: the GPU state, the job vector and which actions are allowed."""
 
     servers: np.ndarray  # (N, M) float32
-    jobs: np.ndarray  # ((k + 2)·J + 4,) float32
+    jobs: np.ndarray  # (Shape.job_features,) float32
     mask: np.ndarray  # (J + 1,) bool; the last action, "no job", is always allowed
+    now: float = 0.0  # the frozen instant (the trainer discounts by elapsed time)
 
 
 def time_feature(seconds: float | np.ndarray, scale: float) -> np.ndarray:
@@ -137,10 +143,14 @@ class GpuState:
         return Counter({model: int(np.count_nonzero(usable[rows]))
                         for model, rows in self._rows.items()})
 
-    def features(self, now: float, scale: float) -> np.ndarray:
+    def features(self, now: float, scale: float, canonical: bool = False) -> np.ndarray:
         rows = time_feature(self._ends - now, scale)
         rows[self._absent] = ABSENT
         rows = -np.sort(-rows, axis=1)  # longest first in every row
+        if canonical:
+            # Servers are interchangeable: rows sorted (first column first, descending), so
+            # one situation is one input whatever the servers' names.
+            rows = rows[np.lexsort(-rows.T[::-1])]
         return rows.astype(np.float32)
 
 
@@ -154,26 +164,41 @@ class Waiting:
 
 
 def job_vector(window: Sequence[Waiting | None], rest: tuple[int, float, float, float],
-               shape: Shape, now: float, scale: float, gpus_per_server: int) -> np.ndarray:
+               shape: Shape, now: float, scale: float, gpus_per_server: int,
+               packing: Sequence[float] | None = None) -> np.ndarray:
     """Job state of the window's slots followed by the statistics of ``rest``.
 
     ``rest`` = (jobs, sum of GPU demands, sum of ideal times, sum of submit times) of the
-    waiting GPU jobs outside the window.
+    waiting GPU jobs outside the window. ``packing`` (with ``shape.packing``): per slot, the
+    feature of :func:`packing_feature`.
     """
-    k = shape.profiles
+    k, step = shape.profiles, shape.job_step
     out = np.zeros(shape.job_features, dtype=np.float32)
     for i, w in enumerate(window):
         if w is None:
             continue
-        base = i * (k + 2)
+        base = i * step
         out[base:base + k] = time_feature(np.array(w.profile.levels), scale)
         out[base + k] = w.gpus / gpus_per_server
         out[base + k + 1] = time_feature(now - w.job.submit_time, scale)
+        if shape.packing and packing is not None:
+            out[base + k + 2] = packing[i]
     count, gpus, ideal, submits = rest
     if count > 0:
-        base = (k + 2) * shape.jobs
+        base = step * shape.jobs
         out[base] = np.log1p(count) / 10.0
         out[base + 1] = gpus / count / gpus_per_server
         out[base + 2] = time_feature(ideal / count, scale)
         out[base + 3] = time_feature(now - submits / count, scale)
     return out
+
+
+NO_PLACEMENT = -1.0
+
+
+def packing_feature(actual: float | None, ideal: float) -> float:
+    """How much slower the placement packing would give a job now is than its best:
+    ln(T_actual / T_ideal), 0 at best locality; -1 when packing cannot place it now."""
+    if actual is None or not ideal > 0:
+        return NO_PLACEMENT
+    return float(np.log(max(actual / ideal, 1.0)))
