@@ -51,6 +51,9 @@ def check_visible(job: Job, doing: str, accounts_of: AccountsOf | None = None) -
     who = viewer(accounts_of)
     if who is None or who.sees(job):
         return
+    if not who.accounts:  # accounts off, or the user in none: its own jobs only
+        raise ProtocolError("forbidden", f"job {job.id} belongs to user {job.spec.user!r}; "
+                            f"client {who.user!r} may {doing} its own jobs only")
     raise ProtocolError("forbidden", f"job {job.id} belongs to user {job.spec.user!r} of "
                         f"account {job.spec.tenant!r}; client {who.user!r} may {doing} its own "
                         "jobs and its accounts' only")
