@@ -53,11 +53,11 @@ async def test_a_client_sees_its_own_subtree_and_an_admin_everything(h: FeatureH
     finally:
         CALLER.reset(token)
     assert [r["account"] for r in mine["accounts"]] == ["hep"]
-    # Admitted to a group, a user sees the group's sub-accounts too.
-    h.config = replace(h.config, accounts=(replace(TREE[0], users=("ann",)), TREE[1],
-                                           replace(TREE[2], users=()),
-                                           replace(TREE[3], users=()), TREE[4]))
-    h.events.config_changed.emit()
+    # Admitted to a group, a user sees the group's sub-accounts too (the tree comes from the
+    # accounts feature, which journals it: accounts_changed).
+    h.events.accounts_changed.emit(AccountTree.of((replace(TREE[0], users=("ann",)), TREE[1],
+                                                   replace(TREE[2], users=()),
+                                                   replace(TREE[3], users=()), TREE[4])))
     assert feature.visible_accounts("ann") == {"physics", "hep", "astro"}
     # Swapping the tree at run time (an admin's change): usage stays with its account.
     feature.set_tree(AccountTree.of([Account(name="hep", shares=1),
