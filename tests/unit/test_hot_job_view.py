@@ -29,7 +29,7 @@ def reference(job: Job) -> dict[str, Any]:
         "id": job.id, "name": spec.name, "state": job.state.value, "kind": spec.kind.value,
         "tenant": spec.tenant, "user": spec.user, "qos": spec.qos.value, "gpus": spec.gpus,
         "cpus": spec.cpus, "memory_mib": spec.memory_mib, "command": list(spec.command),
-        "time_limit_s": spec.time_limit_s,
+        "image": spec.launch.image, "time_limit_s": spec.time_limit_s,
         "warning": None if stop.warning is None else
         f"{'B:' if stop.warning.batch_only else ''}{stop.warning.signal[3:]}"
         f"@{stop.warning.seconds}",
