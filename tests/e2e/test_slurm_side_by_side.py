@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import pytest
 from demo.cluster import LocalCluster, default_job_user
 from demo.harness import scratch_dir
 from tests.e2e.slurmlocal import LocalSlurm, missing_binaries
+from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
@@ -138,14 +138,6 @@ def trellis_submit(cluster: LocalCluster, cwd: Path, script: str, *options: str)
     return [j["id"] for j in result["jobs"]] if "jobs" in result else [result["job"]["id"]]
 
 
-def _wait(what: str, check, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def runs() -> Iterator[Runs]:
     tag = uuid.uuid4().hex[:6]
@@ -198,9 +190,9 @@ def _run_all(slurm: LocalSlurm, cluster: LocalCluster, root: Path) -> Runs:
     slurm_long = sbatch("cancel", "long.sh")
     trellis_long = submit("cancel", "long.sh")
     client = cluster.client(timeout=30)
-    _wait("the long jobs to run", lambda: (s.dir / "long.out").exists()
-          and (t.dir / "long.out").exists()
-          and client.call("job", {"id": trellis_long})["job"]["state"] == "running", 60)
+    wait_for(lambda: (s.dir / "long.out").exists() and (t.dir / "long.out").exists()
+             and client.call("job", {"id": trellis_long})["job"]["state"] == "running",
+             60, "the long jobs to run", interval=0.3)
     subprocess.run(["scancel", slurm_long], env=slurm.env, check=True, timeout=30)
     assert ctl(cluster, t.dir, "cancel", trellis_long).returncode == 0
 
@@ -224,7 +216,7 @@ def _run_all(slurm: LocalSlurm, cluster: LocalCluster, root: Path) -> Runs:
         return done
 
     try:
-        _wait("every job on both systems to end", all_ended, 180)
+        wait_for(all_ended, 180, "every job on both systems to end", interval=0.3)
     except AssertionError as exc:
         raise AssertionError(f"{exc}: Slurm {s.states}, Trellis {t.states}") from None
     return sides

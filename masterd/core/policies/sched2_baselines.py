@@ -10,7 +10,7 @@ the oracle the paper describes). Ties go to queue (arrival) order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from masterd.core.cluster import ClusterSnapshot
@@ -161,26 +161,36 @@ class SafPolicy(_Baseline):
         decisions: list[Decision] = []
         waiting = list(queue)
         while waiting:
-            # Packing depends on the demand, not the job: one placement per demand per step.
-            placements: dict[tuple[object, ...], Placement | None] = {}
-            best: tuple[float, int, Placement] | None = None
-            for i, job in enumerate(waiting):
-                s = job.spec
-                demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
-                if demand not in placements:
-                    placements[demand] = pack(s, pool, models.names)
-                placement = placements[demand]
-                if placement is None:
-                    continue
-                seconds = self.actual(job, placement, pool)
-                if best is None or seconds < best[0]:
-                    best = (seconds, i, placement)
+            best = shortest_packed(waiting, pool, models,
+                                   lambda job, placement: self.actual(job, placement, pool))
             if best is None:
                 break
-            _, i, placement = best
+            i, placement = best
             pool.take(placement)
             decisions.append(Start(waiting.pop(i).id, placement))
         return decisions
+
+
+def shortest_packed(jobs: Sequence[Job], pool: FreePool, models: GpuModels,
+                    seconds: Callable[[Job, Placement], float | None]
+                    ) -> tuple[int, Placement] | None:
+    """Of ``jobs``, the index and packed placement of the one whose ``seconds`` (None: not a
+    candidate) is least, the first on ties; None when none packs or qualifies."""
+    # Packing depends on the demand, not the job: one placement per demand per step.
+    placements: dict[tuple[object, ...], Placement | None] = {}
+    best: tuple[float, int, Placement] | None = None
+    for i, job in enumerate(jobs):
+        s = job.spec
+        demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+        if demand not in placements:
+            placements[demand] = pack(s, pool, models.names)
+        placement = placements[demand]
+        if placement is None:
+            continue
+        t = seconds(job, placement)
+        if t is not None and (best is None or t < best[0]):
+            best = (t, i, placement)
+    return None if best is None else (best[1], best[2])
 
 
 class HoldPolicy(_Baseline):
@@ -219,27 +229,18 @@ class HoldPolicy(_Baseline):
                 decisions.append(Start(job.id, placement))
         while waiting:
             window = waiting[:self.window] if self.window else waiting
-            # Packing depends on the demand, not the job: one placement per demand per step.
-            placements: dict[tuple[object, ...], Placement | None] = {}
-            best: tuple[float, int, Placement] | None = None
-            for i, job in enumerate(window):
-                s = job.spec
-                demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
-                if demand not in placements:
-                    placements[demand] = pack(s, pool, models.names)
-                placement = placements[demand]
-                if placement is None:
-                    continue
+
+            def at_best_locality(job: Job, placement: Placement) -> float | None:
                 model = pool.views[placement.allocations[0].node].gpu_model or ""
                 if len(placement.allocations) > best_servers(
-                        s.gpus, models.gpus_per_server.get(model, 1)):
-                    continue
-                seconds = self.ideal(job, models)
-                if best is None or seconds < best[0]:
-                    best = (seconds, i, placement)
+                        job.spec.gpus, models.gpus_per_server.get(model, 1)):
+                    return None
+                return self.ideal(job, models)
+
+            best = shortest_packed(window, pool, models, at_best_locality)
             if best is None:
                 break  # "no job": nothing in the window gets its best locality now
-            _, i, placement = best
+            i, placement = best
             pool.take(placement)
             decisions.append(Start(waiting.pop(i).id, placement))
         return decisions
