@@ -19,7 +19,7 @@ import sys
 import termios
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from demo.cluster import LocalCluster, default_job_user
 from demo.harness import scratch_dir
 from demo.terminal import Terminal
 from shared.protocol import decode_frame, encode_frame
+from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
@@ -51,17 +52,6 @@ def env() -> Iterator[tuple[LocalCluster, Path]]:
             cluster.start()
             shutil.copy(Path(__file__).with_name("relay_server.py"), root / "server.py")
             yield cluster, root
-
-
-def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def ctl_env(cluster: LocalCluster, role: str = "client") -> dict[str, str]:
@@ -116,7 +106,7 @@ def test_pty_shell_types_resizes_and_exits_with_its_code(env: tuple[LocalCluster
         assert b"tty-shell" in shown.split(b"cat /proc/self/cgroup")[-1]  # its own cgroups
         # A window size change reaches the job's terminal (SIGWINCH here, TIOCSWINSZ there).
         term.resize(41, 101)
-        wait_for("the new size on the job's terminal", lambda: (
+        wait_for(what="the new size on the job's terminal", predicate=lambda: (
             term.type(b"stty size\r"), b"41 101" in term.expect(b"$ ", 10))[-1], timeout=15)
         term.type(b"exit 7\r")
         assert term.wait() == 7
@@ -159,15 +149,15 @@ def test_a_client_gone_ends_the_job_after_the_grace_unless_one_attaches(
         assert termios.tcgetattr(stopped.master)[3] == stopped.before[3]
         # Within the grace, a client attaches again: the session goes on.
         with terminal(cluster, "attach", "dropped") as again:
-            wait_for("attach to go raw", lambda: not termios.tcgetattr(again.master)[3]
-                     & termios.ECHO)
+            wait_for(what="attach to go raw", timeout=30, predicate=lambda: not
+                     termios.tcgetattr(again.master)[3] & termios.ECHO)
             again.type(b"echo again$((1+1))\r")
             again.expect(b"again2")
             os.killpg(again.proc.pid, signal.SIGKILL)
             again.proc.wait(10)
             dropped_at = time.monotonic()
     for job_id, gone in (("dropped", dropped_at), ("stopped", stopped_at)):
-        view = wait_for(f"{job_id} cancelled", lambda job_id=job_id: (
+        view = wait_for(what=f"{job_id} cancelled", predicate=lambda job_id=job_id: (
             (v := job(cluster, job_id))["state"] != "running" and v), timeout=30)
         assert time.monotonic() - gone >= GRACE_S - 0.5
         assert view["state"] == "cancelled"
@@ -193,7 +183,7 @@ def test_run_streams_output_shows_why_it_waits_and_exits_with_the_code(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ctl_env(cluster),
         stdin=subprocess.DEVNULL)
     try:
-        wait_for("second waiting", lambda: job(cluster, "second")["wait"] == "dependency")
+        wait_for(lambda: job(cluster, "second")["wait"] == "dependency", 30, "second waiting")
         gate.touch()
         out, err = proc.communicate(timeout=60)
     finally:
@@ -220,7 +210,8 @@ def test_ctrl_c_cancels_the_job(env: tuple[LocalCluster, Path]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    wait_for("the job cancelled", lambda: job(cluster, "interrupted")["state"] == "cancelled")
+    wait_for(lambda: job(cluster, "interrupted")["state"] == "cancelled", 30,
+             "the job cancelled")
 
 
 # -- ports ----------------------------------------------------------------------------------------
@@ -255,8 +246,8 @@ def start_server(cluster: LocalCluster, root: Path, job_id: str) -> tuple[int, P
         "name": job_id, "command": ["python3", str(root / "server.py"), str(portfile),
                                     str(countfile)],
         "user": USER, "kind": "cpu", "cpus": 1}})
-    port = int(wait_for(f"the job's server ({job_id})",
-                        lambda: portfile.exists() and portfile.read_text(), timeout=60))
+    port = int(wait_for(lambda: portfile.exists() and portfile.read_text(), 60,
+                        f"the job's server ({job_id})"))
     return port, countfile
 
 
@@ -352,7 +343,7 @@ def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
                 time.sleep(0.5)
             return same
 
-        wait_for("the job's sends to stop", settled, timeout=30)
+        wait_for(settled, 30, "the job's sends to stop")
         stalled = sent()
         assert stalled < 64 << 20, f"{stalled} bytes went out to a reader that stalled"
         growth = master.memory_info().rss - rss_before
