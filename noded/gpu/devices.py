@@ -45,7 +45,3 @@ class GpuDeviceNodes:
         if missing:
             raise KeyError(f"no device file known for GPU {missing[0]}")
         return tuple(self.gpus[i] for i in sorted(gpus)) + self.control
-
-    def denied_to(self, gpus: tuple[int, ...]) -> tuple[DeviceNode, ...]:
-        """The GPU device files a job holding ``gpus`` must not open."""
-        return tuple(node for i, node in sorted(self.gpus.items()) if i not in gpus)
