@@ -10,7 +10,7 @@ from typing import Any
 
 from sim.workloads.sched2 import Sched2Options
 
-AGENTS = ("sched2",)
+AGENTS = ("sched2", "sched2-scorer")
 TORCH_HINT = ("training needs PyTorch, the optional extra 'rl': pip install -e '.[rl]' "
               "(torch==2.13.0, a CPU build)")
 
@@ -41,6 +41,11 @@ def add_parser(sub: Any, trace_default: str) -> argparse.ArgumentParser:
                        help="episodes between greedy evaluations (the best export is kept)")
     train.add_argument("--load", type=float, default=None,
                        help="expected offered load (default: the paper's implied 0.69)")
+    train.add_argument("--loads", metavar="L1,L2,...",
+                       help="draw each training episode's offered load from these (seeded)")
+    train.add_argument("--eval-loads", metavar="L1,L2,...",
+                       help="loads of the greedy evaluations that choose the export "
+                       "(default: the first training load)")
     train.add_argument("--paper-state", action="store_true",
                        help="Table I's state only: no packing feature, servers by name")
     train.add_argument("--imitate", type=int, default=4, metavar="EPISODES",
@@ -75,6 +80,19 @@ def options(args: argparse.Namespace) -> Sched2Options:
         raise TrainUsageError(str(exc)) from None
 
 
+def _loads(text: str | None, flag: str) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise TrainUsageError(f"{flag} {text!r}: comma-separated loads, e.g. 0.5,0.69,1.0") \
+            from None
+    if any(not 0 < v <= 5 for v in values):
+        raise TrainUsageError(f"{flag} {text!r}: every load must be in (0, 5]")
+    return values
+
+
 def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
     opts = options(args)
     try:
@@ -87,6 +105,10 @@ def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
     if args.time_constant < 0:
         raise TrainUsageError(f"--time-constant must be >= 0, got {args.time_constant}")
     fixes = not args.paper_state
+    if args.agent == "sched2-scorer" and not fixes:
+        raise TrainUsageError("--paper-state is the paper's agent's state; the scorer's has "
+                              "the packing feature")
+    loads, eval_loads = _loads(args.loads, "--loads"), _loads(args.eval_loads, "--eval-loads")
     if not (args.lr > 0 and args.margin >= 0):
         raise TrainUsageError(f"--lr must be > 0 and --margin >= 0, got {args.lr}, "
                               f"{args.margin}")
@@ -100,7 +122,8 @@ def run(args: argparse.Namespace, trace_dir: Path, command: str) -> int:
                              eval_every=args.eval_every, command=command, dqn=dqn,
                              packing=fixes, canonical=fixes,
                              imitate_episodes=args.imitate if fixes else 0,
-                             pretrain_steps=args.pretrain_steps if fixes else 0)
+                             pretrain_steps=args.pretrain_steps if fixes else 0,
+                             agent=args.agent, loads=loads, eval_loads=eval_loads)
     except ValueError as exc:
         raise TrainUsageError(str(exc)) from None
     if config.window < 1:

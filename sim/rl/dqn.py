@@ -24,15 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from masterd.core.sched2.agent import greedy
-from masterd.core.sched2.network import DEFAULT_HIDDEN, Shape
-from masterd.core.sched2.state import Observation
-from sim.rl.qnet import TorchQNet
+from masterd.core.sched2.network import Shape
+from sim.rl.qnet import QNetCodec
 from sim.rl.replay import PrioritizedReplay
 
 
@@ -68,32 +68,49 @@ def discounts(config: DqnConfig, elapsed: np.ndarray) -> np.ndarray:
 
 
 class DqnLearner:
-    def __init__(self, shape: Shape, config: DqnConfig, seed: int,
+    """``codec``: the network to learn and how its decisions are stored
+    (``sim.rl.qnet.QNetCodec`` for the paper's agent, a :class:`Shape` being short for
+    that; ``sim.rl.scorer_net.ScorerCodec`` for the per-job scorer)."""
+
+    def __init__(self, codec: Any, config: DqnConfig, seed: int,
                  hidden: dict[str, int] | None = None) -> None:
         torch.manual_seed(seed)
+        if isinstance(codec, Shape):
+            codec = QNetCodec(codec, hidden)
+        self.codec = codec
         self.config = config
-        self.online = TorchQNet(shape, hidden or dict(DEFAULT_HIDDEN))
-        self.target = TorchQNet(shape, self.online.hidden)
+        self.online = codec.make()
+        self.target = codec.make()
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.lr)
-        self.replay = PrioritizedReplay(shape, config.replay, config.alpha, seed)
+        self.replay = PrioritizedReplay(codec.layout, codec.actions, config.replay,
+                                        config.alpha, seed)
         self.steps = 0
         self.losses: list[float] = []
 
-    def q_values(self, observation: Observation) -> np.ndarray:
+    def _q(self, net: nn.Module, state: dict[str, np.ndarray]) -> torch.Tensor:
+        out: torch.Tensor = net(*(torch.from_numpy(state[k]) for k in self.codec.layout))
+        return out
+
+    def q_values(self, observation: Any) -> np.ndarray:
+        """Q-values of every action of one decision, as it is (not as stored)."""
         with torch.no_grad():
-            q = self.online(torch.from_numpy(observation.servers[None]),
-                            torch.from_numpy(observation.jobs[None]))
+            q = self._q(self.online, {k: v[None] for k, v in observation.parts().items()})
         return q[0].numpy()
+
+    def store(self, observation: Any, action: int, reward: float, following: Any, done: bool,
+              elapsed: float, demo: bool) -> None:
+        state, mask, stored = self.codec.encode(observation, action)
+        nxt, next_mask, _ = self.codec.encode(following)
+        self.replay.add(state, mask, stored, reward, nxt, next_mask, done, elapsed, demo)
 
     def step(self, beta: float) -> float:
         c = self.config
         b = self.replay.sample(c.batch, beta)
-        servers, jobs = torch.from_numpy(b.servers), torch.from_numpy(b.jobs)
-        all_q = self.online(servers, jobs)
+        all_q = self._q(self.online, b.state)
         q = all_q.gather(1, torch.from_numpy(b.actions)[:, None])[:, 0]
         with torch.no_grad():
-            nxt = self.target(torch.from_numpy(b.next_servers), torch.from_numpy(b.next_jobs))
+            nxt = self._q(self.target, b.next_state)
             nxt = nxt.masked_fill(~torch.from_numpy(b.next_masks), -torch.inf).max(1).values
             nxt = torch.where(torch.from_numpy(b.done), torch.zeros_like(nxt), nxt)
             factor = torch.from_numpy(discounts(c, b.elapsed))
@@ -129,7 +146,7 @@ class TrainingAgent:
     decision as a transition and learning as it goes."""
 
     def __init__(self, learner: DqnLearner, total_decisions: int, seed: int,
-                 teacher: Callable[[Observation], int] | None = None) -> None:
+                 teacher: Callable[[Any], int] | None = None) -> None:
         self.learner = learner
         # While ``teaching`` is on, the teacher acts (no exploration) and its transitions
         # are demonstrations; ε then counts from the first decision the agent takes itself.
@@ -140,7 +157,7 @@ class TrainingAgent:
         self.rng = np.random.default_rng(seed)
         self.decisions = 0
         self.episode_reward = 0.0
-        self._pending: tuple[Observation, int, bool] | None = None
+        self._pending: tuple[Any, int, bool] | None = None
         self._reward = 0.0
 
     @property
@@ -149,7 +166,7 @@ class TrainingAgent:
         done = min(1.0, self._own / (c.eps_fraction * self.total))
         return c.eps_start + (c.eps_end - c.eps_start) * done
 
-    def act(self, observation: Observation) -> int:
+    def act(self, observation: Any) -> int:
         if self._pending is not None:
             self._store(observation, done=False)
         valid = np.flatnonzero(observation.mask)
@@ -181,11 +198,9 @@ class TrainingAgent:
         total, self.episode_reward = self.episode_reward, 0.0
         return total
 
-    def _store(self, following: Observation, done: bool) -> None:
+    def _store(self, following: Any, done: bool) -> None:
         assert self._pending is not None
         observation, action, demo = self._pending
-        self.learner.replay.add(observation.servers, observation.jobs, action, self._reward,
-                                following.servers, following.jobs, following.mask, done,
-                                elapsed=max(0.0, following.now - observation.now), demo=demo,
-                                mask=observation.mask)
+        self.learner.store(observation, action, self._reward, following, done,
+                           max(0.0, following.now - observation.now), demo)
         self._pending = None

@@ -56,3 +56,25 @@ class TorchQNet(nn.Module):
                 layer.weight.copy_(torch.from_numpy(network.weights[f"{name}_w"].T.copy()))
                 layer.bias.copy_(torch.from_numpy(network.weights[f"{name}_b"].copy()))
         return net
+
+
+class QNetCodec:
+    """How the trainer stores and feeds the paper's agent: its state as it is."""
+
+    def __init__(self, shape: Shape, hidden: Mapping[str, int] | None = None) -> None:
+        self.shape = shape
+        self.hidden = dict(DEFAULT_HIDDEN if hidden is None else hidden)
+        self.layout = {"servers": (shape.servers, shape.gpus_per_server),
+                       "jobs": (shape.job_features,)}
+        self.actions = shape.actions
+
+    def make(self) -> TorchQNet:
+        return TorchQNet(self.shape, self.hidden)
+
+    def encode(self, observation: Any, action: int | None = None
+               ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+        return observation.parts(), observation.mask, -1 if action is None else action
+
+    def export(self, net: nn.Module, time_scale: float, meta: Mapping[str, Any]) -> QNetwork:
+        assert isinstance(net, TorchQNet)
+        return net.export(time_scale, meta)

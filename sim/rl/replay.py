@@ -8,24 +8,21 @@ updates at O(log N). Storage is preallocated numpy, a ring buffer overwriting th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
-from masterd.core.sched2.network import Shape
 
 
 @dataclass(frozen=True)
 class Batch:
     indices: np.ndarray
     weights: np.ndarray
-    servers: np.ndarray
-    jobs: np.ndarray
+    state: dict[str, np.ndarray]  # the network's inputs by name (the layout's)
     actions: np.ndarray
     rewards: np.ndarray
     masks: np.ndarray  # actions allowed in the state
-    next_servers: np.ndarray
-    next_jobs: np.ndarray
+    next_state: dict[str, np.ndarray]
     next_masks: np.ndarray
     done: np.ndarray
     elapsed: np.ndarray  # seconds from this decision to the next one
@@ -62,8 +59,11 @@ class SumTree:
 
 
 class PrioritizedReplay:
-    def __init__(self, shape: Shape, capacity: int, alpha: float = 0.6,
-                 seed: int = 0, epsilon: float = 1e-3) -> None:
+    """``layout``: the shape of each of the network's inputs (one state); ``actions``: the
+    length of an action mask."""
+
+    def __init__(self, layout: Mapping[str, tuple[int, ...]], actions: int, capacity: int,
+                 alpha: float = 0.6, seed: int = 0, epsilon: float = 1e-3) -> None:
         size = 1
         while size < capacity:
             size *= 2  # a power of two keeps the tree complete
@@ -75,15 +75,13 @@ class PrioritizedReplay:
         self.max_priority = 1.0
         self.size = 0
         self.next = 0
-        n, m, d, a = shape.servers, shape.gpus_per_server, shape.job_features, shape.actions
-        self.servers = np.zeros((size, n, m), dtype=np.float32)
-        self.jobs = np.zeros((size, d), dtype=np.float32)
+        self.state = {k: np.zeros((size, *dims), dtype=np.float32) for k, dims in layout.items()}
+        self.next_state = {k: np.zeros((size, *dims), dtype=np.float32)
+                           for k, dims in layout.items()}
         self.actions = np.zeros(size, dtype=np.int64)
-        self.masks = np.zeros((size, a), dtype=bool)
+        self.masks = np.zeros((size, actions), dtype=bool)
         self.rewards = np.zeros(size, dtype=np.float32)
-        self.next_servers = np.zeros((size, n, m), dtype=np.float32)
-        self.next_jobs = np.zeros((size, d), dtype=np.float32)
-        self.next_masks = np.zeros((size, a), dtype=bool)
+        self.next_masks = np.zeros((size, actions), dtype=bool)
         self.done = np.zeros(size, dtype=bool)
         self.elapsed = np.zeros(size, dtype=np.float32)
         self.demo = np.zeros(size, dtype=bool)
@@ -91,17 +89,18 @@ class PrioritizedReplay:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, servers: np.ndarray, jobs: np.ndarray, action: int, reward: float,
-            next_servers: np.ndarray, next_jobs: np.ndarray, next_mask: np.ndarray,
-            done: bool, elapsed: float = 0.0, demo: bool = False,
-            mask: np.ndarray | None = None) -> None:
+    def add(self, state: Mapping[str, np.ndarray], mask: np.ndarray, action: int,
+            reward: float, next_state: Mapping[str, np.ndarray], next_mask: np.ndarray,
+            done: bool, elapsed: float = 0.0, demo: bool = False) -> None:
         i = self.next
-        self.masks[i] = True if mask is None else mask
+        for k, v in state.items():
+            self.state[k][i] = v
+        for k, v in next_state.items():
+            self.next_state[k][i] = v
+        self.masks[i], self.next_masks[i] = mask, next_mask
         self.elapsed[i], self.demo[i] = elapsed, demo
-        self.servers[i], self.jobs[i] = servers, jobs
         self.actions[i], self.rewards[i] = action, reward
-        self.next_servers[i], self.next_jobs[i] = next_servers, next_jobs
-        self.next_masks[i], self.done[i] = next_mask, done
+        self.done[i] = done
         self.tree.update(i, self.max_priority ** self.alpha)
         self.next = (i + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
@@ -115,10 +114,10 @@ class PrioritizedReplay:
         probs = self.tree.tree[indices + self.capacity] / total
         weights = (self.size * probs) ** (-beta)
         weights /= weights.max()
-        return Batch(indices, weights.astype(np.float32), self.servers[indices],
-                     self.jobs[indices], self.actions[indices], self.rewards[indices],
-                     self.masks[indices],
-                     self.next_servers[indices], self.next_jobs[indices],
+        return Batch(indices, weights.astype(np.float32),
+                     {k: v[indices] for k, v in self.state.items()}, self.actions[indices],
+                     self.rewards[indices], self.masks[indices],
+                     {k: v[indices] for k, v in self.next_state.items()},
                      self.next_masks[indices], self.done[indices], self.elapsed[indices],
                      self.demo[indices])
 

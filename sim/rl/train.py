@@ -30,11 +30,15 @@ import numpy as np
 import torch
 
 from masterd.core.policies.sched2 import Sched2Policy
-from masterd.core.sched2.agent import HoldAgent
+from masterd.core.policies.sched2_scorer import Sched2ScorerPolicy
+from masterd.core.sched2.agent import HoldAgent, ScorerHoldAgent
 from masterd.core.sched2.network import QNetwork, Shape, random_network
+from masterd.core.sched2.scorer import ScorerNetwork, ScorerShape, random_scorer
 from sim.engine import SimConfig, simulate
 from sim.oracle import oracle_modeldb
 from sim.rl.dqn import DqnConfig, DqnLearner, TrainingAgent
+from sim.rl.qnet import QNetCodec
+from sim.rl.scorer_net import ScorerCodec
 from sim.sched2_metrics import episode_metrics
 from sim.truth import TruthConfig, TruthModel
 from sim.workloads import sched2 as workload
@@ -44,6 +48,8 @@ log = logging.getLogger("trellis.sim.rl")
 
 # The paper's profile-driven simulator: a job's speed depends on its placement only.
 TRUTH = TruthConfig(noise_sigma=0.0, interference=False)
+SCORER = "sched2-scorer"
+AGENTS = ("sched2", SCORER)
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,21 @@ class TrainConfig:
     canonical: bool = False
     imitate_episodes: int = 0
     pretrain_steps: int = 0
+    # "sched2": the paper's agent over a window of J; "sched2-scorer": the per-job scorer
+    # over the whole queue (beyond the paper).
+    agent: str = "sched2"
+    # Offered loads the training episodes are drawn at (each episode one, seeded); empty:
+    # ``options.load`` only. ``eval_loads``: the loads of the greedy evaluations (empty:
+    # the training loads' first).
+    loads: tuple[float, ...] = ()
+    eval_loads: tuple[float, ...] = ()
+    stored_candidates: int = 128  # the scorer's candidates kept per stored decision
 
     def __post_init__(self) -> None:
+        if self.agent not in AGENTS:
+            raise ValueError(f"agent must be one of {', '.join(AGENTS)}, got {self.agent!r}")
+        if self.agent == SCORER and not self.packing:
+            raise ValueError("the scorer's state always has the packing feature")
         if self.episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {self.episodes}")
         if self.eval_every < 1:
@@ -88,31 +107,40 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    network: QNetwork
+    network: QNetwork | ScorerNetwork
     record: dict[str, Any]
     written: list[Path]
 
 
-def environment(config: TrainConfig) -> tuple[Callable[[int], Workload], Any]:
-    """Episodes by index (built once each) and the oracle model database."""
+def environment(config: TrainConfig) -> tuple[Callable[[int, float | None], Workload], Any]:
+    """Episodes by (index, offered load), built once each, and the oracle model database."""
     truth = TruthModel(TRUTH)
-    built: dict[int, Workload] = {}
+    built: dict[tuple[int, float | None], Workload] = {}
 
-    def get(index: int) -> Workload:
-        if index not in built:
-            built[index] = workload.episode(config.trace_dir, config.options, index, truth)
-        return built[index]
+    def get(index: int, load: float | None = None) -> Workload:
+        key = (index, config.options.load if load is None else load)
+        if key not in built:
+            built[key] = workload.episode(config.trace_dir, replace(config.options, load=key[1]),
+                                          index, truth)
+        return built[key]
 
     return get, oracle_modeldb(TRUTH, workload.GPU_MODEL)
 
 
-def evaluate(network: QNetwork, episodes: Sequence[Workload], modeldb: Any,
+def make_policy(network: QNetwork | ScorerNetwork, modeldb: Any, agent: Any = None) -> Any:
+    """The policy that serves ``network`` (the agent's seat taken by ``agent`` if given)."""
+    if isinstance(network, ScorerNetwork):
+        return Sched2ScorerPolicy(model=network, modeldb=modeldb, agent=agent)
+    return Sched2Policy(model=network, modeldb=modeldb, agent=agent)
+
+
+def evaluate(network: QNetwork | ScorerNetwork, episodes: Sequence[Workload], modeldb: Any,
              gpus_per_server: int, agent: Any = None) -> dict[str, float]:
     """Greedy replays of ``episodes`` with the numpy network: mean metrics."""
     rows = []
     for w in episodes:
-        policy = Sched2Policy(model=network, modeldb=modeldb, agent=agent)
-        result = simulate(w, policy, SimConfig(seed=1, truth=TRUTH))
+        result = simulate(w, make_policy(network, modeldb, agent),
+                          SimConfig(seed=1, truth=TRUTH, sample_interval=1e12))
         rows.append(episode_metrics(w, result, gpus_per_server))
     return {
         "effectiveness": float(np.mean([r.effectiveness for r in rows])),
@@ -122,11 +150,15 @@ def evaluate(network: QNetwork, episodes: Sequence[Workload], modeldb: Any,
     }
 
 
-def evaluate_rule(shape: Shape, episodes: Sequence[Workload], modeldb: Any,
-                  gpus_per_server: int) -> dict[str, float]:
+def evaluate_rule(config: TrainConfig, shape: Shape, episodes: Sequence[Workload],
+                  modeldb: Any) -> dict[str, float]:
     """The hold rule in the agent's seat on ``episodes``: the score to beat."""
-    return evaluate(random_network(shape), episodes, modeldb, gpus_per_server,
-                    agent=HoldAgent(shape))
+    m = config.options.gpus_per_server
+    if config.agent == SCORER:
+        rule: Any = ScorerHoldAgent(shape.profiles)
+        return evaluate(random_scorer(ScorerShape(m, shape.profiles)), episodes, modeldb, m,
+                        agent=rule)
+    return evaluate(random_network(shape), episodes, modeldb, m, agent=HoldAgent(shape))
 
 
 def train(config: TrainConfig, progress: Callable[[str], None] | None = None) -> TrainResult:
@@ -136,35 +168,43 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
     opts = config.options
     shape = Shape(opts.servers, opts.gpus_per_server, config.window, config.profiles,
                   packing=config.packing, canonical=config.canonical)
-    learner = DqnLearner(shape, config.dqn, config.seed)
+    codec: Any = (ScorerCodec(ScorerShape(opts.gpus_per_server, config.profiles), opts.servers,
+                              config.stored_candidates)
+                  if config.agent == SCORER else QNetCodec(shape))
+    learner = DqnLearner(codec, config.dqn, config.seed)
     own_episodes = config.episodes - config.imitate_episodes
-    teacher = HoldAgent(shape).act if config.imitate_episodes else None
+    rule: Any = ScorerHoldAgent(config.profiles) if config.agent == SCORER else HoldAgent(shape)
+    teacher = rule.act if config.imitate_episodes else None
     agent = TrainingAgent(learner, own_episodes * config.decisions_per_episode, config.seed,
                           teacher=teacher)
     meta = {"trained_on": asdict(opts), "episodes": config.episodes, "seed": config.seed,
-            "command": config.command, "imitate_episodes": config.imitate_episodes}
+            "command": config.command, "imitate_episodes": config.imitate_episodes,
+            "loads": list(config.loads), "agent": config.agent}
     order = random.Random(f"{config.seed}/sched2-train/order")
+    loads = random.Random(f"{config.seed}/sched2-train/loads")
     queue: list[int] = []
     history: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
-    eval_set = [get(i) for i in config.eval_episodes]
-    teacher_score = (evaluate_rule(shape, eval_set, modeldb, opts.gpus_per_server)
-                     if config.packing else None)
+    eval_loads = config.eval_loads or (config.loads[:1] if config.loads else (None,))
+    eval_set = [get(i, load) for load in eval_loads for i in config.eval_episodes]
+    teacher_score = (evaluate_rule(config, shape, eval_set, modeldb) if config.packing
+                     else None)
     meta["hold_rule_on_eval_episodes"] = teacher_score
-    best: tuple[float, QNetwork] | None = None
+    best: tuple[float, QNetwork | ScorerNetwork] | None = None
     for e in range(config.episodes):
         if not queue:
             queue = list(config.train_episodes)
             order.shuffle(queue)
         index = queue.pop()
-        w = get(index)
+        load = loads.choice(config.loads) if config.loads else None
+        w = get(index, load)
         if agent.teaching and e == config.imitate_episodes:
             # The rule has shown enough: fit what it showed, then the agent acts itself.
             for _ in range(config.pretrain_steps):
                 learner.step(config.dqn.beta_start)
             agent.teaching = False
-        policy = Sched2Policy(model=learner.online.export(config.time_scale, meta),
-                              modeldb=modeldb, agent=agent)
+        policy = make_policy(codec.export(learner.online, config.time_scale, meta), modeldb,
+                             agent)
         # No utilisation samples while training: nothing reads them, and they cost.
         result = simulate(w, policy, SimConfig(seed=config.seed, truth=TRUTH,
                                                sample_interval=1e12))
@@ -173,6 +213,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             agent.total = agent.decisions * own_episodes
         m = episode_metrics(w, result, opts.gpus_per_server)
         history.append({"episode": e, "trace_episode": index, "reward": reward,
+                        "load": w.notes.get("offered_load"),
                         "effectiveness": m.effectiveness, "jct_s": m.jct_s,
                         "unfinished": m.unfinished, "epsilon": agent.epsilon,
                         "decisions": agent.decisions, "steps": learner.steps,
@@ -184,7 +225,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
                      f"{time.monotonic() - started:.0f}s")
         if ((e + 1) % config.eval_every == 0 or e + 1 == config.episodes
                 or (config.imitate_episodes and e + 1 == config.imitate_episodes + 1)):
-            network = learner.online.export(config.time_scale, meta)
+            network = codec.export(learner.online, config.time_scale, meta)
             score = evaluate(network, eval_set, modeldb, opts.gpus_per_server)
             evaluations.append({"episode": e + 1, **score})
             if progress is not None:
@@ -198,7 +239,8 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
     return _finish(config, meta, best, history, evaluations, started, complete=True)
 
 
-def _finish(config: TrainConfig, meta: dict[str, Any], best: tuple[float, QNetwork],
+def _finish(config: TrainConfig, meta: dict[str, Any],
+            best: tuple[float, QNetwork | ScorerNetwork],
             history: list[dict[str, Any]], evaluations: list[dict[str, Any]], started: float,
             complete: bool) -> TrainResult:
     opts = config.options
@@ -222,19 +264,23 @@ def _finish(config: TrainConfig, meta: dict[str, Any], best: tuple[float, QNetwo
         "pretrain_steps": config.pretrain_steps,
         "hold_rule_on_eval_episodes": meta.get("hold_rule_on_eval_episodes"),
         "eval_episodes": list(config.eval_episodes),
+        "agent": config.agent,
+        "loads": list(config.loads),
+        "eval_loads": list(config.eval_loads or config.loads[:1]),
+        "stored_candidates": config.stored_candidates,
         "chosen": chosen,
         "history": history,
         "evaluations": evaluations,
         "torch": torch.__version__,
     }
-    network = QNetwork(best[1].shape, best[1].weights, best[1].time_scale,
-                       {**meta, "chosen_after_episodes": chosen["episode"],
-                        "train_seconds": round(seconds, 1)})
+    network = replace(best[1], meta={**meta, "chosen_after_episodes": chosen["episode"],
+                                     "train_seconds": round(seconds, 1)})
     written = write_outputs(config.out, network, record)
     return TrainResult(network, record, written)
 
 
-def write_outputs(out: Path, network: QNetwork, record: dict[str, Any]) -> list[Path]:
+def write_outputs(out: Path, network: QNetwork | ScorerNetwork,
+                  record: dict[str, Any]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     network.save(out)
     written = [out]
@@ -263,12 +309,17 @@ def plot_curve(record: dict[str, Any], path: Path) -> Path | None:
             label="training episode (ε-greedy)")
     ax.plot([ev["episode"] for ev in evaluations], [ev["effectiveness"] for ev in evaluations],
             marker="o", label=f"greedy, training episodes {record['eval_episodes']}")
+    rule = record.get("hold_rule_on_eval_episodes")
+    if rule:
+        ax.axhline(rule["effectiveness"], color="black", linestyle="--", linewidth=1,
+                   label="hold rule, same episodes")
     ax.set_xlabel("episode")
     ax.set_ylabel("mean execution effectiveness (Eq. 2)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(f"SCHED² training, seed {record['seed']}, {record['seconds'] / 60:.0f} min")
+    ax.set_title(f"{record.get('agent', 'sched2')} training, seed {record['seed']}, "
+                 f"{record['seconds'] / 60:.0f} min")
     fig.tight_layout()
     fig.savefig(path, dpi=72)
     plt.close(fig)

@@ -31,7 +31,7 @@ from masterd.core.policy import Decision, Start
 from masterd.core.sched2.agent import Agent, GreedyAgent
 from masterd.core.sched2.estimate import Estimator
 from masterd.core.sched2.models import GpuModels
-from masterd.core.sched2.network import QNetwork
+from masterd.core.sched2.network import QNetwork, Shape
 from masterd.core.sched2.packing import pack
 from masterd.core.sched2.state import (
     NO_PLACEMENT,
@@ -46,22 +46,23 @@ from shared.model import Job, Placement
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "sched2" / "models" / "sched2-15x8-j10.npz"
 
 
-class Sched2Policy:
-    name = "sched2"
+class Sched2Selection:
+    """What SCHED²'s learned policies share: profiles of the waiting jobs, the GPU state kept
+    across passes, CPU-only jobs first come first served, packing, and starting a picked job
+    (its GPUs enter the state at once; the agent is told its Eq. 2 reward). Subclasses decide
+    how the agent sees the queue (``_select``)."""
 
-    def __init__(self, model: str | Path | QNetwork | None = None,
-                 modeldb: ModelDB | str | Path | None = None, jobs: int | None = None,
-                 servers: int | None = None, gpus_per_server: int | None = None,
-                 default_duration_s: float = 3600.0, agent: Agent | None = None) -> None:
-        """``jobs``, ``servers``, ``gpus_per_server``: what the model must have been trained
-        for (checked now, so a wrong file stops the master at start-up)."""
-        self.network = model if isinstance(model, QNetwork) else QNetwork.load(
-            model or DEFAULT_MODEL)
-        self.network.check(servers, gpus_per_server, jobs)
-        self.shape = self.network.shape
-        self.agent = agent if agent is not None else GreedyAgent(self.network)
+    name = "sched2-selection"
+    source = "<memory>"  # the model file, for messages
+
+    def __init__(self, shape: Shape, agent: Agent, time_scale: float,
+                 modeldb: ModelDB | str | Path | None, default_duration_s: float,
+                 fit: bool = False) -> None:
+        self.shape = shape
+        self.agent = agent
+        self.time_scale = time_scale
         self.estimator = Estimator(load_modeldb(modeldb), default_duration_s)
-        self.gpu_state = GpuState(self.shape)
+        self.gpu_state = GpuState(shape, fit=fit)
         self._profiles: dict[str, Waiting] = {}  # waiting job -> its profile
         self._facts: tuple[object, ...] | None = None
 
@@ -93,7 +94,7 @@ class Sched2Policy:
                 decisions.append(Start(job.id, placement))
         self.gpu_state.sync(snapshot, lambda job: self._end(job, models, now))
         if self.gpu_state.mismatch is not None:
-            note = f"waiting: sched2 model {self.network.source}: {self.gpu_state.mismatch}"
+            note = f"waiting: {self.name} model {self.source}: {self.gpu_state.mismatch}"
             return PassResult(decisions, {w.job.id: note for w in waiting})
         decisions += self._select(waiting, snapshot, pool, models, now)
         if len(self.estimator) > 4 * (len(queue) + len(snapshot.running)) + 4096:
@@ -116,10 +117,71 @@ class Sched2Policy:
         started = job.start_time if job.start_time is not None else now
         return started + self.estimator.seconds(job, model, len(placement.allocations))
 
+    def _start(self, chosen: Waiting, pool: FreePool, models: GpuModels, free: Counter[str],
+               now: float) -> Start | None:
+        """Pack ``chosen`` and start it (None: packing found no room after all); its GPUs
+        enter the state at once and the agent hears the job's reward."""
+        placement = pack(chosen.job.spec, pool, models.names)
+        if placement is None:
+            return None
+        pool.take(placement)
+        model = pool.views[placement.allocations[0].node].gpu_model or ""
+        actual = self.estimator.seconds(chosen.job, model, len(placement.allocations))
+        self.gpu_state.occupy(placement, now + actual)
+        free[model] -= chosen.gpus
+        # Eq. 2: T_ideal / (T_wait + T_actual), known the moment the job is placed.
+        self.agent.reward(chosen.profile.ideal / (now - chosen.job.submit_time + actual))
+        return Start(chosen.job.id, placement)
+
+    def _select(self, waiting: list[Waiting], snapshot: ClusterSnapshot, pool: FreePool,
+                models: GpuModels, now: float) -> list[Decision]:
+        raise NotImplementedError
+
+    def _packing(self, window: list[Waiting | None], mask: np.ndarray, pool: FreePool,
+                 models: GpuModels) -> list[float]:
+        """Per slot, the slowdown of the placement packing would give the job now."""
+        out: list[float] = []
+        placements: dict[tuple[object, ...], Placement | None] = {}
+        for i, w in enumerate(window):
+            if w is None or not mask[i]:
+                out.append(NO_PLACEMENT)
+                continue
+            s = w.job.spec
+            demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+            if demand not in placements:  # packing depends on the demand, not the job
+                placements[demand] = pack(s, pool, models.names)
+            placement = placements[demand]
+            actual = None
+            if placement is not None:
+                model = pool.views[placement.allocations[0].node].gpu_model or ""
+                actual = self.estimator.seconds(w.job, model, len(placement.allocations))
+            out.append(packing_feature(actual, w.profile.ideal))
+        return out
+
+
+class Sched2Policy(Sched2Selection):
+    """The paper's agent: a Q-network over the window of the first J waiting jobs."""
+
+    name = "sched2"
+
+    def __init__(self, model: str | Path | QNetwork | None = None,
+                 modeldb: ModelDB | str | Path | None = None, jobs: int | None = None,
+                 servers: int | None = None, gpus_per_server: int | None = None,
+                 default_duration_s: float = 3600.0, agent: Agent | None = None) -> None:
+        """``jobs``, ``servers``, ``gpus_per_server``: what the model must have been trained
+        for (checked now, so a wrong file stops the master at start-up)."""
+        self.network = model if isinstance(model, QNetwork) else QNetwork.load(
+            model or DEFAULT_MODEL)
+        self.network.check(servers, gpus_per_server, jobs)
+        self.source = self.network.source
+        super().__init__(self.network.shape,
+                         agent if agent is not None else GreedyAgent(self.network),
+                         self.network.time_scale, modeldb, default_duration_s)
+
     def _select(self, waiting: list[Waiting], snapshot: ClusterSnapshot, pool: FreePool,
                 models: GpuModels, now: float) -> list[Decision]:
         """The frozen-time loop of §III-C over the window of the first J waiting jobs."""
-        J, scale = self.shape.jobs, self.network.time_scale
+        J, scale = self.shape.jobs, self.time_scale
         gpus_per_server = self.shape.gpus_per_server
         free = self.gpu_state.free()
         busy = any(job.spec.gpus for job in snapshot.running.values())
@@ -162,47 +224,19 @@ class Sched2Policy:
                 break
             chosen = window[action]
             assert chosen is not None
-            placement = pack(chosen.job.spec, pool, models.names)
-            if placement is None:
+            start = self._start(chosen, pool, models, free, now)
+            if start is None:
                 blocked.add(chosen.job.id)
                 continue
-            pool.take(placement)
-            decisions.append(Start(chosen.job.id, placement))
-            model = pool.views[placement.allocations[0].node].gpu_model or ""
-            actual = self.estimator.seconds(chosen.job, model, len(placement.allocations))
-            self.gpu_state.occupy(placement, now + actual)
-            free[model] -= chosen.gpus
+            decisions.append(start)
             for i, value in enumerate((1.0, chosen.gpus, chosen.profile.ideal,
                                        chosen.job.submit_time)):
                 totals[i] -= value
-            # Eq. 2: T_ideal / (T_wait + T_actual), known the moment the job is placed.
-            self.agent.reward(chosen.profile.ideal / (now - chosen.job.submit_time + actual))
             # The window stays in arrival order: the next waiting job joins at its end.
             del window[action]
             window.append(waiting[following] if following < len(waiting) else None)
             following += 1
         return decisions
-
-    def _packing(self, window: list[Waiting | None], mask: np.ndarray, pool: FreePool,
-                 models: GpuModels) -> list[float]:
-        """Per slot, the slowdown of the placement packing would give the job now."""
-        out: list[float] = []
-        placements: dict[tuple[object, ...], Placement | None] = {}
-        for i, w in enumerate(window):
-            if w is None or not mask[i]:
-                out.append(NO_PLACEMENT)
-                continue
-            s = w.job.spec
-            demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
-            if demand not in placements:  # packing depends on the demand, not the job
-                placements[demand] = pack(s, pool, models.names)
-            placement = placements[demand]
-            actual = None
-            if placement is not None:
-                model = pool.views[placement.allocations[0].node].gpu_model or ""
-                actual = self.estimator.seconds(w.job, model, len(placement.allocations))
-            out.append(packing_feature(actual, w.profile.ideal))
-        return out
 
 
 def _fits(w: Waiting, free: Counter[str]) -> bool:

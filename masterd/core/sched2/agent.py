@@ -9,17 +9,19 @@ through exactly the code that serves.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from masterd.core.sched2.network import QNetwork, Shape
-from masterd.core.sched2.state import Observation
+from masterd.core.sched2.scorer import ScorerNetwork
+from masterd.core.sched2.state import Observation, ScorerObservation
 
 
 class Agent(Protocol):
-    def act(self, observation: Observation) -> int:
-        """The action: a window slot (0..J-1) or J for "no job"."""
+    def act(self, observation: Any) -> int:
+        """The action: a window slot (0..J-1) or J for "no job" (an :class:`Observation`);
+        a candidate's row or ``len(jobs)`` for "no job" (a :class:`ScorerObservation`)."""
         ...
 
     def reward(self, value: float) -> None:
@@ -72,6 +74,46 @@ class HoldAgent:
 
     def act(self, observation: Observation) -> int:
         return hold_action(observation, self.shape)
+
+    def reward(self, value: float) -> None:
+        """A rule does not learn."""
+
+
+class ScorerAgent:
+    """The trained per-job scorer, greedily: the candidate (or "no job") scored highest."""
+
+    def __init__(self, network: ScorerNetwork) -> None:
+        self.network = network
+
+    def act(self, observation: ScorerObservation) -> int:
+        q = self.network.q_values(observation.servers, observation.jobs, observation.stats)
+        return greedy(q, observation.mask)
+
+    def reward(self, value: float) -> None:
+        """Serving does not learn."""
+
+
+def scorer_hold_action(observation: ScorerObservation, profiles: int) -> int:
+    """The hold rule over the whole queue read off the scorer's state: of the candidates that
+    packing places at their best locality now (packing feature 0), the one with the shortest
+    ideal time, the oldest on ties; else "no job" when allowed, else the oldest candidate."""
+    jobs, mask = observation.jobs, observation.mask
+    none = len(jobs)
+    ok = mask[:none] & (jobs[:, profiles + 2] == 0.0) if none else mask[:0]
+    if ok.any():
+        ideal = np.where(ok, jobs[:, 0], np.inf)
+        return int(np.argmin(ideal))
+    return none if mask[none] else int(np.argmax(mask))
+
+
+class ScorerHoldAgent:
+    """The hold rule over the whole queue in the scorer's seat: the scorer's teacher."""
+
+    def __init__(self, profiles: int) -> None:
+        self.profiles = profiles
+
+    def act(self, observation: ScorerObservation) -> int:
+        return scorer_hold_action(observation, self.profiles)
 
     def reward(self, value: float) -> None:
         """A rule does not learn."""

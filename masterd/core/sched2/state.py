@@ -50,16 +50,40 @@ class Observation:
     mask: np.ndarray  # (J + 1,) bool; the last action, "no job", is always allowed
     now: float = 0.0  # the frozen instant (the trainer discounts by elapsed time)
 
+    def parts(self) -> dict[str, np.ndarray]:
+        """The network's inputs by name (what a trainer stores and feeds)."""
+        return {"servers": self.servers, "jobs": self.jobs}
+
+
+@dataclass(frozen=True)
+class ScorerObservation:
+    """One decision of the per-job scorer (``sched2.scorer``): the GPU state, one row per
+    candidate (every waiting job that fits, arrival order) and the queue's statistics.
+    Actions: a candidate's row, or ``len(jobs)`` for "no job"."""
+
+    servers: np.ndarray  # (N, M) float32
+    jobs: np.ndarray  # (C, k + 3) float32
+    stats: np.ndarray  # (scorer.STATS,) float32
+    mask: np.ndarray  # (C + 1,) bool
+    now: float = 0.0
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {"servers": self.servers, "jobs": self.jobs, "stats": self.stats}
+
 
 def time_feature(seconds: float | np.ndarray, scale: float) -> np.ndarray:
     return np.log1p(np.maximum(seconds, 0.0) / scale)
 
 
 class GpuState:
-    """Predicted end time of the job on every GPU slot, in step with the running jobs."""
+    """Predicted end time of the job on every GPU slot, in step with the running jobs.
 
-    def __init__(self, shape: Shape) -> None:
+    ``fit``: as many rows as the cluster has GPU servers (the scorer, whose network pools over
+    servers), instead of the model's fixed N."""
+
+    def __init__(self, shape: Shape, fit: bool = False) -> None:
         self.shape = shape
+        self.fit = fit
         n, m = shape.servers, shape.gpus_per_server
         self._ends = np.zeros((n, m), dtype=np.float64)
         self._busy = np.zeros((n, m), dtype=bool)  # held by a running or just placed job
@@ -73,6 +97,11 @@ class GpuState:
 
     def _rebuild(self, views: Sequence[NodeView]) -> None:
         n, m = self.shape.servers, self.shape.gpus_per_server
+        if self.fit:
+            n = len(views)
+            self._ends = np.zeros((n, m), dtype=np.float64)
+            self._busy = np.zeros((n, m), dtype=bool)
+            self._absent = np.ones((n, m), dtype=bool)
         self._ends[:] = 0.0
         self._busy[:] = False
         self._absent[:] = True
@@ -143,6 +172,10 @@ class GpuState:
         return Counter({model: int(np.count_nonzero(usable[rows]))
                         for model, rows in self._rows.items()})
 
+    def usable(self) -> int:
+        """GPUs that could take work: on a schedulable server and healthy."""
+        return int(np.count_nonzero(~self._absent))
+
     def features(self, now: float, scale: float, canonical: bool = False) -> np.ndarray:
         rows = time_feature(self._ends - now, scale)
         rows[self._absent] = ABSENT
@@ -163,6 +196,30 @@ class Waiting:
     gpus: int
 
 
+def job_row(w: Waiting, now: float, scale: float, gpus_per_server: int, packing: float,
+            k: int) -> np.ndarray:
+    """One waiting job's features: its predicted time at k placements, its GPUs ÷ M, its
+    wait, and packing's slowdown for it now (``packing_feature``)."""
+    out = np.empty(k + 3, dtype=np.float32)
+    out[:k] = time_feature(np.array(w.profile.levels), scale)
+    out[k] = w.gpus / gpus_per_server
+    out[k + 1] = time_feature(now - w.job.submit_time, scale)
+    out[k + 2] = packing
+    return out
+
+
+def queue_statistics(rest: tuple[float, float, float, float], now: float, scale: float,
+                     gpus_per_server: int) -> np.ndarray:
+    """Table I's statistics of waiting jobs from (jobs, GPUs, ideal seconds, submit times)
+    summed: log1p(n) / 10, mean demand ÷ M, mean ideal time, mean wait."""
+    count, gpus, ideal, submits = rest
+    if count <= 0:
+        return np.zeros(4, dtype=np.float32)
+    return np.array([np.log1p(count) / 10.0, gpus / count / gpus_per_server,
+                     time_feature(ideal / count, scale),
+                     time_feature(now - submits / count, scale)], dtype=np.float32)
+
+
 def job_vector(window: Sequence[Waiting | None], rest: tuple[int, float, float, float],
                shape: Shape, now: float, scale: float, gpus_per_server: int,
                packing: Sequence[float] | None = None) -> np.ndarray:
@@ -177,19 +234,11 @@ def job_vector(window: Sequence[Waiting | None], rest: tuple[int, float, float, 
     for i, w in enumerate(window):
         if w is None:
             continue
-        base = i * step
-        out[base:base + k] = time_feature(np.array(w.profile.levels), scale)
-        out[base + k] = w.gpus / gpus_per_server
-        out[base + k + 1] = time_feature(now - w.job.submit_time, scale)
-        if shape.packing and packing is not None:
-            out[base + k + 2] = packing[i]
-    count, gpus, ideal, submits = rest
-    if count > 0:
-        base = step * shape.jobs
-        out[base] = np.log1p(count) / 10.0
-        out[base + 1] = gpus / count / gpus_per_server
-        out[base + 2] = time_feature(ideal / count, scale)
-        out[base + 3] = time_feature(now - submits / count, scale)
+        slowdown = packing[i] if shape.packing and packing is not None else 0.0
+        out[i * step:(i + 1) * step] = job_row(w, now, scale, gpus_per_server, slowdown,
+                                               k)[:step]
+    base = step * shape.jobs
+    out[base:base + 4] = queue_statistics(rest, now, scale, gpus_per_server)
     return out
 
 
