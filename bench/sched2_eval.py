@@ -1,27 +1,33 @@
 """SCHED² against its baselines and the hold rule, paired per episode, and the agent's
 decision latency at scale. Training is not part of it.
 
-    .venv/bin/python bench/sched2_eval.py [--model FILE] [--trace DIR] [--episodes 30]
-        [--load 0.69] [--workers 2] [--latency-servers 1000] [--latency-jobs 3000]
+    .venv/bin/python bench/sched2_eval.py [--model FILE] [--scorer FILE] [--trace DIR]
+        [--episodes 30] [--load 0.69] [--sweep 0.5,0.8,1.0,1.2] [--workers 2]
+        [--latency-servers 1000] [--latency-jobs 3000]
 
-1. **Evaluation**: the held-out episodes (30–59) of the paper's mix (68% one-GPU jobs, mean
-   gap 172 s, 15 servers × 8 GPUs, 1,000 jobs, durations scaled to the offered load the
-   paper's figures imply, 0.69; ``sim.workloads.sched2``) under the trained agent (the
-   shipped model unless ``--model``), the paper's six (SIF, DSIF, SAF, LRF, SPF, FIFO), SWAF
-   with the GPUs asked, QSSF, and the hold rule (``sched2-hold``) at J = 10 and over the
-   whole queue. Replays are the ``sched2`` study's (``sim.studies.sched2.replay_cell``),
-   spread over ``--workers`` processes. Comparisons are paired per episode with bootstrap 95%
-   intervals (``sim.paired``): effectiveness as a ratio (higher is better), JCT and makespan
-   as speed-ups (the other's mean ÷ ours). ``agent_vs_hold_*``: the agent against the hold
-   rule at J = 10 — the agent counts as working only where these exceed 1 with the interval.
-   ``best_heuristic``: the heuristic with the best mean effectiveness (the paper's
-   objective); ``jct_speedup_vs_best`` etc.: against the best heuristic of each metric.
+1. **Evaluation**: the held-out episodes (30–59) of the paper's mix (68% one-GPU jobs, mean gap
+   172 s, 15 servers × 8 GPUs, 1,000 jobs, durations scaled to the offered load the paper's
+   figures imply, 0.69; ``sim.workloads.sched2``) under the trained agent (the shipped model
+   unless ``--model``), the per-job scorer over the whole queue (``sched2-scorer``, beyond the
+   paper; ``--scorer``), the paper's six (SIF, DSIF, SAF, LRF, SPF, FIFO), SWAF with the GPUs
+   asked, QSSF, and the hold rule (``sched2-hold``) at J = 10 and over the whole queue. Replays
+   are the ``sched2`` study's (``sim.studies.sched2.replay_cell``), spread over ``--workers``
+   processes. Comparisons are paired per episode with bootstrap 95% intervals (``sim.paired``):
+   effectiveness as a ratio (higher is better), JCT and makespan as speed-ups (the other's mean
+   ÷ ours). ``agent_vs_hold_*``: the agent against the hold rule at J = 10 — the agent counts as
+   working only where these exceed 1 with the interval; ``scorer_vs_hold_*`` the same for the
+   scorer, ``scorer_vs_hold_all_*`` against the rule over the whole queue, which sees what the
+   scorer sees. ``--sweep``: the same at more loads (``sweep`` in the JSON), the implied load's
+   keys staying at the top level. ``best_heuristic``: the heuristic with the best mean
+   effectiveness (the paper's objective); ``jct_speedup_vs_best`` etc.: against the best
+   heuristic of each metric.
 2. **Decision latency**: J = 10 on ``--latency-servers`` servers × 8 GPUs (a network of that
    shape and the evaluated model's state — packing feature, server order — with seeded
    random weights: the time does not depend on the values), a workload of
    the same mix with arrivals sped up to keep the per-GPU load, replayed through the core. A
    decision is one action of the agent: from the start of the pass (or the previous action)
    to the agent's answer — the state, the forward pass, and placing the job picked before.
+   The same for the scorer with its own (trained) weights: ``scorer_decision_ms_p99``.
 
 Prints progress lines, then one JSON object on the last line. Targets: decisions p99 ≤ 10 ms;
 evaluation under 10 minutes. The paper's figures (JCT 4.6×, makespan 2.1×, effectiveness
@@ -43,9 +49,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from masterd.core.policies.sched2 import DEFAULT_MODEL, Sched2Policy
-from masterd.core.sched2.agent import GreedyAgent
+from masterd.core.policies.sched2_scorer import DEFAULT_SCORER, Sched2ScorerPolicy
+from masterd.core.sched2.agent import GreedyAgent, ScorerAgent
 from masterd.core.sched2.network import QNetwork, Shape, random_network
-from masterd.core.sched2.state import Observation
+from masterd.core.sched2.scorer import ScorerNetwork
 from sim.engine import SimConfig, simulate
 from sim.oracle import oracle_modeldb
 from sim.paired import paired_ratio, speedup
@@ -60,15 +67,19 @@ METRICS = ("jct_s", "makespan_s", "effectiveness", "good_locality", "fragmentati
            "run_s")
 
 
-def evaluate(model: str, trace: Path, episodes: list[int], workers: int,
+LEARNED = ("sched2", study.SCORER)
+
+
+def evaluate(model: str, scorer: str, trace: Path, episodes: list[int], workers: int,
              load: float) -> dict[str, Any]:
     base = study.Cell("mix", 0.68, 1.0, 0, "sched2", model, str(trace), load=load)
-    cells = [replace(base, episode=e, policy=p) for e in episodes for p in ("sched2", *BASELINES)]
+    cells = [replace(base, episode=e, policy=p, model=scorer if p == study.SCORER else model)
+             for e in episodes for p in (*LEARNED, *BASELINES)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(study.replay_cell, cells))
     res = study.Results(results)
     per: dict[str, dict[str, list[float]]] = {}
-    for p in ("sched2", *BASELINES):
+    for p in (*LEARNED, *BASELINES):
         runs = sorted(res.runs("mix", 0.68, 1.0, p), key=lambda r: r.cell.episode)
         per[p] = {m: [getattr(r.metrics, m) for r in runs] for m in METRICS}
     means = {p: {m: (math.fsum(v) / len(v) if v and None not in v else None)
@@ -92,10 +103,11 @@ def compare(per: dict[str, dict[str, list[float]]], a: str, b: str) -> dict[str,
 
 
 class TimedAgent:
-    """The greedy agent, timing every decision from the previous mark: wall-clock time, and
-    this thread's CPU time (what the code costs when the host's cores are taken by others)."""
+    """The greedy agent (or scorer), timing every decision from the previous mark: wall-clock
+    time, and this thread's CPU time (what the code costs when the host's cores are taken by
+    others)."""
 
-    def __init__(self, inner: GreedyAgent) -> None:
+    def __init__(self, inner: GreedyAgent | ScorerAgent) -> None:
         self.inner = inner
         self.decisions: list[float] = []
         self.cpu: list[float] = []
@@ -116,7 +128,7 @@ class TimedAgent:
             self.cpu[-1] += cpu - self.cpu_mark
         self.passes.append(now - self._pass_start)
 
-    def act(self, observation: Observation) -> int:
+    def act(self, observation: Any) -> int:
         action = self.inner.act(observation)
         now, cpu = time.perf_counter(), time.thread_time()
         self.decisions.append(now - self.mark)
@@ -130,7 +142,7 @@ class TimedAgent:
 
 
 class TimedPolicy:
-    def __init__(self, policy: Sched2Policy, agent: TimedAgent) -> None:
+    def __init__(self, policy: Sched2Policy | Sched2ScorerPolicy, agent: TimedAgent) -> None:
         self.policy = policy
         self.agent = agent
         self.name = policy.name
@@ -146,18 +158,25 @@ class TimedPolicy:
         return self.plan(snapshot, queue, now).decisions
 
 
-def latency(trace: Path, servers: int, jobs: int, like: Shape) -> dict[str, Any]:
+def latency(trace: Path, servers: int, jobs: int, like: Shape,
+            scorer: ScorerNetwork | None = None) -> dict[str, Any]:
     """Decision times at ``servers`` servers with a network of the evaluated model's state
-    (``like``: its packing feature and server order cost time too)."""
+    (``like``: its packing feature and server order cost time too); with ``scorer``, that
+    per-job scorer's (whose size does not depend on the cluster's)."""
     opts = replace(workload.Sched2Options(), servers=servers, jobs=jobs,
                    mean_gap_s=workload.Sched2Options().mean_gap_s * 15 / servers)
     truth = TruthModel(study.TRUTH)
     w = workload.episode(trace, opts, 30, truth)
-    network = random_network(Shape(servers, opts.gpus_per_server, 10, like.profiles,
-                                   packing=like.packing, canonical=like.canonical), seed=1)
-    agent = TimedAgent(GreedyAgent(network))
-    policy = Sched2Policy(model=network, modeldb=oracle_modeldb(study.TRUTH, workload.GPU_MODEL),
-                          agent=agent)  # type: ignore[arg-type]
+    db = oracle_modeldb(study.TRUTH, workload.GPU_MODEL)
+    policy: Sched2Policy | Sched2ScorerPolicy
+    if scorer is not None:
+        agent = TimedAgent(ScorerAgent(scorer))
+        policy = Sched2ScorerPolicy(model=scorer, modeldb=db, agent=agent)
+    else:
+        network = random_network(Shape(servers, opts.gpus_per_server, 10, like.profiles,
+                                       packing=like.packing, canonical=like.canonical), seed=1)
+        agent = TimedAgent(GreedyAgent(network))
+        policy = Sched2Policy(model=network, modeldb=db, agent=agent)
     started = time.perf_counter()
     result = simulate(w, TimedPolicy(policy, agent), SimConfig(seed=1, truth=study.TRUTH,
                                                                sample_interval=1e12))
@@ -182,84 +201,132 @@ def _pct(values: list[float], p: float) -> float | None:
     return values[max(0, math.ceil(p / 100 * len(values)) - 1)]
 
 
+def at_load(ev: dict[str, Any]) -> dict[str, Any]:
+    """The comparisons of one load's evaluation."""
+    means, per = ev["means"], ev["per"]
+
+    def top(names: tuple[str, ...]) -> str:
+        return max(names, key=lambda b: means[b]["effectiveness"] or -1.0)
+
+    best_paper, best = top(study.PAPER_BASELINES), top(BASELINES)
+    versus = {f"{a}_vs_{b}": compare(per, a, b) for a in LEARNED
+              for b in dict.fromkeys((best_paper, "swaf-exact", "qssf", *HOLDS))}
+    versus |= {f"{study.HOLD}_vs_{b}": compare(per, study.HOLD, b)
+               for b in dict.fromkeys((best_paper, "swaf-exact", "qssf", study.HOLD_ALL))}
+    # The paper's form: against the best heuristic of each metric, on episode means.
+    best_of = {m: (min if m != "effectiveness" else max)(
+        BASELINES, key=lambda b, m=m: means[b][m]) for m in ("jct_s", "makespan_s",
+                                                            "effectiveness")}
+    ours = means["sched2"]
+    return {"best_heuristic": best, "best_paper_baseline": best_paper, "versus": versus,
+            "best_heuristic_per_metric": best_of,
+            "jct_speedup_vs_best": means[best_of["jct_s"]]["jct_s"] / ours["jct_s"],
+            "makespan_speedup_vs_best": means[best_of["makespan_s"]]["makespan_s"]
+            / ours["makespan_s"],
+            "effectiveness_vs_best": ours["effectiveness"]
+            / means[best_of["effectiveness"]]["effectiveness"],
+            "offered_load_measured": ev["offered_load"], "unfinished_jobs": ev["unfinished"],
+            "means": means}
+
+
+def show(load: float, ev: dict[str, Any], summary: dict[str, Any]) -> None:
+    print(f"-- expected offered load {load:g} (measured {ev['offered_load']:.3f})", flush=True)
+    for p, m in ev["means"].items():
+        print(f"{p:16s} JCT {m['jct_s'] / 3600:7.2f} h  makespan {m['makespan_s'] / 3600:6.1f} h"
+              f"  effectiveness {m['effectiveness']:.3f}  wait {m['wait_s'] / 3600:6.2f} h"
+              f"  good locality {100 * (m['good_locality'] or 0):5.1f}%", flush=True)
+    for name, v in summary["versus"].items():
+        print(f"{name:34s} effectiveness {v['effectiveness']:.3f} "
+              f"[{v['effectiveness_ci'][0]:.3f}, {v['effectiveness_ci'][1]:.3f}]  JCT "
+              f"{v['jct_speedup']:.3f}x [{v['jct_speedup_ci'][0]:.3f}, "
+              f"{v['jct_speedup_ci'][1]:.3f}]  makespan {v['makespan_speedup']:.3f}x "
+              f"[{v['makespan_speedup_ci'][0]:.3f}, {v['makespan_speedup_ci'][1]:.3f}]",
+              flush=True)
+
+
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The issue's keys: the agent and the scorer against the hold rule at J = 10."""
+    v = summary["versus"]
+    agent, scorer = v[f"sched2_vs_{study.HOLD}"], v[f"{study.SCORER}_vs_{study.HOLD}"]
+    scorer_all = v[f"{study.SCORER}_vs_{study.HOLD_ALL}"]
+    out: dict[str, Any] = {}
+    for prefix, row in (("agent_vs_hold", agent), ("scorer_vs_hold", scorer),
+                        ("scorer_vs_hold_all", scorer_all)):
+        for key, name in (("effectiveness", "effectiveness"), ("jct_speedup", "jct"),
+                          ("makespan_speedup", "makespan")):
+            out[f"{prefix}_{name}"] = row[key]
+            out[f"{prefix}_{name}_ci"] = row[f"{key}_ci"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--scorer", default=str(DEFAULT_SCORER),
+                        help="the per-job scorer's model (default: the shipped one)")
     parser.add_argument("--trace", default=str(Path(__file__).resolve().parents[2]
                                                / "shared" / "traces"))
     parser.add_argument("--episodes", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--load", type=float, default=workload.IMPLIED_LOAD,
                         help="expected offered load (default: the paper's implied %(default)s)")
+    parser.add_argument("--sweep", default="",
+                        help="more loads to evaluate after --load, comma-separated (the "
+                        "study's sweep: 0.5,0.8,1.0,1.2); each adds about two minutes")
     parser.add_argument("--latency-servers", type=int, default=1000)
     parser.add_argument("--latency-jobs", type=int, default=3000)
     args = parser.parse_args()
+    try:
+        sweep = [float(x) for x in args.sweep.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--sweep {args.sweep!r}: comma-separated loads, e.g. 0.5,0.8,1.0,1.2")
     trace = Path(args.trace)
     episodes = list(workload.TEST_EPISODES)[:args.episodes]
     started = time.monotonic()
-    ev = evaluate(args.model, trace, episodes, args.workers, args.load)
+    ev = evaluate(args.model, args.scorer, trace, episodes, args.workers, args.load)
     eval_seconds = time.monotonic() - started
-    means, per = ev["means"], ev["per"]
-    for p, m in means.items():
-        print(f"{p:16s} JCT {m['jct_s'] / 3600:7.2f} h  makespan {m['makespan_s'] / 3600:6.1f} h"
-              f"  effectiveness {m['effectiveness']:.3f}  wait {m['wait_s'] / 3600:6.2f} h"
-              f"  good locality {100 * (m['good_locality'] or 0):5.1f}%", flush=True)
-
-    def top(names: tuple[str, ...]) -> str:
-        return max(names, key=lambda b: means[b]["effectiveness"] or -1.0)
-
-    best_paper, best = top(study.PAPER_BASELINES), top(BASELINES)
-    versus = {f"sched2_vs_{b}": compare(per, "sched2", b)
-              for b in dict.fromkeys((best_paper, "swaf-exact", "qssf", *HOLDS))}
-    versus |= {f"{study.HOLD}_vs_{b}": compare(per, study.HOLD, b)
-               for b in dict.fromkeys((best_paper, "swaf-exact", "qssf", study.HOLD_ALL))}
-    for name, v in versus.items():
-        print(f"{name:28s} effectiveness {v['effectiveness']:.3f} "
-              f"[{v['effectiveness_ci'][0]:.3f}, {v['effectiveness_ci'][1]:.3f}]  JCT "
-              f"{v['jct_speedup']:.3f}x [{v['jct_speedup_ci'][0]:.3f}, "
-              f"{v['jct_speedup_ci'][1]:.3f}]  makespan {v['makespan_speedup']:.3f}x "
-              f"[{v['makespan_speedup_ci'][0]:.3f}, {v['makespan_speedup_ci'][1]:.3f}]",
-              flush=True)
+    summary = at_load(ev)
+    show(args.load, ev, summary)
+    by_load: dict[str, Any] = {}
+    for load in sweep:
+        other = evaluate(args.model, args.scorer, trace, episodes, args.workers, load)
+        row = at_load(other)
+        show(load, other, row)
+        by_load[f"{load:g}"] = {**headline(row), "best_heuristic": row["best_heuristic"],
+                                "offered_load_measured": row["offered_load_measured"],
+                                "means": {p: {m: row["means"][p][m] for m in
+                                              ("effectiveness", "jct_s", "makespan_s")}
+                                          for p in row["means"]}}
     lat = latency(trace, args.latency_servers, args.latency_jobs,
                   QNetwork.load(args.model).shape)
-    print(f"latency: {lat['decisions']} decisions on {lat['servers']} servers: p50 "
-          f"{lat['decision_ms_p50']:.2f} ms, p99 {lat['decision_ms_p99']:.2f} ms (CPU p99 "
-          f"{lat['decision_cpu_ms_p99']:.2f} ms); passes p99 {lat['pass_ms_p99']:.2f} ms",
-          flush=True)
-    hold = versus[f"sched2_vs_{study.HOLD}"]
-    # The paper's form: against the best heuristic of each metric, on episode means.
-    best_of = {m: (min if m != "effectiveness" else max)(
-        BASELINES, key=lambda b, m=m: means[b][m]) for m in ("jct_s", "makespan_s",
-                                                            "effectiveness")}
-    ours = means["sched2"]
+    scorer_lat = latency(trace, args.latency_servers, args.latency_jobs,
+                         QNetwork.load(args.model).shape, ScorerNetwork.load(args.scorer))
+    for name, row in (("agent", lat), ("scorer", scorer_lat)):
+        print(f"latency ({name}): {row['decisions']} decisions on {row['servers']} servers: "
+              f"p50 {row['decision_ms_p50']:.2f} ms, p99 {row['decision_ms_p99']:.2f} ms (CPU "
+              f"p99 {row['decision_cpu_ms_p99']:.2f} ms); passes p99 "
+              f"{row['pass_ms_p99']:.2f} ms", flush=True)
     out = {
         "load": args.load,
-        "offered_load_measured": ev["offered_load"],
-        "agent_vs_hold_effectiveness": hold["effectiveness"],
-        "agent_vs_hold_effectiveness_ci": hold["effectiveness_ci"],
-        "agent_vs_hold_jct": hold["jct_speedup"],
-        "agent_vs_hold_jct_ci": hold["jct_speedup_ci"],
-        "agent_vs_hold_makespan": hold["makespan_speedup"],
-        "agent_vs_hold_makespan_ci": hold["makespan_speedup_ci"],
-        "best_heuristic": best,
-        "best_paper_baseline": best_paper,
-        "jct_speedup_vs_best": means[best_of["jct_s"]]["jct_s"] / ours["jct_s"],
-        "makespan_speedup_vs_best": means[best_of["makespan_s"]]["makespan_s"]
-        / ours["makespan_s"],
-        "effectiveness_vs_best": ours["effectiveness"]
-        / means[best_of["effectiveness"]]["effectiveness"],
-        "best_heuristic_per_metric": best_of,
-        "versus": versus,
+        **headline(summary),
+        **{k: summary[k] for k in ("offered_load_measured", "best_heuristic",
+                                   "best_paper_baseline", "jct_speedup_vs_best",
+                                   "makespan_speedup_vs_best", "effectiveness_vs_best",
+                                   "best_heuristic_per_metric", "versus", "unfinished_jobs",
+                                   "means")},
+        "sweep": by_load,
         "paper": PAPER,
         "decision_ms_p99": lat["decision_ms_p99"],
         "decision_ms_p50": lat["decision_ms_p50"],
         "decision_cpu_ms_p99": lat["decision_cpu_ms_p99"],
         "pass_ms_p99": lat["pass_ms_p99"],
+        "scorer_decision_ms_p99": scorer_lat["decision_ms_p99"],
+        "scorer_decision_cpu_ms_p99": scorer_lat["decision_cpu_ms_p99"],
         "latency": lat,
+        "scorer_latency": scorer_lat,
         "episodes": len(episodes),
-        "unfinished_jobs": ev["unfinished"],
-        "means": means,
         "model": args.model,
+        "scorer": args.scorer,
         "evaluation_seconds": eval_seconds,
         "seconds": time.monotonic() - started,
     }

@@ -213,7 +213,8 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             agent.total = agent.decisions * own_episodes
         m = episode_metrics(w, result, opts.gpus_per_server)
         history.append({"episode": e, "trace_episode": index, "reward": reward,
-                        "load": w.notes.get("offered_load"),
+                        "load": load if load is not None else opts.load,
+                        "offered_load": w.notes.get("offered_load"),
                         "effectiveness": m.effectiveness, "jct_s": m.jct_s,
                         "unfinished": m.unfinished, "epsilon": agent.epsilon,
                         "decisions": agent.decisions, "steps": learner.steps,

@@ -37,6 +37,7 @@ import numpy as np
 
 from masterd.core.policies import make_policy
 from masterd.core.policies.sched2 import DEFAULT_MODEL, Sched2Policy
+from masterd.core.policies.sched2_scorer import Sched2ScorerPolicy
 from masterd.core.policy import Policy
 from masterd.core.sched2.network import QNetwork, Shape, random_network
 from masterd.core.sched2.packing import best_servers
@@ -82,6 +83,8 @@ OTHER_BASELINES = ("sjf", "qssf", "swaf-exact")
 HOLD = "sched2-hold"
 HOLD_ALL = "sched2-hold-all"
 HOLD_RULES = (HOLD, HOLD_ALL)
+# Beyond the paper: the per-job scorer over the whole queue (its model in ``Cell.model``).
+SCORER = "sched2-scorer"
 MOLDABLE = "swaf"  # may give a job fewer GPUs than it asked for: reported, not "best"
 WINDOW_RULE = "window-shortest"
 SENSITIVE = frozenset(m for m, s in SCHED2_SLOWDOWNS.items() if s >= 2.0)
@@ -89,7 +92,8 @@ POLICY_TITLES = {"sched2": "SCHED² (learned)", "sif": "SIF", "dsif": "DSIF", "s
                  "lrf": "LRF", "spf": "SPF", "qssf": "QSSF (Helios' error model)",
                  "swaf-exact": "SWAF, GPUs as asked",
                  "swaf": "SWAF, fewer GPUs allowed", "fifo": "FIFO",
-                 HOLD: "hold rule, J = 10", HOLD_ALL: "hold rule, whole queue"}
+                 HOLD: "hold rule, J = 10", HOLD_ALL: "hold rule, whole queue",
+                 SCORER: "per-job scorer (learned, whole queue)"}
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,8 @@ def build_policy(cell: Cell, network: QNetwork | None, opts: workload.Sched2Opti
     db = oracle_modeldb(TRUTH, workload.GPU_MODEL)
     if cell.policy == "sched2":
         return Sched2Policy(model=network, modeldb=db)
+    if cell.policy == SCORER:
+        return Sched2ScorerPolicy(model=cell.model or None, modeldb=db)
     if cell.policy == WINDOW_RULE:
         shape = Shape(opts.servers, opts.gpus_per_server, cell.window)
         return Sched2Policy(model=random_network(shape), modeldb=db,

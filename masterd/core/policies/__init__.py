@@ -27,6 +27,7 @@ from masterd.core.policies.sched2_baselines import (
     SifPolicy,
     SpfPolicy,
 )
+from masterd.core.policies.sched2_scorer import Sched2ScorerPolicy
 from masterd.core.policies.sjf import SjfPolicy
 from masterd.core.policies.swaf import SwafPolicy
 from masterd.core.policies.tetris import TetrisCerPolicy, TetrisPerfPolicy
@@ -54,6 +55,8 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "lrf": LrfPolicy,
     "spf": SpfPolicy,
     "sched2-hold": HoldPolicy,
+    # Beyond SCHED²: one learned scorer over every waiting job instead of a window of J.
+    "sched2-scorer": Sched2ScorerPolicy,
 }
 
 
