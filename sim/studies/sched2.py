@@ -37,10 +37,11 @@ import numpy as np
 
 from masterd.core.policies import make_policy
 from masterd.core.policies.sched2 import DEFAULT_MODEL, Sched2Policy
-from masterd.core.policies.sched2_scorer import Sched2ScorerPolicy
+from masterd.core.policies.sched2_scorer import DEFAULT_SCORER, Sched2ScorerPolicy
 from masterd.core.policy import Policy
 from masterd.core.sched2.network import QNetwork, Shape, random_network
 from masterd.core.sched2.packing import best_servers
+from masterd.core.sched2.scorer import ScorerNetwork
 from masterd.core.sched2.state import Observation
 from sim.engine import SimConfig, SimResult, simulate
 from sim.oracle import oracle_modeldb
@@ -114,6 +115,9 @@ class Sched2Study:
     # beside the implied load of the main rows, ``other_episodes`` episodes each.
     loads: tuple[float, ...] = (0.5, 0.8, 1.0, 1.2)
     load_policies: tuple[str, ...] = (*PAPER_BASELINES, "swaf-exact", "qssf", *HOLD_RULES)
+    # Beyond the paper: the per-job scorer (empty: the model shipped in the package), on the
+    # paper's mix and at every load of the sweep; "-": not replayed.
+    scorer_model: str = ""
 
 
 def tiny() -> Sched2Study:
@@ -121,7 +125,7 @@ def tiny() -> Sched2Study:
                                                             HOLD_ALL),
                        mixes=(None,), gap_scales=(2.0,), other_episodes=1, windows=(10, 30),
                        window_episodes=1, gap_models=(), loads=(1.2,),
-                       load_policies=("sif", HOLD))
+                       load_policies=("sif", HOLD, HOLD_ALL))
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +137,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="held-out episodes per other mix and gap scale (default 5)")
     parser.add_argument("--sched2-gap-model", action="append", metavar="SCALE:FILE",
                         help="also evaluate a model trained at this gap scale, there")
+    parser.add_argument("--sched2-scorer-model", help="the per-job scorer (.npz) to evaluate "
+                        "(default: the one shipped in the package; '-': none)")
 
 
 def apply_options(study: Sched2Study, args: argparse.Namespace) -> Sched2Study:
@@ -154,6 +160,8 @@ def apply_options(study: Sched2Study, args: argparse.Namespace) -> Sched2Study:
             except ValueError:
                 raise ReportError(f"--sched2-gap-model {item!r}: expected SCALE:FILE") from None
         study = replace(study, gap_models=tuple(pairs))
+    if args.sched2_scorer_model:
+        study = replace(study, scorer_model=args.sched2_scorer_model)
     if args.sched2_other_episodes is not None:
         if args.sched2_other_episodes < 1:
             raise ReportError("--sched2-other-episodes must be at least 1")
@@ -262,12 +270,26 @@ def sensitivity(w: Any, result: SimResult, gpus_per_server: int
     return {k: (int(v[0]), int(v[1]), float(v[2])) for k, v in out.items()}
 
 
+def scorer_path(study: Sched2Study) -> str | None:
+    if study.scorer_model == "-":
+        return None
+    return study.scorer_model or str(DEFAULT_SCORER)
+
+
 def cells(study: Sched2Study, model: str, trace_dir: Path) -> list[Cell]:
     """Every replay of the study, in the order it is reported."""
     policies = ("sched2", *study.baselines)
     base = Cell("mix", 0.68, 1.0, 0, "sched2", model, str(trace_dir), study.jobs)
     out = [replace(base, episode=e, policy=p, keep_series=e == study.episodes[0])
            for e in study.episodes for p in policies]
+    scorer = scorer_path(study)
+    if scorer is not None:
+        out += [replace(base, episode=e, policy=SCORER, model=scorer)
+                for e in study.episodes]
+        out += [replace(base, setting=load_setting(load), load=load, episode=e, policy=SCORER,
+                        model=scorer)
+                for load in study.loads for e in tuple(workload.TEST_EPISODES)[
+                    :study.other_episodes]]
     others = tuple(workload.TEST_EPISODES)[:study.other_episodes]
     out += [replace(base, share=share, episode=e, policy=p)
             for share in study.mixes for e in others for p in policies]
@@ -359,6 +381,8 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         QNetwork.load(path)  # a bad file fails now, not after an hour of replays
     model = study.model or str(DEFAULT_MODEL)
     network = QNetwork.load(model)  # fails here, with the reason, before any replay
+    scorer = scorer_path(study)
+    scorer_meta = dict(ScorerNetwork.load(scorer).meta) if scorer is not None else {}
     network.check(servers=workload.Sched2Options().servers,
                   gpus_per_server=workload.Sched2Options().gpus_per_server)
     section = Section("sched2", "SCHED² (SCHED² §IV, Fig. 7–10, Table III)")
@@ -380,13 +404,20 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         f"172 s). Offered load before locality penalties: {fmt(Spread.of(loads), '{:.2f}')} "
         "× the cluster (GPU-seconds asked over GPU-seconds offered while jobs arrive). Means "
         "over episodes, min–max in brackets. Effectiveness is Eq. 2 with the truth's times; "
-        "good locality is the share of multi-GPU jobs on the fewest servers they fit.")
+        "good locality is the share of multi-GPU jobs on the fewest servers they fit."
+        + ("" if scorer is None else
+           f" Beyond the paper, the per-job scorer ({Path(scorer).name}: "
+           f"{scorer_meta.get('episodes', 'n/a')} training episodes at loads "
+           f"{', '.join(f'{x:g}' for x in scorer_meta.get('loads') or []) or 'n/a'}, seed "
+           f"{scorer_meta.get('seed', 'n/a')}, kept after episode "
+           f"{scorer_meta.get('chosen_after_episodes', 'n/a')}) scores every waiting job "
+           "that fits instead of a window of ten."))
     table = section.table(Table(
         "sched2-main",
         ["policy", "JCT h", "makespan h", "effectiveness", "good locality %",
          "fragmentation (Eq. 1)", "wait h", "run h"],
         ["{}", "{:.1f}", "{:.0f}", "{:.3f}", "{:.0f}", "{:.3f}", "{:.1f}", "{:.2f}"]))
-    for p in ("sched2", *study.baselines):
+    for p in ("sched2", SCORER, *study.baselines):
         runs = res.runs("mix", 0.68, 1.0, p)
         if not runs:
             continue
@@ -440,7 +471,8 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
     _load_table(section, res, study, settings)
     _plots(section, res, study, out_dir, comparable)
     section.data = {"paper": SCHED2_PAPER, "study": asdict(study), "model": model,
-                    "model_meta": dict(meta), "versus_best": summary,
+                    "model_meta": dict(meta), "scorer": scorer, "scorer_meta": scorer_meta,
+                    "versus_best": summary,
                     "replays": len(results)}
     section.wall_s = time.monotonic() - started
     return section
@@ -476,7 +508,8 @@ def _paired_table(section: Section, res: Results, study: Sched2Study,
         "speed-ups (the other's mean ÷ the first's); above 1 the first is better. \"best of "
         "paper's six\" is the one of SIF, DSIF, SAF, LRF, SPF and FIFO with the best mean "
         "effectiveness at that load. The agent counts as working only where it beats the "
-        "hold rule, the fixed rule inside its own action space.")
+        "hold rule, the fixed rule inside its own action space; the scorer, which sees the "
+        "whole queue, where it beats the hold rule over the whole queue.")
     table = section.table(Table(
         "sched2-paired", ["load", "episodes", "comparison", "effectiveness", "JCT speed-up",
                           "makespan speed-up"], ["{}", "{}", "{}", "{}", "{}", "{}"]))
@@ -488,7 +521,8 @@ def _paired_table(section: Section, res: Results, study: Sched2Study,
         scored = {b: v for b, v in scored.items() if v is not None}
         best = max(scored, key=scored.__getitem__) if scored else None
         pairs = [("sched2", HOLD), (HOLD, best), ("sched2", best), (HOLD, "swaf-exact"),
-                 (HOLD, "qssf"), (HOLD, HOLD_ALL)]
+                 (HOLD, "qssf"), (HOLD, HOLD_ALL), (SCORER, HOLD), (SCORER, HOLD_ALL),
+                 (SCORER, best)]
         for a, b in pairs:
             if b is None:
                 continue
@@ -526,16 +560,17 @@ def _sensitivity_table(section: Section, res: Results, baselines: Sequence[str])
         "Table III's form: multi-GPU jobs of locality-sensitive models (VGG16, Transformer: "
         "5.9× and 2.7× slower over two servers) and insensitive ones (DeepSpeech, Inception3: "
         "1.6× and 1.4×), the share not given the best locality (\"relaxed\") and their mean "
-        "wait, for SCHED² and the baseline with the best effectiveness, paper's mix.")
+        "wait, for SCHED², the per-job scorer, the hold rule and the baseline with the best "
+        "effectiveness, paper's mix.")
     table = section.table(Table(
         "sched2-sensitivity",
         ["policy", "sensitive relaxed %", "insensitive relaxed %", "sensitive wait h",
          "insensitive wait h"], ["{}", "{:.1f}", "{:.1f}", "{:.2f}", "{:.2f}"]))
     p = SCHED2_PAPER
-    for name in ("sched2", best):
-        if name is None:
+    for name in dict.fromkeys(("sched2", SCORER, HOLD, best)):
+        runs = res.runs("mix", 0.68, 1.0, name) if name is not None else []
+        if not runs:
             continue
-        runs = res.runs("mix", 0.68, 1.0, name)
         totals = {k: [0, 0, 0.0] for k in ("sensitive", "insensitive")}
         for r in runs:
             for k, (jobs, relaxed, wait) in r.sensitivity.items():
@@ -631,6 +666,12 @@ def _plots(section: Section, res: Results, study: Sched2Study, out_dir: Path,
         shutil.copyfile(curve, out_dir / "sched2_training_curve.png")
         section.figures.append(("sched2_training_curve.png",
                                 "Training curve of the evaluated model"))
+    scorer = scorer_path(study)
+    scorer_curve = Path(scorer).with_suffix(".png") if scorer is not None else None
+    if scorer_curve is not None and scorer_curve.exists():
+        shutil.copyfile(scorer_curve, out_dir / "sched2_scorer_training_curve.png")
+        section.figures.append(("sched2_scorer_training_curve.png",
+                                "Training curve of the evaluated per-job scorer"))
 
 
 STUDY = Study(name="sched2", label="SCHED²", config=Sched2Study, run=run, tiny=tiny,

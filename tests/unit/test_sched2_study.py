@@ -56,3 +56,9 @@ def test_the_tiny_study_pairs_the_agent_with_the_hold_rule_at_every_load(
     assert {r[0] for r in rows} == {f"{workload.IMPLIED_LOAD:g} (implied)", "1.2"}
     assert any(r[2] == "SCHED² (learned) vs hold rule, J = 10" for r in rows)
     assert any(r[2] == "hold rule, J = 10 vs hold rule, whole queue" for r in rows)
+    # The per-job scorer (beyond the paper) against both hold rules, at every load.
+    for load in (f"{workload.IMPLIED_LOAD:g} (implied)", "1.2"):
+        assert any(r[0] == load and r[2] == "per-job scorer (learned, whole queue) vs hold "
+                   "rule, whole queue" for r in rows)
+    sensitivity = [r[0] for r in tables["sched2-sensitivity"]["rows"]]
+    assert "per-job scorer (learned, whole queue)" in sensitivity
