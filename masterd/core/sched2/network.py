@@ -142,25 +142,7 @@ class QNetwork:
     @classmethod
     def load(cls, path: Path | str) -> QNetwork:
         source = str(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {name: np.array(data[name]) for name in data.files}
-        except FileNotFoundError:
-            raise ModelFileError(f"{source}: no such model file") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise ModelFileError(f"{source}: not a readable .npz model file ({exc})") from None
-        if "meta" not in arrays or arrays["meta"].dtype.kind != "U" or arrays["meta"].ndim:
-            raise ModelFileError(f"{source}: no metadata (array 'meta' holding JSON)")
-        try:
-            meta = json.loads(str(arrays.pop("meta")))
-        except ValueError as exc:
-            raise ModelFileError(f"{source}: metadata is not JSON ({exc})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ModelFileError(f"{source}: not a SCHED² Q-network (format "
-                                 f"{meta.get('format') if isinstance(meta, dict) else None!r})")
-        if meta.get("version") != VERSION:
-            raise ModelFileError(f"{source}: model format version {meta.get('version')!r}; "
-                                 f"this Trellis reads version {VERSION}")
+        meta, arrays = read_model_file(path, FORMAT, VERSION, "SCHED² Q-network")
         try:
             shape = Shape(servers=_positive(meta, "servers"),
                           gpus_per_server=_positive(meta, "gpus_per_server"),
@@ -172,6 +154,50 @@ class QNetwork:
             raise ModelFileError(f"{source}: bad metadata: {exc}") from None
         weights = {k: v.astype(np.float32) for k, v in arrays.items()}
         return cls(shape, weights, time_scale, meta, source)
+
+
+def read_model_file(path: Path | str, fmt: str, version: int,
+                    what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The metadata and arrays of a ``.npz`` model file of format ``fmt``; every way the file
+    can be wrong is a :class:`ModelFileError` naming it."""
+    source = str(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: np.array(data[name]) for name in data.files}
+    except FileNotFoundError:
+        raise ModelFileError(f"{source}: no such model file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ModelFileError(f"{source}: not a readable .npz model file ({exc})") from None
+    if "meta" not in arrays or arrays["meta"].dtype.kind != "U" or arrays["meta"].ndim:
+        raise ModelFileError(f"{source}: no metadata (array 'meta' holding JSON)")
+    try:
+        meta = json.loads(str(arrays.pop("meta")))
+    except ValueError as exc:
+        raise ModelFileError(f"{source}: metadata is not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        raise ModelFileError(f"{source}: not a {what} (format "
+                             f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+    if meta.get("version") != version:
+        raise ModelFileError(f"{source}: model format version {meta.get('version')!r}; "
+                             f"this Trellis reads version {version}")
+    return meta, arrays
+
+
+def check_arrays(weights: Mapping[str, np.ndarray], layers: tuple[str, ...],
+                 source: str) -> None:
+    """Every ``layer_w`` (2-D) and ``layer_b`` (1-D) present, nothing else, all finite."""
+    names = {f"{layer}_{p}" for layer in layers for p in "wb"}
+    missing = [f"{layer}_{p}" for layer in layers for p in "wb" if f"{layer}_{p}" not in weights]
+    if missing:
+        raise ModelFileError(f"{source}: missing weight arrays {', '.join(missing)}")
+    extra = sorted(set(weights) - names)
+    if extra:
+        raise ModelFileError(f"{source}: unexpected arrays {', '.join(extra)}")
+    for name, array in weights.items():
+        if array.ndim != (2 if name.endswith("_w") else 1):
+            raise ModelFileError(f"{source}: {name} has {array.ndim} dimensions")
+        if not np.all(np.isfinite(array)):
+            raise ModelFileError(f"{source}: {name} holds NaN or infinite values")
 
 
 def _positive(meta: Mapping[str, Any], key: str) -> int:
@@ -202,18 +228,7 @@ def expected_shapes(shape: Shape, hidden: Mapping[str, int]) -> dict[str, tuple[
 
 
 def _check_weights(shape: Shape, weights: Mapping[str, np.ndarray], source: str) -> None:
-    missing = [f"{layer}_{p}" for layer in LAYERS for p in "wb"
-               if f"{layer}_{p}" not in weights]
-    if missing:
-        raise ModelFileError(f"{source}: missing weight arrays {', '.join(missing)}")
-    extra = sorted(set(weights) - {f"{layer}_{p}" for layer in LAYERS for p in "wb"})
-    if extra:
-        raise ModelFileError(f"{source}: unexpected arrays {', '.join(extra)}")
-    for name, array in weights.items():
-        if array.ndim != (2 if name.endswith("_w") else 1):
-            raise ModelFileError(f"{source}: {name} has {array.ndim} dimensions")
-        if not np.all(np.isfinite(array)):
-            raise ModelFileError(f"{source}: {name} holds NaN or infinite values")
+    check_arrays(weights, LAYERS, source)
     hidden = {layer: int(weights[f"{layer}_w"].shape[1]) for layer in LAYERS}
     for name, want in expected_shapes(shape, hidden).items():
         found = tuple(weights[name].shape)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from masterd.core.sched2.network import ModelFileError
+from masterd.core.sched2.network import ModelFileError, check_arrays, read_model_file
 
 FORMAT = "trellis-sched2-scorer"
 VERSION = 1
@@ -120,25 +119,7 @@ class ScorerNetwork:
     @classmethod
     def load(cls, path: Path | str) -> ScorerNetwork:
         source = str(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {name: np.array(data[name]) for name in data.files}
-        except FileNotFoundError:
-            raise ModelFileError(f"{source}: no such model file") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise ModelFileError(f"{source}: not a readable .npz model file ({exc})") from None
-        if "meta" not in arrays or arrays["meta"].dtype.kind != "U" or arrays["meta"].ndim:
-            raise ModelFileError(f"{source}: no metadata (array 'meta' holding JSON)")
-        try:
-            meta = json.loads(str(arrays.pop("meta")))
-        except ValueError as exc:
-            raise ModelFileError(f"{source}: metadata is not JSON ({exc})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ModelFileError(f"{source}: not a SCHED² scorer (format "
-                                 f"{meta.get('format') if isinstance(meta, dict) else None!r})")
-        if meta.get("version") != VERSION:
-            raise ModelFileError(f"{source}: scorer format version {meta.get('version')!r}; "
-                                 f"this Trellis reads version {VERSION}")
+        meta, arrays = read_model_file(path, FORMAT, VERSION, "SCHED² scorer")
         try:
             shape = ScorerShape(int(meta["gpus_per_server"]), int(meta["profiles"]))
             time_scale = float(meta["time_scale"])
@@ -151,18 +132,7 @@ class ScorerNetwork:
 
 
 def _check(shape: ScorerShape, weights: Mapping[str, np.ndarray], source: str) -> None:
-    names = {f"{layer}_{p}" for layer in LAYERS for p in "wb"}
-    missing = sorted(names - set(weights))
-    if missing:
-        raise ModelFileError(f"{source}: missing weight arrays {', '.join(missing)}")
-    extra = sorted(set(weights) - names)
-    if extra:
-        raise ModelFileError(f"{source}: unexpected arrays {', '.join(extra)}")
-    for name, array in weights.items():
-        if array.ndim != (2 if name.endswith("_w") else 1):
-            raise ModelFileError(f"{source}: {name} has {array.ndim} dimensions")
-        if not np.all(np.isfinite(array)):
-            raise ModelFileError(f"{source}: {name} holds NaN or infinite values")
+    check_arrays(weights, LAYERS, source)
     for name, want in expected_shapes(shape, hidden_of(weights)).items():
         found = tuple(weights[name].shape)
         if found != want:
