@@ -134,10 +134,7 @@ class QNetwork:
                 "jobs": self.shape.jobs, "profiles": self.shape.profiles,
                 "packing_feature": self.shape.packing,
                 "canonical_servers": self.shape.canonical, "time_scale": self.time_scale}
-        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in self.weights.items()}
-        with open(path, "wb") as handle:
-            np.savez_compressed(handle, meta=np.array(json.dumps(meta, sort_keys=True)),
-                                **arrays)
+        write_model_file(path, meta, self.weights)
 
     @classmethod
     def load(cls, path: Path | str) -> QNetwork:
@@ -154,6 +151,13 @@ class QNetwork:
             raise ModelFileError(f"{source}: bad metadata: {exc}") from None
         weights = {k: v.astype(np.float32) for k, v in arrays.items()}
         return cls(shape, weights, time_scale, meta, source)
+
+
+def write_model_file(path: Path | str, meta: Mapping[str, Any],
+                     weights: Mapping[str, np.ndarray]) -> None:
+    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
 
 
 def read_model_file(path: Path | str, fmt: str, version: int,

@@ -23,7 +23,6 @@ time_scale, and what the trainer records).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from masterd.core.sched2.network import ModelFileError, check_arrays, read_model_file
+from masterd.core.sched2.network import (
+    ModelFileError,
+    check_arrays,
+    read_model_file,
+    write_model_file,
+)
 
 FORMAT = "trellis-sched2-scorer"
 VERSION = 1
@@ -111,10 +115,7 @@ class ScorerNetwork:
         meta = {**self.meta, "format": FORMAT, "version": VERSION,
                 "gpus_per_server": self.shape.gpus_per_server, "profiles": self.shape.profiles,
                 "time_scale": self.time_scale}
-        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in self.weights.items()}
-        with open(path, "wb") as handle:
-            np.savez_compressed(handle, meta=np.array(json.dumps(meta, sort_keys=True)),
-                                **arrays)
+        write_model_file(path, meta, self.weights)
 
     @classmethod
     def load(cls, path: Path | str) -> ScorerNetwork:
