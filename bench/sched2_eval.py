@@ -2,7 +2,8 @@
 decision latency at scale. Training is not part of it.
 
     .venv/bin/python bench/sched2_eval.py [--model FILE] [--scorer FILE] [--trace DIR]
-        [--episodes 30] [--load 0.69] [--sweep 0.5,0.8,1.0,1.2] [--workers 2]
+        [--episodes 30] [--load 0.69] [--sweep 0.5,0.8,1.0,1.2] [--other-scorers F,F]
+        [--workers 2]
         [--latency-servers 1000] [--latency-jobs 3000]
 
 1. **Evaluation**: the held-out episodes (30–59) of the paper's mix (68% one-GPU jobs, mean gap
@@ -201,6 +202,26 @@ def _pct(values: list[float], p: float) -> float | None:
     return values[max(0, math.ceil(p / 100 * len(values)) - 1)]
 
 
+def other_scorers(paths: list[str], trace: Path, episodes: list[int], workers: int,
+                  load: float, per: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """More scorer models (other training seeds) against both hold rules, on the episodes
+    ``per`` already holds the rules' replays of."""
+    base = study.Cell("mix", 0.68, 1.0, 0, study.SCORER, "", str(trace), load=load)
+    out: dict[str, Any] = {}
+    for path in paths:
+        cells = [replace(base, episode=e, model=path) for e in episodes]
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            runs = sorted(pool.map(study.replay_cell, cells), key=lambda r: r.cell.episode)
+        rows = {**per, path: {m: [getattr(r.metrics, m) for r in runs] for m in METRICS}}
+        out[path] = {f"vs_{b}": compare(rows, path, b) for b in HOLDS}
+        for b in HOLDS:
+            v = out[path][f"vs_{b}"]
+            print(f"{Path(path).name} vs {b}: effectiveness {v['effectiveness']:.3f} "
+                  f"[{v['effectiveness_ci'][0]:.3f}, {v['effectiveness_ci'][1]:.3f}]  JCT "
+                  f"{v['jct_speedup']:.3f}x  makespan {v['makespan_speedup']:.3f}x", flush=True)
+    return out
+
+
 def at_load(ev: dict[str, Any]) -> dict[str, Any]:
     """The comparisons of one load's evaluation."""
     means, per = ev["means"], ev["per"]
@@ -273,6 +294,9 @@ def main() -> None:
     parser.add_argument("--sweep", default="",
                         help="more loads to evaluate after --load, comma-separated (the "
                         "study's sweep: 0.5,0.8,1.0,1.2); each adds about two minutes")
+    parser.add_argument("--other-scorers", default="", metavar="FILE,FILE",
+                        help="more scorer models (other seeds) to pair with the hold rules at "
+                        "--load")
     parser.add_argument("--latency-servers", type=int, default=1000)
     parser.add_argument("--latency-jobs", type=int, default=3000)
     args = parser.parse_args()
@@ -287,6 +311,8 @@ def main() -> None:
     eval_seconds = time.monotonic() - started
     summary = at_load(ev)
     show(args.load, ev, summary)
+    seeds = other_scorers([p for p in args.other_scorers.split(",") if p], trace, episodes,
+                          args.workers, args.load, ev["per"])
     by_load: dict[str, Any] = {}
     for load in sweep:
         other = evaluate(args.model, args.scorer, trace, episodes, args.workers, load)
@@ -315,6 +341,7 @@ def main() -> None:
                                    "best_heuristic_per_metric", "versus", "unfinished_jobs",
                                    "means")},
         "sweep": by_load,
+        "other_scorers": seeds,
         "paper": PAPER,
         "decision_ms_p99": lat["decision_ms_p99"],
         "decision_ms_p50": lat["decision_ms_p50"],
