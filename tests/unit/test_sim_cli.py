@@ -165,3 +165,18 @@ def test_default_philly_run_is_the_helios_study_setup(
     printed = capsys.readouterr().out
     assert "Helios study's setup" not in printed
     assert "no job waited in any run" in printed and "--vc-scale" in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loads", "0.5,fast"], "--loads '0.5,fast': comma-separated loads"),
+    (["--eval-loads", "0"], "--eval-loads '0': every load must be in (0, 5]"),
+    (["--paper-state"], "--paper-state is the paper's agent's state"),
+])
+def test_bad_training_options_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                               argv: list[str], message: str) -> None:
+    rc = main(["train", "sched2-scorer", "--out", str(tmp_path / "m.npz"),
+               "--trace", str(tmp_path), *argv])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "m.npz").exists()
