@@ -198,7 +198,7 @@ class Sched2Policy(Sched2Selection):
             # best locality, and "no job" there could wait for ever (our guard, not §III).
             mask[J] = busy or bool(decisions)
             for i, w in enumerate(window):
-                mask[i] = w is not None and w.job.id not in blocked and _fits(w, free)
+                mask[i] = w is not None and w.job.id not in blocked and fits_free(w, free)
             if not mask[:J].any():
                 break  # nothing to choose: "no job" is the only action
             if not totals:
@@ -239,7 +239,7 @@ class Sched2Policy(Sched2Selection):
         return decisions
 
 
-def _fits(w: Waiting, free: Counter[str]) -> bool:
+def fits_free(w: Waiting, free: Counter[str]) -> bool:
     """Whether the free GPUs suffice in number (packing may split over any servers)."""
     model = w.job.spec.gpu_model
     if model is not None:

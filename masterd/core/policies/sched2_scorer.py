@@ -18,7 +18,7 @@ import numpy as np
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.placement import FreePool
-from masterd.core.policies.sched2 import Sched2Selection, _fits
+from masterd.core.policies.sched2 import Sched2Selection, fits_free
 from masterd.core.policy import Decision
 from masterd.core.sched2.agent import Agent, ScorerAgent
 from masterd.core.sched2.models import GpuModels
@@ -59,7 +59,7 @@ class Sched2ScorerPolicy(Sched2Selection):
         decisions: list[Decision] = []
         totals: list[float] = []
         while True:
-            candidates = [w for w in remaining if w.job.id not in blocked and _fits(w, free)]
+            candidates = [w for w in remaining if w.job.id not in blocked and fits_free(w, free)]
             if not candidates:
                 break
             if not totals:
