@@ -309,7 +309,9 @@ def plot_curve(record: dict[str, Any], path: Path) -> Path | None:
     ax.plot(xs, [h["effectiveness"] for h in history], linewidth=0.8, alpha=0.6,
             label="training episode (ε-greedy)")
     ax.plot([ev["episode"] for ev in evaluations], [ev["effectiveness"] for ev in evaluations],
-            marker="o", label=f"greedy, training episodes {record['eval_episodes']}")
+            marker="o", label=f"greedy, training episodes {record['eval_episodes']}"
+            + (f" at loads {', '.join(f'{x:g}' for x in record['eval_loads'])}"
+               if record.get("eval_loads") else ""))
     rule = record.get("hold_rule_on_eval_episodes")
     if rule:
         ax.axhline(rule["effectiveness"], color="black", linestyle="--", linewidth=1,
