@@ -275,6 +275,7 @@ def _finish(config: TrainConfig, meta: dict[str, Any],
         "torch": torch.__version__,
     }
     network = replace(best[1], meta={**meta, "chosen_after_episodes": chosen["episode"],
+                                     "episodes_done": len(history),
                                      "train_seconds": round(seconds, 1)})
     written = write_outputs(config.out, network, record)
     return TrainResult(network, record, written)

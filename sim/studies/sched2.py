@@ -407,7 +407,8 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         "good locality is the share of multi-GPU jobs on the fewest servers they fit."
         + ("" if scorer is None else
            f" Beyond the paper, the per-job scorer ({Path(scorer).name}: "
-           f"{scorer_meta.get('episodes', 'n/a')} training episodes at loads "
+           f"{scorer_meta.get('episodes_done', scorer_meta.get('episodes', 'n/a'))} training "
+           "episodes at loads "
            f"{', '.join(f'{x:g}' for x in scorer_meta.get('loads') or []) or 'n/a'}, seed "
            f"{scorer_meta.get('seed', 'n/a')}, kept after episode "
            f"{scorer_meta.get('chosen_after_episodes', 'n/a')}) scores every waiting job "
