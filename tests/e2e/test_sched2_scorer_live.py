@@ -1,6 +1,7 @@
 """The per-job scorer (``policy = "sched2-scorer"``, the shipped model) in a live master with
-real nodes: a queue longer than SCHED²'s window of ten runs to the end, every job packed on
-one server."""
+real nodes: a queue longer than SCHED²'s window of ten runs to the end. (Where a job lands is
+not asserted: these jobs name no model, so every placement predicts the same time and the
+scorer may spread one.)"""
 
 from __future__ import annotations
 
@@ -22,5 +23,3 @@ def test_the_shipped_scorer_runs_a_queue_longer_than_the_window(make_cluster) ->
         return all(s == "finished" for s in states)
 
     cluster.wait_for("all fourteen jobs to finish", done)
-    for j in jobs:
-        assert len(client.call("job", {"id": j})["job"]["nodes"]) == 1
