@@ -32,7 +32,6 @@ formulas, so the columns compare like with like.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -46,6 +45,8 @@ from masterd.journal.history import JobHistory, read_history
 from shared.model import JobSpec, NodeInventory
 from shared.schema import SchemaError, decode
 from sim.engine import SimConfig, SimResult, simulate
+from sim.metrics import mean, percentile
+from sim.studies.common import pyplot, save_figure
 from sim.truth import TruthConfig, TruthParams
 from sim.workloads.base import SimJob, Workload
 
@@ -141,13 +142,6 @@ class Outcome:
     shares: dict[str, float]  # account -> fraction of the GPU-hours
 
 
-def _p95(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[max(1, math.ceil(0.95 * len(values))) - 1]
-
-
 def actual_outcome(jobs: Sequence[JobHistory], total_gpus: int, read_at: float) -> Outcome:
     waits, jcts = [], []
     gpu_s: dict[str, float] = {}
@@ -189,8 +183,8 @@ def _outcome(name: str, jobs: int, finished: int, waits: list[float], jcts: list
     total = sum(gpu_s.values())
     return Outcome(
         name=name, jobs=jobs, ended=finished,
-        wait_mean_s=sum(waits) / len(waits) if waits else 0.0, wait_p95_s=_p95(waits),
-        jct_mean_s=sum(jcts) / len(jcts) if jcts else 0.0,
+        wait_mean_s=mean(waits) or 0.0, wait_p95_s=percentile(waits, 95) or 0.0,
+        jct_mean_s=mean(jcts) or 0.0,
         utilisation=total / (total_gpus * span) if total_gpus and span > 0 else 0.0,
         shares={a: (v / total if total else 0.0) for a, v in sorted(gpu_s.items())})
 
@@ -245,12 +239,8 @@ def as_json(outcomes: Sequence[Outcome], notes: dict[str, Any]) -> dict[str, Any
 
 def write_plots(outcomes: Sequence[Outcome], out: Path) -> list[Path]:
     """Bar charts of wait, JCT and utilisation, and each account's share, per column."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return []
     out.mkdir(parents=True, exist_ok=True)
     names = [o.name for o in outcomes]
@@ -263,11 +253,8 @@ def write_plots(outcomes: Sequence[Outcome], out: Path) -> list[Path]:
         ax.bar(names, values, color=["#777"] + ["#3a7"] * (len(names) - 1))
         ax.set_title(title)
         ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    path = out / "whatif_summary.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    written.append(out / "whatif_summary.png")
+    save_figure(plt, fig, written[-1])
     accounts = sorted({a for o in outcomes for a in o.shares})
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 4))
     bottom = [0.0] * len(outcomes)
@@ -278,9 +265,6 @@ def write_plots(outcomes: Sequence[Outcome], out: Path) -> list[Path]:
     ax.set_ylabel("share of GPU-hours")
     ax.legend(fontsize="small")
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    path = out / "whatif_shares.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    written.append(out / "whatif_shares.png")
+    save_figure(plt, fig, written[-1])
     return written
