@@ -1,7 +1,8 @@
 """Accounting: who used what over a window, from the journal's history (Slurm's sreport).
 
 Plain aggregation over :class:`masterd.journal.history.JobHistory` records; the report RPC
-runs it off the event loop, the simulator's ``whatif`` uses it for "what really happened".
+runs it off the event loop. The simulator's ``whatif`` reads the same records (its own
+formulas give "what really happened", to match its replays).
 Per group (an account, a user or a GPU model) over ``[since, until)``:
 
 * ``gpu_hours_allocated``: GPUs held × hours, each run clipped to the window (a run still
