@@ -40,8 +40,10 @@ from typing import Any
 
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.fairshare import FairShare
+from masterd.journal.accounts import tree_of
 from masterd.journal.backends import is_postgres, open_reader
 from masterd.journal.history import JobHistory, read_history
+from shared.accounts import Account, AccountTree
 from shared.model import JobSpec, NodeInventory
 from shared.schema import SchemaError, decode
 from sim.engine import SimConfig, SimResult, simulate
@@ -63,6 +65,9 @@ class Replayable:
     jobs: list[JobHistory]  # the replayed jobs, as they really ran
     notes: dict[str, Any] = field(default_factory=dict)
     read_at: float = 0.0
+    # The journalled account tree (quotas, caps, shares), replayed as the cluster ran it;
+    # () where the journal holds none (accounts were never on).
+    accounts: tuple[Account, ...] = ()
 
 
 def load_journal(location: str, since: float | None = None,
@@ -79,7 +84,14 @@ def load_journal(location: str, since: float | None = None,
         history = read_history(db, submitted_since=since, keep_spec=True)
         last_event = db.execute("SELECT MAX(time) FROM events").fetchone()[0]
     except Exception as exc:
+        db.close()
         raise WhatIfError(f"--journal {location}: not a Trellis journal ({exc})") from None
+    try:  # last: on PostgreSQL a missing table spoils the transaction
+        accounts = tuple(tree_of(db) or ())
+    except SchemaError as exc:
+        raise WhatIfError(f"--journal {location}: its account tree: {exc}") from None
+    except Exception:  # a journal from before accounts: no account_tree table
+        accounts = ()
     finally:
         db.close()
     read_at = now if now is not None else float(last_event or 0.0)
@@ -125,7 +137,7 @@ def load_journal(location: str, since: float | None = None,
     shifted = [replace(jobs[i], submit=jobs[i].submit - origin) for i in order]
     workload = Workload(name="journal", jobs=shifted, nodes=nodes, origin=origin,
                         notes=dict(notes))
-    return Replayable(workload, [kept[i] for i in order], notes, read_at)
+    return Replayable(workload, [kept[i] for i in order], notes, read_at, accounts)
 
 
 @dataclass(frozen=True)
@@ -200,9 +212,10 @@ def replay(data: Replayable, policies: Sequence[Any], fairshare: bool = False,
     for name, policy in policies:
         tracker = None
         if fairshare:
-            tracker = FairShare(half_life_s=half_life_s)
+            tracker = FairShare(AccountTree.of(data.accounts), half_life_s=half_life_s)
             policy = FairShareOrdering(policy, tracker)
-        result = simulate(data.workload, policy, SimConfig(seed=1, truth=REPLAY_TRUTH),
+        config = SimConfig(seed=1, truth=REPLAY_TRUTH, accounts=data.accounts)
+        result = simulate(data.workload, policy, config,
                           annotator=qssf_annotator(name, data.workload), fairshare=tracker)
         outcomes.append(replay_outcome(name + ("+fairshare" if fairshare else ""), result,
                                        accounts))

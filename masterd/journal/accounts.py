@@ -31,7 +31,13 @@ def create_tables(store: Store) -> None:
 
 def read_tree(store: Store) -> list[Account] | None:
     """The journalled accounts, or None when no tree was ever journalled."""
-    row = store.db.execute("SELECT data FROM account_tree WHERE id = 1").fetchone()
+    return tree_of(store.db)
+
+
+def tree_of(db: Any) -> list[Account] | None:
+    """:func:`read_tree` on any connection to the journal (``trellis-sim whatif``'s reader
+    too)."""
+    row = db.execute("SELECT data FROM account_tree WHERE id = 1").fetchone()
     if row is None:
         return None
     return [decode(Account, item, f"account_tree[{i}]")

@@ -188,6 +188,32 @@ def test_whatif_on_a_synthetic_journal(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 2 and "nothing to replay" in capsys.readouterr().err
 
 
+def test_whatif_replays_the_journalled_account_tree(tmp_path: Path) -> None:
+    """The replay admits jobs under the tree the journal holds: with every account capped
+    at one running job, jobs of an account wait for each other (without, the replay finds
+    the cluster nearly empty)."""
+    from masterd.core.policies import make_policy
+    from masterd.journal.accounts import create_tables, write_tree
+    from shared.accounts import Account, AccountCaps
+    from sim.whatif import load_journal, replay
+
+    store = Store(tmp_path / "journal.db")
+    try:
+        build(store, days=1, per_day=120, rng=random.Random(7))
+        before = replay(load_journal(str(tmp_path / "journal.db")), [("fifo", make_policy("fifo"))])
+        create_tables(store)
+        tree = [Account(name=f"acct{i:02d}", caps=AccountCaps(running_jobs=1))
+                for i in range(20)]
+        write_tree(store, tree, 0.0, None)
+    finally:
+        store.close()
+    data = load_journal(str(tmp_path / "journal.db"))
+    assert list(data.accounts) == tree
+    after = replay(data, [("fifo", make_policy("fifo"))], fairshare=True)
+    assert after[1].wait_mean_s > before[1].wait_mean_s
+    assert after[1].jobs == before[1].jobs
+
+
 def test_report_and_whatif_on_either_store(store_factory) -> None:  # type: ignore[no-untyped-def]
     """The same journal code on SQLite and PostgreSQL: the database's sums equal the core's
     aggregation, and whatif reads the journal by its location (path or URL)."""
