@@ -2,10 +2,11 @@
 
 The history comes from a master's journal (a SQLite file or a PostgreSQL URL, read-only):
 every job with its spec (shape, account, user), its measured run time and its submission
-time, and the nodes as they last registered. Each named policy replays it through
-sim/engine.py (the master's own scheduling core), and the table puts each replay beside
-what really happened: mean and p95 wait, mean JCT, GPU utilisation and each account's share
-of the GPU-hours.
+time, the nodes as they last registered and the account tree it holds now (quotas, caps
+and shares, applied by the replay as the master applies them). Each named policy replays
+it through sim/engine.py (the master's own scheduling core), and the table puts each replay
+beside what really happened: mean and p95 wait, mean JCT, GPU utilisation and each
+account's share of the GPU-hours.
 
 Rules (docs/governance.md, "What if"):
 
