@@ -212,9 +212,10 @@ class Relays:
 
     def _on_restored(self) -> None:
         # A master that restarted has no client attached to any terminal: each gets the
-        # grace to come back.
+        # grace to come back. A job still starting has no terminal to attach to yet; its
+        # grace begins when it runs (_on_transition), however long its start takes.
         for job in self.ctx.core.active_jobs().values():
-            if job.spec.launch.pty:
+            if job.spec.launch.pty and job.state is JobState.RUNNING:
                 self._arm_orphan_timer(job.id)
 
     def _on_node_gone(self, node: str, _: float) -> None:

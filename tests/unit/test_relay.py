@@ -245,3 +245,24 @@ def test_a_job_without_a_terminal_or_not_running_is_refused() -> None:
         assert master.commands == []
 
     asyncio.run(main())
+
+
+def test_a_restarted_master_gives_running_terminals_the_grace_and_not_starting_ones() -> None:
+    import dataclasses
+
+    from masterd.features.relays import Relays
+    from shared.model import JobState
+
+    async def main() -> None:
+        running = _running_job(pty=True)
+        starting = dataclasses.replace(running, id="sh-2", state=JobState.STARTING)
+        master = _Master(running)
+        master.ctx.core.active_jobs = lambda: {j.id: j for j in (running, starting)}
+        relays = Relays(master.ctx)  # type: ignore[arg-type]
+        master.ctx.events.restored.emit()
+        # The running one's client may come back within the grace; the one still starting
+        # (an image pull, a slow node) has no terminal yet: its grace starts when it runs.
+        assert set(relays._orphaned) == {"sh-1"}
+        relays.close()
+
+    asyncio.run(main())
