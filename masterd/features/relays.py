@@ -26,8 +26,9 @@ from typing import Any
 from masterd.core.scheduler import JobError
 from masterd.runtime.commands import CommandFailed
 from masterd.runtime.context import FeatureContext
+from shared.messages import RelayOpen
 from shared.model import Job, JobState
-from shared.relay import BadStreamFrame, RelayOpen, stream_frame
+from shared.relay import BadStreamFrame, stream_frame
 
 log = logging.getLogger("trellis.master.relays")
 
