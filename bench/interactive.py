@@ -14,7 +14,9 @@ Starts a real trellis-masterd and one trellis-noded on this machine, then:
 * ``port_forward_mb_per_s``: a job's TCP server sends ``--mib`` MiB on a connection through
   ``trellisctl port-forward`` (job -> noded -> master -> trellisctl -> us);
   ``direct_mb_per_s`` the same server and size on a direct loopback connection, in the same
-  run; ``port_forward_ratio`` the first over the second (the goal: >= 0.95).
+  run; ``port_forward_ratio`` the first over the second (the goal: >= 0.95);
+  ``relay_cpu_s`` the CPU time (user + system) noded, the master and trellisctl spent
+  during the forwarded copy.
 
 Last line: JSON with those, ``seconds`` (the whole run) and whether each target is met.
 SIGTERM or Ctrl-C stops everything it started and removes the scratch directory.
@@ -38,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
+
 from demo.cluster import LocalCluster, default_job_user  # noqa: E402
 from demo.harness import exit_on_signals, scratch_dir  # noqa: E402
 from demo.terminal import Terminal  # noqa: E402
@@ -55,6 +59,11 @@ def ctl(url: str, *args: str) -> list[str]:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 def receive(sock: socket.socket, size: int) -> float:
@@ -130,9 +139,15 @@ def main() -> int:
             assert forward.stdout is not None
             if not forward.stdout.readline().startswith(b"Forwarding from"):
                 raise RuntimeError("trellisctl port-forward did not start")
+            # The CPU the relaying processes spend on it: noded, the master, trellisctl.
+            relaying = [psutil.Process(d.proc.pid) for d in (cluster.master,
+                        *cluster.node_daemons.values()) if d is not None and d.proc] + [
+                        psutil.Process(forward.pid)]
+            cpu_before = sum(cpu_seconds(p) for p in relaying)
             with socket.create_connection(("127.0.0.1", local)) as relayed:
                 relayed.sendall(f"send {size}\n".encode())
                 relayed_s = receive(relayed, size)
+            relay_cpu_s = sum(cpu_seconds(p) for p in relaying) - cpu_before
             client.call("cancel", {"id": "server"})
         except Exception:
             print(cluster.log("master")[-2000:], cluster.log(cluster.node_name(1))[-2000:],
@@ -159,6 +174,7 @@ def main() -> int:
         "port_forward_mb_per_s": round(forwarded, 1),
         "direct_mb_per_s": round(direct_rate, 1),
         "port_forward_ratio": round(ratio, 3),
+        "relay_cpu_s": round(relay_cpu_s, 2),
         "bytes": size,
         "seconds": round(time.perf_counter() - began, 1),
         "targets": {"pty_start_s_p50": TARGET_START_S,
@@ -170,7 +186,8 @@ def main() -> int:
     }
     print(f"shell prompt after {start_p50:.2f} s (p50 of {len(starts)}), keystroke echo "
           f"p99 {echo_p99:.1f} ms, port-forward {forwarded:.0f} MB/s vs direct "
-          f"{direct_rate:.0f} MB/s ({ratio:.2f})", file=sys.stderr)
+          f"{direct_rate:.0f} MB/s ({ratio:.2f}), relaying it took {relay_cpu_s:.1f} CPU-s",
+          file=sys.stderr)
     print(json.dumps(result))
     return 0
 

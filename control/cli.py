@@ -373,11 +373,11 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
                _update),
     "show": ("describe a job", _job_id),
     "run": ("run a job and wait for it, its output here (srun): --pty for a terminal on "
-            "its node", lambda p, c: _run(p, c)),
+            "its node", _run),
     "attach": ("attach this terminal to a running job's terminal again (run --pty)",
                _job_id),
     "port-forward": ("relay a local port to a TCP port of a running job (JOB LOCAL[:REMOTE])",
-                     lambda p, c: _port_forward(p, c)),
+                     _port_forward),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
     "drain": ("stop placing jobs on a node", _node_name),
     "gpu": ("return a GPU that is out of service to service (gpu reset NODE INDEX)",

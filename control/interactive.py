@@ -83,10 +83,7 @@ def run(client: Any, args: Any) -> int:
                 return 1
         elif view["state"] in ACTIVE or not args.pty:
             _stream_output(client, job_id)
-        final = _ended(client, job_id)
-        if final["state"] != "finished" and final.get("reason"):
-            say(f"job {job_id} {final['state']}: {final['reason']}")
-        return exit_code(final)
+        return _end(client, job_id)
     except KeyboardInterrupt:
         # Ctrl-C before the start or while the output streams: the job is cancelled (srun).
         _cancel(client, job_id)
@@ -104,10 +101,7 @@ def attach(client: Any, job_id: str) -> int:
         return 1
     if not _attach_terminal(client, job_id):
         return 1
-    final = _ended(client, job_id)
-    if final["state"] != "finished" and final.get("reason"):
-        say(f"job {job_id} {final['state']}: {final['reason']}")
-    return exit_code(final)
+    return _end(client, job_id)
 
 
 def _wait_for_start(client: Any, job_id: str) -> dict[str, Any]:
@@ -126,12 +120,14 @@ def _wait_for_start(client: Any, job_id: str) -> dict[str, Any]:
         time.sleep(WAIT_POLL_S)
 
 
-def _ended(client: Any, job_id: str) -> dict[str, Any]:
-    while True:
-        view = client.call("job", {"id": job_id})["job"]
-        if view["state"] not in ACTIVE:
-            return view
+def _end(client: Any, job_id: str) -> int:
+    """Wait for the job's end, say why it ended unless it finished, and return the code
+    ``run`` and ``attach`` exit with."""
+    while (final := client.call("job", {"id": job_id})["job"])["state"] in ACTIVE:
         time.sleep(WAIT_POLL_S)
+    if final["state"] != "finished" and final.get("reason"):
+        say(f"job {job_id} {final['state']}: {final['reason']}")
+    return exit_code(final)
 
 
 def _cancel(client: Any, job_id: str) -> None:

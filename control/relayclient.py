@@ -5,7 +5,7 @@ the master's ``/v1/relay``, one stream on it, credit flow control.
 and returns a :class:`RelayStream`: ``send`` waits while a window of bytes is unacknowledged,
 ``recv`` returns the job's next bytes (b"" once the stream is over) and acknowledges each
 chunk the caller asked for the next, so a caller that stops reading stops the job's side.
-The SDK's :meth:`connect_port` and ``trellisctl run --pty`` / ``port-forward`` use it.
+SDK programs (docs/sdk.md), ``trellisctl run --pty``, ``attach`` and ``port-forward`` use it.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from shared.messages import (
     JobStarted,
     PrepareJob,
     ReadLog,
+    RelayOpen,
     ResetGpu,
     SignalJob,
     StalePart,
@@ -61,7 +62,7 @@ from shared.messages import (
 )
 from shared.model import NodeInventory
 from shared.protocol import MAX_FRAME, ProtocolError, decode_frame, encode_frame, error_body
-from shared.relay import STREAM_FRAMES, RelayOpen
+from shared.relay import STREAM_FRAMES
 from shared.schema import SchemaError, decode, encode
 
 log = logging.getLogger("trellis.node.agent")

@@ -30,7 +30,8 @@ import psutil
 
 from noded.jobs import JobRefused, JobRunner, _job_processes
 from noded.terminals import set_size
-from shared.relay import MAX_CHUNK, BadStreamFrame, RelayOpen, stream_frame
+from shared.messages import RelayOpen
+from shared.relay import MAX_CHUNK, BadStreamFrame, stream_frame
 
 log = logging.getLogger("trellis.node.relays")
 

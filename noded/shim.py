@@ -32,6 +32,7 @@ import signal
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PIPE_SIZE = 1 << 20  # the kernel's default pipe-max-size: fewer wake-ups per MiB relayed
@@ -100,32 +101,20 @@ def run(jobdir: Path) -> int:
     err_read, err = os.pipe() if tee_err >= 0 else (-1, -1)
     if err_read >= 0:
         os.set_inheritable(err_read, False)
-    read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
-    os.set_inheritable(write_fd, False)
-    pid = os.fork()
-    if pid == 0:  # the job
-        step = "cannot set up the job"
-        try:
-            os.close(read_fd)
-            os.close(out_read)
-            os.close(log_fd)
-            for fd in (err_read, tee_out, tee_err):
-                if fd >= 0:
-                    os.close(fd)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            os.setpgid(0, 0)
-            os.dup2(out, 1)
-            os.dup2(err if err >= 0 else out, 2)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            _become_and_exec(spec)
-        except _Step as failed:
-            os.write(write_fd, str(failed).encode()[:512])
-        except OSError as exc:
-            os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
-        os._exit(127)
-    os.close(write_fd)
+
+    def stdio() -> None:  # in the job's process: its own group, stdout and stderr the pipes
+        os.close(out_read)
+        os.close(log_fd)
+        for fd in (err_read, tee_out, tee_err):
+            if fd >= 0:
+                os.close(fd)
+        os.setpgid(0, 0)
+        os.dup2(out, 1)
+        os.dup2(err if err >= 0 else out, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+
+    pid, read_fd = _fork_job(spec, "cannot set up the job", stdio)
     os.close(out)
     if err >= 0:
         os.close(err)
@@ -149,21 +138,35 @@ def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
     terminal it is, as login(1) and sshd start a shell. noded keeps the master side and
     relays it (noded/relays.py); what the job writes goes to the terminal, not to the log.
     The job's process group is its session (pgid == pid), as for a batch job."""
+
+    def stdio() -> None:  # in the job's process: a new session, the terminal its stdio
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        for fd in (0, 1, 2):
+            os.dup2(slave, fd)
+        if slave > 2:
+            os.close(slave)
+
+    pid, read_fd = _fork_job(spec, "cannot set up the job's terminal", stdio)
+    os.close(slave)  # only the job holds the terminal: its end hangs the terminal up
+    write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
+    return _record_exit(jobdir, pid, _exec_error(read_fd), {"terminal": True})
+
+
+def _fork_job(spec: dict, step: str, stdio: Callable[[], None]) -> tuple[int, int]:
+    """Fork the job's process: it takes the default signal dispositions back, runs ``stdio``
+    (its file descriptors, group or session), then becomes the job's user and executes its
+    command. A failure on the way is written, as one sentence (``step``: why, for a failure
+    in ``stdio``), on a pipe whose read end is returned with the pid (read by _exec_error)."""
     read_fd, write_fd = os.pipe()  # carries an exec failure back to the shim
     os.set_inheritable(write_fd, False)
     pid = os.fork()
     if pid == 0:  # the job
-        step = "cannot set up the job's terminal"
         try:
             os.close(read_fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
-            os.setsid()
-            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-            for fd in (0, 1, 2):
-                os.dup2(slave, fd)
-            if slave > 2:
-                os.close(slave)
+            stdio()
             _become_and_exec(spec)
         except _Step as failed:
             os.write(write_fd, str(failed).encode()[:512])
@@ -171,9 +174,7 @@ def run_on_terminal(jobdir: Path, spec: dict, slave: int) -> int:
             os.write(write_fd, f"{step}: {exc.strerror or exc}".encode()[:512])
         os._exit(127)
     os.close(write_fd)
-    os.close(slave)  # only the job holds the terminal: its end hangs the terminal up
-    write_atomic(jobdir / "child.json", {"pid": pid, "time": time.time()})
-    return _record_exit(jobdir, pid, _exec_error(read_fd), {"terminal": True})
+    return pid, read_fd
 
 
 class _Step(Exception):

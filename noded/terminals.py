@@ -28,11 +28,6 @@ def set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def get_size(fd: int) -> tuple[int, int]:
-    rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
-    return rows, cols
-
-
 class Terminals:
     """job id -> the master side of its pseudo-terminal."""
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from shared.model import NAME_PATTERN, SIGNAL_NAMES, JobSpec, NodeAllocation, NodeInventory
 from shared.nodelease import LeaseTerms
-from shared.relay import RelayOpen
+from shared.relay import MAX_CHUNK, MAX_WINDOW
 from shared.schema import bounded
 
 # Upper bounds on the wire of a master's leadership epoch and of a job's restart count.
@@ -328,6 +328,26 @@ class ResetGpu:
 
     index: int = bounded(min=0, max=1023)
     # The master's leadership epoch, as on every command.
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+
+
+@dataclass(frozen=True)
+class RelayOpen:
+    """Master to node: open stream ``stream`` into job ``job_id``'s part here: its terminal
+    (``pty``) or a TCP connection to 127.0.0.1:``port`` (``tcp``, which a process of the job
+    must listen on). ``probe``: only check that it could be opened, and open nothing."""
+
+    stream: int = bounded(min=1, max=1 << 62)
+    job_id: str = bounded(pattern=NAME_PATTERN)
+    kind: str = bounded(pattern=r"pty|tcp")
+    # Bytes the node may send before an ack (the credit of module shared.relay).
+    window: int = bounded(min=MAX_CHUNK, max=MAX_WINDOW)
+    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
+    port: int = bounded(0, min=0, max=65535)
+    # The client terminal's size (pty): set on the job's terminal as it is attached.
+    rows: int = bounded(0, min=0, max=10000)
+    cols: int = bounded(0, min=0, max=10000)
+    probe: bool = False
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 

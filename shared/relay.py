@@ -17,10 +17,11 @@ each hop holds at most one window per stream and direction, whatever the reader'
 reader that stalls stops the acks, which stops the writer (its pty or socket fills, and the
 kernel blocks the job's process), and the master's memory does not grow.
 
-A stream is opened by the ``relay_open`` command (:class:`RelayOpen`, answered with an ack
-once the node has the terminal or the connection) and by the client's first frame on
-``/v1/relay``, ``relay_open`` too (:class:`ClientOpen`); the master answers ``relay_opened``
-``{stream, node, window}`` or an ``error`` frame ``{code, message}``.
+A stream is opened by the ``relay_open`` command (:class:`shared.messages.RelayOpen`, a node
+command beside the others, answered with an ack once the node has the terminal or the
+connection) and by the client's first frame on ``/v1/relay``, ``relay_open`` too
+(:class:`ClientOpen`); the master answers ``relay_opened`` ``{stream, node, window}`` or an
+``error`` frame ``{code, message}``.
 """
 
 from __future__ import annotations
@@ -28,35 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.model import NAME_PATTERN
 from shared.schema import bounded
 
 MAX_CHUNK = 256 * 1024  # bytes of one relay_data frame (well under the 1 MiB frame limit)
 MAX_WINDOW = 64 << 20
-MAX_EPOCH = 1 << 62  # as shared.messages (which imports this module)
-MAX_RESTARTS = 1 << 31
 STREAM_FRAMES = frozenset({"relay_data", "relay_ack", "relay_resize", "relay_close"})
 KINDS = ("pty", "tcp")
-
-
-@dataclass(frozen=True)
-class RelayOpen:
-    """Master to node: open stream ``stream`` into job ``job_id``'s part here: its terminal
-    (``pty``) or a TCP connection to 127.0.0.1:``port`` (``tcp``, which a process of the job
-    must listen on). ``probe``: only check that it could be opened, and open nothing."""
-
-    stream: int = bounded(min=1, max=1 << 62)
-    job_id: str = bounded(pattern=NAME_PATTERN)
-    kind: str = bounded(pattern=r"pty|tcp")
-    # Bytes the node may send before an ack (the credit of module shared.relay).
-    window: int = bounded(min=MAX_CHUNK, max=MAX_WINDOW)
-    restarts: int = bounded(0, min=0, max=MAX_RESTARTS)
-    port: int = bounded(0, min=0, max=65535)
-    # The client terminal's size (pty): set on the job's terminal as it is attached.
-    rows: int = bounded(0, min=0, max=10000)
-    cols: int = bounded(0, min=0, max=10000)
-    probe: bool = False
-    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
 @dataclass(frozen=True)

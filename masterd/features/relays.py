@@ -26,8 +26,9 @@ from typing import Any
 from masterd.core.scheduler import JobError
 from masterd.runtime.commands import CommandFailed
 from masterd.runtime.context import FeatureContext
+from shared.messages import RelayOpen
 from shared.model import Job, JobState
-from shared.relay import BadStreamFrame, RelayOpen, stream_frame
+from shared.relay import BadStreamFrame, stream_frame
 
 log = logging.getLogger("trellis.master.relays")
 
@@ -212,9 +213,10 @@ class Relays:
 
     def _on_restored(self) -> None:
         # A master that restarted has no client attached to any terminal: each gets the
-        # grace to come back.
+        # grace to come back. A job still starting has no terminal to attach to yet; its
+        # grace begins when it runs (_on_transition), however long its start takes.
         for job in self.ctx.core.active_jobs().values():
-            if job.spec.launch.pty:
+            if job.spec.launch.pty and job.state is JobState.RUNNING:
                 self._arm_orphan_timer(job.id)
 
     def _on_node_gone(self, node: str, _: float) -> None:

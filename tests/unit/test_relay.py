@@ -15,6 +15,7 @@ from control.interactive import exit_code, parse_ports
 from control.usage import UsageError
 from noded.relays import NodeStream, SocketEnd, TerminalEnd
 from shared.relay import MAX_CHUNK, BadStreamFrame, stream_frame
+from tests.unit.helpers import wait_for_async
 
 
 @pytest.mark.parametrize(("type_", "body", "payload"), [
@@ -94,17 +95,11 @@ def test_the_node_reads_no_more_than_a_window_ahead_of_the_acks() -> None:
             return sum(len(b["data"]) for t, b in sent if t == "relay_data")
 
         try:
-            for _ in range(200):  # until the window is used up
-                if data() >= window:
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
+            await wait_for_async(lambda: data() >= window, what="the window used up")
+            await asyncio.sleep(0.1)  # a flood's chance to go past it
             assert data() == window  # and not a byte more, however fast the job writes
             stream.ack(MAX_CHUNK)
-            for _ in range(200):
-                if data() >= window + MAX_CHUNK:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_for_async(lambda: data() >= window + MAX_CHUNK, what="the acked bytes")
             await asyncio.sleep(0.1)
             assert data() == window + MAX_CHUNK
         finally:
@@ -220,11 +215,8 @@ def test_the_master_holds_no_more_than_a_window_and_drops_a_node_that_sends_more
         with pytest.raises(Exception, match="attached to another client"):
             await relays.open(master.job, "pty")
         relays.release(stream, "the client disconnected")
-        for _ in range(100):
-            if master.stopped:
-                break
-            await asyncio.sleep(0.01)
-        assert master.stopped and "terminal_grace_s" in master.stopped[0][2]
+        await wait_for_async(lambda: master.stopped, what="the job cancelled after the grace")
+        assert "terminal_grace_s" in master.stopped[0][2]
 
     asyncio.run(main())
 
@@ -243,5 +235,26 @@ def test_a_job_without_a_terminal_or_not_running_is_refused() -> None:
         with pytest.raises(JobError, match="is queued, not running"):
             await relays.open(master.job, "tcp", port=80)
         assert master.commands == []
+
+    asyncio.run(main())
+
+
+def test_a_restarted_master_gives_running_terminals_the_grace_and_not_starting_ones() -> None:
+    import dataclasses
+
+    from masterd.features.relays import Relays
+    from shared.model import JobState
+
+    async def main() -> None:
+        running = _running_job(pty=True)
+        starting = dataclasses.replace(running, id="sh-2", state=JobState.STARTING)
+        master = _Master(running)
+        master.ctx.core.active_jobs = lambda: {j.id: j for j in (running, starting)}
+        relays = Relays(master.ctx)  # type: ignore[arg-type]
+        master.ctx.events.restored.emit()
+        # The running one's client may come back within the grace; the one still starting
+        # (an image pull, a slow node) has no terminal yet: its grace starts when it runs.
+        assert set(relays._orphaned) == {"sh-1"}
+        relays.close()
 
     asyncio.run(main())
