@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from noded.batch import SCRIPT_NAME
+from noded.cgroups.base import subgroups
 from noded.containers import cdi
 from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
 from noded.containers.podman import Podman
@@ -238,8 +239,7 @@ class ContainerLauncher:
             top = root / parent / job_id
             if not top.is_dir():
                 continue
-            for sub in sorted((p for p in top.rglob("*") if p.is_dir()),
-                              key=lambda p: len(p.parts), reverse=True):
+            for sub in subgroups(top):
                 with contextlib.suppress(OSError):
                     os.rmdir(sub)
             if root not in managed:
