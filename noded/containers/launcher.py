@@ -235,7 +235,7 @@ class ContainerLauncher:
         has no group of its own (noded removes its own groups after this)."""
         parent = self.runner.cgroups_parent()
         managed = self._managed_roots(job_id)
-        for root in _cgroup_roots():
+        for root in cgroup_roots():
             top = root / parent / job_id
             if not top.is_dir():
                 continue
@@ -262,7 +262,9 @@ class ContainerLauncher:
         return roots
 
 
-def _cgroup_roots() -> list[Path]:
+def cgroup_roots() -> list[Path]:
+    """Every cgroup hierarchy's mount point (podman's cgroupfs manager uses them all, not only
+    the controllers noded manages)."""
     roots = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
