@@ -123,15 +123,30 @@ PROBE = ("id -u; grep -e NoNewPrivs -e CapEff -e Cpus_allowed_list /proc/self/st
          "echo x > /scratch/ok && echo scratch-writable; "
          "touch /etc/nope 2>/dev/null || echo root-read-only; "
          "(echo x > /data/no) 2>/dev/null || echo mount-read-only; echo to-stderr >&2; "
-         # its metrics channel works in the container; held open long enough to be relayed
-         "echo 'probe_value 7' >> $TRELLIS_METRICS_FILE && sleep 2.5")
+         # its metrics channel works in the container; running until the test saw the line
+         # relayed (the master takes a job's metrics only while it runs)
+         "echo 'probe_value 7' >> $TRELLIS_METRICS_FILE && "
+         "while [ ! -e /data/probe-go ]; do sleep 0.2; done")
 
 
 def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
     job_id = submit(env, "probe", PROBE, memory_mib=128,
                     mounts=[{"source": str(env["allowed"]), "target": "/data",
                              "read_only": True}])
-    job = ended(env, job_id)
+    client = env["cluster"].client()
+
+    def relayed() -> dict | None:
+        metrics = client.call("job", {"id": job_id}).get("metrics") or {}
+        return metrics if "probe_value" in metrics and "image_pulled" in metrics else None
+
+    go = env["allowed"] / "probe-go"
+    try:
+        # The pull's progress and the job's own metric reached the master (trellisctl show).
+        metrics = env["cluster"].wait_for("the job's metrics", relayed, timeout=60)
+        go.touch()
+        job = ended(env, job_id)
+    finally:
+        go.unlink(missing_ok=True)
     out = output(env, job_id)
     assert job["state"] == "finished", (job, out)
     lines = out.splitlines()
@@ -145,8 +160,6 @@ def test_an_image_job_runs_confined_in_its_cgroup(env: dict) -> None:
                  "to-stderr"):
         assert want in lines, (want, out)
     assert podman_ps(env) == []  # removed with the job
-    # The pull's progress and the job's own metric reached the master (trellisctl show).
-    metrics = env["cluster"].client().call("job", {"id": job_id}).get("metrics") or {}
     assert metrics.get("probe_value", {}).get("last") == 7, metrics
     assert metrics.get("image_pulled", {}).get("last") == 1, metrics
     assert metrics["image_pull_s"]["last"] > 0
