@@ -21,7 +21,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from noded.cgroups.base import subgroups
 from noded.containers import cdi
+from noded.containers.launcher import cgroup_roots
 from noded.containers.podman import Podman
 from noded.gpu.devices import NVIDIA_MAJOR, NVIDIACTL_MINOR, DeviceNode, GpuDeviceNodes
 
@@ -118,15 +120,9 @@ def probe(storage: Path, image: str, nodes: GpuDeviceNodes, given: tuple[int, ..
 
 
 def _remove_groups(tag: str) -> None:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            fields = line.split()
-            if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2"):
-                top = Path(fields[1]) / tag
-                if top.is_dir():
-                    for sub in sorted((p for p in top.rglob("*") if p.is_dir()),
-                                      key=lambda p: len(p.parts), reverse=True):
-                        with contextlib.suppress(OSError):
-                            os.rmdir(sub)
-                    with contextlib.suppress(OSError):
-                        os.rmdir(top)
+    for root in cgroup_roots():
+        top = root / tag
+        if top.is_dir():
+            for group in [*subgroups(top), top]:
+                with contextlib.suppress(OSError):
+                    os.rmdir(group)

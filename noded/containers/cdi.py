@@ -10,11 +10,11 @@ in the container at all, and runc's device cgroup denies them even to a ``mknod`
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
 from noded.gpu.devices import GpuDeviceNodes
+from noded.shim import write_atomic
 
 VENDOR = "trellis.dev"
 CLASS = "gpu"
@@ -34,7 +34,7 @@ def spec_path(name: str, spec_dir: Path = SPEC_DIR) -> Path:
 def build_spec(name: str, nodes: GpuDeviceNodes, gpus: tuple[int, ...]) -> dict:
     """The CDI document for device ``name``: ``gpus``' device files and nothing else."""
     devices = []
-    for i, node in enumerate(nodes.for_job(gpus)):
+    for node in nodes.for_job(gpus):
         # A GPU's file keeps its name in the container only if that name is /dev/nvidiaN;
         # an emulated node's scratch files become /dev/nvidia<minor> / their own base name.
         base = os.path.basename(node.path)
@@ -42,7 +42,6 @@ def build_spec(name: str, nodes: GpuDeviceNodes, gpus: tuple[int, ...]) -> dict:
         devices.append({"path": target, "hostPath": node.path, "type": "c",
                         "major": node.major, "minor": node.minor,
                         "permissions": "rw"})
-        del i
     mounts = [{"hostPath": lib, "containerPath": lib, "options": ["ro", "nosuid", "nodev",
                                                                   "bind"]}
               for lib in nodes.libraries]
@@ -58,10 +57,7 @@ def write_spec(name: str, nodes: GpuDeviceNodes, gpus: tuple[int, ...],
                spec_dir: Path = SPEC_DIR) -> str:
     """Write the spec; returns the ``--device`` value naming it."""
     spec_dir.mkdir(parents=True, exist_ok=True)
-    path = spec_path(name, spec_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(build_spec(name, nodes, gpus)))
-    os.replace(tmp, path)
+    write_atomic(spec_path(name, spec_dir), build_spec(name, nodes, gpus))
     return f"{VENDOR}/{CLASS}={name}"
 
 

@@ -14,15 +14,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from noded.batch import SCRIPT_NAME
+from noded.cgroups.base import subgroups
 from noded.containers import cdi
 from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
 from noded.containers.podman import Podman
-from noded.gpu.devices import GpuDeviceNodes
 from noded.usage.cgroupstat import JobGroups, Mounts
 from shared.config import ContainersConfig
 from shared.imageref import ImageRefError, parse_image
@@ -33,21 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("trellis.node.containers")
 
 
-def device_nodes_of(backend: Any) -> GpuDeviceNodes | None:
-    """The backend's GPU device files, when it can say (``GpuBackend.device_nodes``)."""
-    provide = getattr(backend, "device_nodes", None)
-    return provide() if callable(provide) else None
-
-
 class ContainerLauncher:
     def __init__(self, runner: JobRunner, config: ContainersConfig, state_dir: Path,
-                 devices: Callable[[], GpuDeviceNodes | None] | None = None,
                  cdi_dir: Path = cdi.SPEC_DIR) -> None:
         self.runner = runner
         self.config = config
         storage = Path(config.storage_dir) if config.storage_dir else state_dir / "containers"
         self.podman = Podman(storage, config.runtime)
-        self.devices = devices or (lambda: device_nodes_of(runner.gpus))
         self.cdi_dir = cdi_dir
         self.unavailable = Podman.available(config.runtime)
         if self.unavailable:
@@ -93,12 +84,9 @@ class ContainerLauncher:
         devices: list[str] = []
         refused = ""
         try:
-            nodes = self.devices() if alloc.gpus else None
-            if nodes is not None:
-                devices.append(cdi.write_spec(name, nodes, tuple(alloc.gpus), self.cdi_dir))
-            elif alloc.gpus:
-                log.warning("job=%s: the GPU backend names no device files; the container "
-                            "gets no GPU device", part.job_id)
+            if alloc.gpus:  # the backend's device files (GpuBackend.device_nodes)
+                devices.append(cdi.write_spec(name, self.runner.gpus.device_nodes(),
+                                              tuple(alloc.gpus), self.cdi_dir))
         except (OSError, KeyError, ValueError) as exc:
             # The launch fails with this sentence (the job's reason), as any bad input does.
             refused = f"the job's GPUs cannot be given to its container: {exc}"
@@ -234,12 +222,11 @@ class ContainerLauncher:
         has no group of its own (noded removes its own groups after this)."""
         parent = self.runner.cgroups_parent()
         managed = self._managed_roots(job_id)
-        for root in _cgroup_roots():
+        for root in cgroup_roots():
             top = root / parent / job_id
             if not top.is_dir():
                 continue
-            for sub in sorted((p for p in top.rglob("*") if p.is_dir()),
-                              key=lambda p: len(p.parts), reverse=True):
+            for sub in subgroups(top):
                 with contextlib.suppress(OSError):
                     os.rmdir(sub)
             if root not in managed:
@@ -262,7 +249,9 @@ class ContainerLauncher:
         return roots
 
 
-def _cgroup_roots() -> list[Path]:
+def cgroup_roots() -> list[Path]:
+    """Every cgroup hierarchy's mount point (podman's cgroupfs manager uses them all, not only
+    the controllers noded manages)."""
     roots = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
