@@ -396,7 +396,10 @@ def assumptions_text(study: GenieStudy) -> str:
         "Capacity's shares: equal among the model types present, whole GPUs by largest "
         "remainder (the paper gives no shares);",
         "the ground truth the tasks meet (not the paper's GPUs): a saturating single-GPU "
-        "curve per model with plausible K80-class coefficients, per-run lognormal noise "
+        "curve per model (Eq. 7's quadratic, flat past its peak) with plausible K80-class "
+        "coefficients, scaled over GPUs by Eq. 5 with Eq. 8's Comm — the form GENIE's "
+        "profiling fits, so the model-driven policies predict a truth of their own form "
+        "(sim/truth.py) —, per-run lognormal noise "
         f"(σ = {truth.noise_sigma:g}), locality penalties, and interference of "
         f"{truth.alpha_pcie:g} per other job behind a shared PCIe switch and "
         f"{truth.alpha_net:g} per other multi-node job on a shared node, scaled by "
