@@ -89,7 +89,8 @@ class AdaptiveCpus:
         try:
             if not self.applies(job.spec) or not alloc.gpus or not alloc.cpus:
                 return None
-            start_point(job.spec, self.history, available=len(alloc.cpus))  # readable?
+            # Raises for a spec it cannot read: checked before widening takes any cores.
+            start_point(job.spec, self.history, available=len(alloc.cpus))
         except ValueError as exc:  # checked at submission; a restored job may predate that
             log.warning("job=%s node=%s not tuned: %s", job.id, alloc.node, exc)
             return None
