@@ -45,10 +45,11 @@ from sim.studies.genie import (
     Results,
     best_baseline,
     cells,
+    decomposition_key,
+    error_decomposition,
     error_stats,
     makespan_vs,
     replay_cell,
-    signed_error_pct,
 )
 
 
@@ -113,17 +114,8 @@ def main() -> int:
         for name, label in (("own_share", "capacity"), ("lending", CAPACITY_LEND)):
             q = res.spread(res.runs(args.lengths, density, label), "qos_pct")
             capacity[key][name] = q.mean if q else None
-        decomposition[key] = {}
-        for noise in (True, False):
-            for interference in (True, False):
-                lats = [t for r in res.runs(args.lengths, density, "swaf",
-                                            interference=interference, noise=noise)
-                        for t in r.latencies]
-                n, m, p = error_stats(lats)
-                decomposition[key][f"noise={'on' if noise else 'off'},interference="
-                                   f"{'on' if interference else 'off'}"] = {
-                    "tasks": n, "mean_pct": m, "p95_pct": p,
-                    "bias_pct": signed_error_pct(lats)}
+        decomposition[key] = {decomposition_key(noise, interference): e for noise,
+                              interference, e in error_decomposition(res, args.lengths, density)}
         print(f"density {density:g} (offered load {offered[key]:.2f}): SWAF QoS "
               f"{b['swaf_qos']:.1f} % vs {b['best_qos']} {b['best_qos_value']:.1f} % "
               f"({b['qos_change_pct']:+.1f} %); makespan {b['swaf_makespan_h']:.1f} h vs "

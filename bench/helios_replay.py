@@ -34,8 +34,8 @@ from sim.studies.philly import (
     HELIOS_PHILLY,
     PhillyStudy,
     band,
-    nearest_scales,
     ratio_band,
+    scales_of_band,
     search_scale,
     seeded_setup,
     stats,
@@ -75,9 +75,7 @@ def main() -> dict[str, object]:
     for probe in probes:
         print(f"probe vc_scale={probe['vc_scale']} nodes={probe['nodes']} "
               f"fifo node util={probe['node_util_pct']:.1f}%", flush=True)
-    scales = nearest_scales(probes, study.target_util_pct, study.band_scales) or [scale]
-    if scale not in scales:
-        scales = [scale, *scales[:-1]]
+    scales = scales_of_band(probes, study, scale)
     out: dict[str, dict[str, Any]] = {}
     searched = [p for p in probes if p["vc_scale"] == scale]
     if searched:  # the search already replayed FIFO there

@@ -39,15 +39,20 @@ def apply_helios_setup(args: argparse.Namespace) -> str | None:
     window = args.since is None and args.until is None
     if window:
         args.since, args.until = study.since, study.until
-    exact = args.noise is None and not args.no_interference
+    # Each says what this changes; the user's own --noise or --no-interference is not news.
+    changed = [what for what, unset in (("no noise", args.noise is None),
+                                        ("no interference", not args.no_interference))
+               if unset]
     if args.noise is None:
         args.noise = 0.0
     args.no_interference = True
     parts = [f"each VC on its own nodes at VC scale {HELIOS_VC_SCALE:g}"]
     if window:
         parts.append(f"jobs submitted {study.since} to {study.until}")
-    if exact:
+    if len(changed) == 2:
         parts.append("every job runs its recorded duration (no noise, no interference)")
+    elif changed:
+        parts.append(changed[0])
     return ("philly: no cluster given, so this is the Helios study's setup ("
             + "; ".join(parts) + "; Helios' rules for fifo, sjf and qssf without options of "
             "your own). For other loads: --per-vc --vc-scale S (more nodes: less waiting), or "

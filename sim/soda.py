@@ -50,7 +50,7 @@ from masterd.core.inference import (
     replica_room,
 )
 from masterd.core.policy import Policy, Preempt
-from masterd.core.widen import spare_cores, widened
+from masterd.core.widen import node_spare_cores, widened
 from noded.policy.contention import (
     ContentionController,
     JobSample,
@@ -245,13 +245,7 @@ class SodaSimulator(Simulator):
         view = self.core.cluster.node(node)
         if view is None:
             return cpus
-        cpu_array = None
-        if isinstance(self.policy, ArrayPolicy):
-            na = self.policy.array_map(self.core.snapshot()).nodes.get(node)
-            cpu_array = na.cpu_job_cpus if na is not None else frozenset()
-        inv = self.inventories[node]
-        spare = spare_cores(view.free_cpus, cpu_array, len(view.free_gpus),
-                            len(inv.cpus) // max(1, len(inv.gpus)))
+        spare = node_spare_cores(self.policy, self.core.snapshot, view)
         new = widened(cpus, gpus, spare, self.soda.max_cores_per_gpu)
         if len(new) > len(cpus):
             self.core.cores_changed(job_id, node, new)

@@ -24,7 +24,11 @@ it does with a request's cores. Pure and synchronous: the master's feature
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+
+from masterd.core.arrays import ArrayPolicy
+from masterd.core.cluster import ClusterSnapshot, NodeView
+from masterd.core.policy import Policy
 
 
 def ceiling(placed: int, gpus: int, max_cores_per_gpu: int) -> int:
@@ -50,6 +54,20 @@ def spare_cores(
     reserve = max(0, free_gpus) * max(0, reserve_per_gpu)
     ordered = sorted(free)
     return ordered[reserve:] if reserve < len(ordered) else []
+
+
+def node_spare_cores(policy: Policy, snapshot: Callable[[], ClusterSnapshot],
+                     view: NodeView) -> list[int]:
+    """:func:`spare_cores` of one node under ``policy`` (unwrapped): the CPU-job array's
+    cores of the node under SODA's arrays (``snapshot`` is called only then), else its free
+    cores beyond a reserve of the node's cores per GPU for each of its free GPUs."""
+    cpu_array: Collection[int] | None = None
+    if isinstance(policy, ArrayPolicy):
+        na = policy.array_map(snapshot()).nodes.get(view.name)
+        cpu_array = na.cpu_job_cpus if na is not None else frozenset()
+    inv = view.inventory
+    return spare_cores(view.free_cpus, cpu_array, len(view.free_gpus),
+                       len(inv.cpus) // max(1, len(inv.gpus)))
 
 
 def widened(held: Iterable[int], gpus: int, spare: Iterable[int],

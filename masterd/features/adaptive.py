@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import AllocationError
 from masterd.core.cores import category_of, declared_traits, remember, start_point
 from masterd.core.scheduler import JobError
-from masterd.core.widen import spare_cores, widened
+from masterd.core.widen import node_spare_cores, widened
 from masterd.journal.cores import load_history, remember_cores
 from masterd.runtime.context import FeatureContext
 from shared.messages import CorePlan, CoresChanged
@@ -90,7 +89,8 @@ class AdaptiveCpus:
         try:
             if not self.applies(job.spec) or not alloc.gpus or not alloc.cpus:
                 return None
-            start_point(job.spec, self.history, available=len(alloc.cpus))  # readable?
+            # Raises for a spec it cannot read: checked before widening takes any cores.
+            start_point(job.spec, self.history, available=len(alloc.cpus))
         except ValueError as exc:  # checked at submission; a restored job may predate that
             log.warning("job=%s node=%s not tuned: %s", job.id, alloc.node, exc)
             return None
@@ -119,14 +119,7 @@ class AdaptiveCpus:
         view = self.ctx.core.node(alloc.node)
         if view is None:
             return alloc.cpus
-        policy = self.ctx.core.policy
-        cpu_array = None
-        if isinstance(policy, ArrayPolicy):
-            na = policy.array_map(self.ctx.core.snapshot()).nodes.get(alloc.node)
-            cpu_array = na.cpu_job_cpus if na is not None else frozenset()
-        inv = view.inventory
-        spare = spare_cores(view.free_cpus, cpu_array, len(view.free_gpus),
-                            len(inv.cpus) // max(1, len(inv.gpus)))
+        spare = node_spare_cores(self.ctx.core.policy, self.ctx.core.snapshot, view)
         cpus = widened(alloc.cpus, len(alloc.gpus), spare, self.max_cores_per_gpu)
         if len(cpus) == len(alloc.cpus):
             return alloc.cpus

@@ -354,6 +354,28 @@ def signed_error_pct(latencies: list[TaskLatency]) -> float | None:
                              for t in latencies) / len(latencies)
 
 
+def error_decomposition(res: Results, lengths: str, density: float
+                        ) -> list[tuple[bool, bool, dict[str, Any]]]:
+    """SWAF's prediction error (mode any) at one density under each setting of the truth's
+    noise and interference that was replayed: (noise, interference, {tasks, mean_pct,
+    p95_pct, bias_pct}), both on first."""
+    out = []
+    for noise, interference in ((True, True), (False, True), (True, False), (False, False)):
+        lats = [t for r in res.runs(lengths, density, "swaf", interference=interference,
+                                    noise=noise) for t in r.latencies]
+        if not lats:
+            continue
+        n, m, p = error_stats(lats)
+        out.append((noise, interference, {"tasks": n, "mean_pct": m, "p95_pct": p,
+                                          "bias_pct": signed_error_pct(lats)}))
+    return out
+
+
+def decomposition_key(noise: bool, interference: bool) -> str:
+    return (f"noise={'on' if noise else 'off'},"
+            f"interference={'on' if interference else 'off'}")
+
+
 def makespan_vs(res: Results, lengths: str, density: float, label: str,
                 base: str = "tetris-cer") -> float | None:
     """``label``'s mean makespan against ``base``'s, in % (positive = longer than base)."""
@@ -396,7 +418,10 @@ def assumptions_text(study: GenieStudy) -> str:
         "Capacity's shares: equal among the model types present, whole GPUs by largest "
         "remainder (the paper gives no shares);",
         "the ground truth the tasks meet (not the paper's GPUs): a saturating single-GPU "
-        "curve per model with plausible K80-class coefficients, per-run lognormal noise "
+        "curve per model (Eq. 7's quadratic, flat past its peak) with plausible K80-class "
+        "coefficients, scaled over GPUs by Eq. 5 with Eq. 8's Comm — the form GENIE's "
+        "profiling fits, so the model-driven policies predict a truth of their own form "
+        "(sim/truth.py) —, per-run lognormal noise "
         f"(σ = {truth.noise_sigma:g}), locality penalties, and interference of "
         f"{truth.alpha_pcie:g} per other job behind a shared PCIe switch and "
         f"{truth.alpha_net:g} per other multi-node job on a shared node, scaled by "
@@ -639,21 +664,11 @@ def run_on(study: GenieStudy, trace_dir: Path, out_dir: Path, show: bool,
             decomposition[lengths] = {}
             for density in study.densities:
                 rows = {}
-                for noise, interference in ((True, True), (False, True), (True, False),
-                                            (False, False)):
-                    runs = res.runs(lengths, density, "swaf", interference=interference,
-                                    noise=noise)
-                    lats = [t for r in runs for t in r.latencies]
-                    if not lats:
-                        continue
-                    n, m, p = error_stats(lats)
-                    bias = signed_error_pct(lats)
+                for noise, interference, e in error_decomposition(res, lengths, density):
                     table.add(lengths, density, res.offered_ratio(lengths, density),
                               "on" if noise else "off", "on" if interference else "off",
-                              n, m, p, bias)
-                    rows[f"noise={'on' if noise else 'off'},interference="
-                         f"{'on' if interference else 'off'}"] = {
-                        "tasks": n, "mean_pct": m, "p95_pct": p, "bias_pct": bias}
+                              e["tasks"], e["mean_pct"], e["p95_pct"], e["bias_pct"])
+                    rows[decomposition_key(noise, interference)] = e
                 decomposition[lengths][f"{density:g}"] = rows
 
     defer_densities = [d for d in study.densities if d in study.defer_densities]

@@ -112,10 +112,6 @@ def batch_stats(result: SimResult) -> dict[str, Any]:
     }
 
 
-def _testbed_truth(config: LiquidTestbed) -> TruthConfig:
-    return testbed_truth(config.launch_s)
-
-
 def traffic(study: LiquidStudy, worker_mbps: float | None
             ) -> tuple[dict[str, SyncProfile], dict[str, Any]]:
     """The PS traffic profiles at a calibration (None: uncalibrated), and what it is."""
@@ -138,7 +134,7 @@ def run_testbed(study: LiquidStudy, nodes: int, model: Any, network: bool,
     profiles = profiles if profiles is not None else traffic(study, study.worker_mbps)[0]
     config = replace(study.testbed, nodes=nodes, seed=study.seed)
     workload = build_testbed(config)
-    sim_config = SimConfig(seed=study.seed, truth=_testbed_truth(config))
+    sim_config = SimConfig(seed=study.seed, truth=testbed_truth(config.launch_s))
     runs: dict[str, dict[str, Any]] = {}
     variants: list[tuple[str, str, dict[str, Any]]] = [
         ("liquid", "liquid", {"seed": study.seed}),

@@ -289,6 +289,15 @@ def nearest_scales(probes: list[dict[str, Any]], target: float, count: int) -> l
     return out
 
 
+def scales_of_band(probes: list[dict[str, Any]], study: PhillyStudy, scale: float
+                   ) -> list[float]:
+    """The VC scales the band spans: the probes nearest the target (``nearest_scales``),
+    always with ``scale`` (the point estimate's) in place of the farthest; ``scale`` alone
+    without probes."""
+    scales = nearest_scales(probes, study.target_util_pct, study.band_scales) or [scale]
+    return scales if scale in scales else [scale, *scales[:-1]]
+
+
 def band(values: list[float | None]) -> tuple[float, float] | None:
     """[low, high] of the values that exist; None when there are none."""
     kept = [v for v in values if v is not None]
@@ -349,9 +358,7 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
     section = Section("philly", "Philly trace as Helios replayed it (Helios §4.2.3, Tables 3–4)")
     started = time.monotonic()
     # Helios' simulator runs each job for exactly its recorded duration.
-    truth_config = TruthConfig(noise_sigma=0.0, interference=False)
-    setup = Setup(study, trace_dir, TruthModel(truth_config, study.seed),
-                   SimConfig(seed=study.seed, truth=truth_config), since, until, show, {})
+    setup = seeded_setup(study, trace_dir, study.seed, show)
     probes: list[dict[str, Any]] = []
     scale = study.fixed_scale if study.fixed_scale is not None else search_scale(setup, probes)
     results: dict[tuple[str, float], dict[str, Any]] = {}
@@ -367,10 +374,7 @@ def run(study: PhillyStudy, trace_dir: Path, out_dir: Path, show: bool) -> Secti
         for name in ("fifo", "sjf"):
             result, wall = setup.run(name, scale, aligned=False)
             unaligned[name] = dict(stats(result, setup.workload(scale)), wall_s=wall)
-    band_scales = (nearest_scales(probes, study.target_util_pct, study.band_scales)
-                   if probes else [scale])
-    if scale not in band_scales:
-        band_scales = [scale, *band_scales[:-1]]
+    band_scales = scales_of_band(probes, study, scale)
     # Replays already made: the search's FIFO probes and both policies at the chosen scale.
     known: dict[tuple[int, float], dict[str, Any]] = {
         (study.seed, p["vc_scale"]): {"fifo": p} for p in probes}

@@ -91,6 +91,27 @@ def test_signed_error_says_which_way_tasks_missed() -> None:
     assert study.signed_error_pct([]) is None
 
 
+def test_error_decomposition_takes_each_replayed_setting_of_the_truth() -> None:
+    """One row per (noise, interference) replayed, both on first; settings not replayed
+    (and other policies' latencies) are left out."""
+    base = study.Cell("short", 5.0, 1, 24.0, "swaf", keep_latencies=True)
+
+    def result(cell: study.Cell, *lats: TaskLatency) -> study.CellResult:
+        return study.CellResult(cell, {}, [], latencies=list(lats))
+
+    on = TaskLatency("m", "training", predicted_s=90.0, measured_s=100.0)
+    quiet = TaskLatency("m", "training", predicted_s=104.0, measured_s=100.0)
+    quiet_cell = replace(base, noise=False, interference=False)
+    res = study.Results([result(base, on, on), result(quiet_cell, quiet),
+                         result(replace(base, policy="fifo"), quiet)])
+    rows = study.error_decomposition(res, "short", 5.0)
+    assert [(n, i) for n, i, _ in rows] == [(True, True), (False, False)]
+    assert rows[0][2] == {"tasks": 2, "mean_pct": pytest.approx(10.0), "p95_pct":
+                          pytest.approx(10.0), "bias_pct": pytest.approx(10.0)}
+    assert rows[1][2]["bias_pct"] == pytest.approx(-4.0)
+    assert study.decomposition_key(False, True) == "noise=off,interference=on"
+
+
 def test_live_default_keeps_urgent_jobs_on_their_request_under_cap() -> None:
     """Why the master keeps urgent_placement="fastest" (docs/policies/genie.md): under its
     default shape_mode="cap", Algorithm 1's rule gives an urgent job the cheapest shape, the

@@ -148,13 +148,19 @@ def test_grouping_ga_is_seeded_and_places_every_task() -> None:
     assert first.evaluations <= 600
 
 
-def test_ga_never_returns_worse_than_the_plans_it_starts_from() -> None:
+def _three_jobs_of_three():
+    """Three three-GPU jobs on six nodes: their demands, candidates and the pass's state."""
     nodes = [node(f"n{i}") for i in range(6)]
     core = core_with(LiquidPolicy(), nodes)
     jobs = [Job(id=f"j{i}", spec=spec(f"j{i}", 3), submit_time=0.0) for i in range(3)]
     state = LiquidPass(core.snapshot(), 0.0, ScoreWeights(), 100.0, SharingRule(), False)
     demands = [demand_of(j, 100.0, None) for j in jobs]
     cands = [state.candidates(j) for j in jobs]
+    return demands, cands, state
+
+
+def test_ga_never_returns_worse_than_the_plans_it_starts_from() -> None:
+    demands, cands, state = _three_jobs_of_three()
     # A deliberately poor seed: every task on a different node where possible.
     names = [c.name for c in cands[0]]
     poor = [{t.index: names[(k + t.index) % 6] for t in d.tasks} for k, d in enumerate(demands)]
@@ -170,12 +176,7 @@ def test_ga_never_returns_worse_than_the_plans_it_starts_from() -> None:
 
 
 def test_without_a_cap_the_ga_stops_by_liquids_rule_alone() -> None:
-    nodes = [node(f"n{i}") for i in range(6)]
-    core = core_with(LiquidPolicy(), nodes)
-    jobs = [Job(id=f"j{i}", spec=spec(f"j{i}", 3), submit_time=0.0) for i in range(3)]
-    state = LiquidPass(core.snapshot(), 0.0, ScoreWeights(), 100.0, SharingRule(), False)
-    demands = [demand_of(j, 100.0, None) for j in jobs]
-    cands = [state.candidates(j) for j in jobs]
+    demands, cands, state = _three_jobs_of_three()
     capped = grouping_ga(demands, cands, state.caps, Load(), ScoreWeights(),
                          GaSettings(max_evaluations=50), "s")
     free = grouping_ga(demands, cands, state.caps, Load(), ScoreWeights(),

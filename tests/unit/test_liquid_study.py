@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from masterd.core.policies import make_policy
 from shared.model import NodeAllocation, Placement
 from sim.cli import main
@@ -113,12 +115,8 @@ def test_traffic_is_calibrated_to_the_papers_measured_worker() -> None:
     step = profiles["vgg16"].compute_s / net.factor("j")
     assert abs(2 * profiles["vgg16"].gradient_mb / step - 200.0) < 1e-6
     for bad in (0.0, 1875.0):
-        try:
+        with pytest.raises(ValueError, match="NIC"):
             calibrate(SYNC_PROFILES, "vgg16", bad, 1875.0)
-        except ValueError as exc:
-            assert "NIC" in str(exc)
-        else:
-            raise AssertionError("a rate at or above the NIC's was accepted")
 
 
 def test_the_history_is_what_the_simulated_nodes_metered() -> None:

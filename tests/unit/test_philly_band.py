@@ -26,6 +26,14 @@ def test_nearest_scales_are_the_probes_nearest_the_target() -> None:
     assert study.nearest_scales([], 69.0, 3) == []
 
 
+def test_the_band_always_holds_the_point_estimates_scale() -> None:
+    config = replace(study.PhillyStudy(), band_scales=2)
+    probes = [probe(0.3, 69.5, 100), probe(0.4, 68.0, 130), probe(0.2, 80.0, 70)]
+    assert study.scales_of_band(probes, config, 0.3) == [0.3, 0.4]
+    assert study.scales_of_band(probes, config, 0.2) == [0.2, 0.3]  # in place of the farthest
+    assert study.scales_of_band([], config, 0.25) == [0.25]
+
+
 def test_band_ignores_missing_ratios() -> None:
     assert study.band([5.1, None, 6.7, 5.2]) == (5.1, 6.7)
     assert study.band([None]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import logging
@@ -165,6 +166,28 @@ def test_default_philly_run_is_the_helios_study_setup(
     printed = capsys.readouterr().out
     assert "Helios study's setup" not in printed
     assert "no job waited in any run" in printed and "--vc-scale" in printed
+
+
+def test_default_philly_setup_says_what_it_turns_off() -> None:
+    """The Helios setup always replays without interference; a user who set --noise is told
+    that interference is off too, not left to find it in the results."""
+    from sim.philly_run import apply_helios_setup
+
+    def told(**given: object) -> tuple[str, argparse.Namespace]:
+        args = argparse.Namespace(**{"workload": "philly", "nodes": None, "per_vc": False,
+                                     "vc_scale": None, "since": None, "until": None,
+                                     "noise": None, "no_interference": False, **given})
+        sentence = apply_helios_setup(args)
+        assert sentence is not None and args.no_interference is True
+        return sentence, args
+
+    sentence, args = told()
+    assert "recorded duration (no noise, no interference)" in sentence and args.noise == 0.0
+    sentence, args = told(noise=0.05)
+    assert "; no interference;" in sentence and "no noise" not in sentence
+    assert args.noise == 0.05
+    sentence, _ = told(no_interference=True)
+    assert "; no noise;" in sentence and "no interference" not in sentence
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.policies import make_policy
-from masterd.core.widen import ceiling, spare_cores, widened
+from masterd.core.widen import ceiling, node_spare_cores, spare_cores, widened
 from shared.model import JobKind, JobSpec
 from sim.cluster import NodeGroup, build_node
 from sim.engine import SimConfig
@@ -109,3 +110,26 @@ def test_the_replay_widens_a_starved_job_which_then_runs_faster_and_busier() -> 
     assert narrow.stats.tuned_parts == 0  # one core: nothing to tune, starved throughout
     end_wide, end_narrow = wide.records["t1"].end, narrow.records["t1"].end
     assert end_wide is not None and end_narrow is not None and end_wide < end_narrow / 2
+
+
+def test_a_nodes_spare_cores_follow_the_policy() -> None:
+    """What the master (masterd.features.adaptive) and the replay (sim.soda) widen into: the
+    CPU-job array's free cores under SODA's arrays, else free cores beyond a reserve per free
+    GPU (the node's cores per GPU)."""
+    inv = build_node("n0", NodeGroup(count=1, gpus_per_node=2, gpu_model="A100", cpu_cores=8,
+                                     sockets=1, memory_mib=64_000))
+    view = NodeView(inv, frozenset({1}), frozenset(range(1, 8)), 64_000)
+    calls: list[int] = []
+
+    def snapshot() -> ClusterSnapshot:
+        calls.append(1)
+        return ClusterSnapshot({"n0": view}, {})
+
+    # FIFO: one GPU free, so 8 // 2 = 4 of the 7 free cores stay back for it.
+    assert node_spare_cores(make_policy("fifo"), snapshot, view) == [5, 6, 7]
+    assert calls == []  # no snapshot without arrays
+    arrays = make_policy("soda-arrays")
+    cpu_array = arrays.array_map(ClusterSnapshot({"n0": view}, {})).nodes["n0"].cpu_job_cpus
+    assert cpu_array and not cpu_array >= {5}  # the array holds fewer than the reserve rule
+    assert node_spare_cores(arrays, snapshot, view) == sorted(cpu_array & view.free_cpus)
+    assert calls == [1]
