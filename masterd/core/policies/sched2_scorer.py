@@ -58,6 +58,9 @@ class Sched2ScorerPolicy(Sched2Selection):
         blocked: set[str] = set()
         decisions: list[Decision] = []
         totals: list[float] = []
+        # A job's row is fixed for the pass (time is frozen) but for packing's slowdown,
+        # which the placements of this pass change: built once, the slowdown set per decision.
+        rows: dict[str, np.ndarray] = {}
         while True:
             candidates = [w for w in remaining if w.job.id not in blocked and fits_free(w, free)]
             if not candidates:
@@ -68,9 +71,11 @@ class Sched2ScorerPolicy(Sched2Selection):
                           math.fsum([w.job.submit_time for w in remaining])]
             mask = np.ones(len(candidates) + 1, dtype=bool)
             mask[-1] = busy or bool(decisions)  # the idle-cluster guard of ``sched2``
-            packing = self._packing(candidates, mask, pool, models)
-            jobs = np.stack([job_row(w, now, scale, m, p, k)
-                             for w, p in zip(candidates, packing, strict=True)])
+            for w in candidates:
+                if w.job.id not in rows:
+                    rows[w.job.id] = job_row(w, now, scale, m, 0.0, k)
+            jobs = np.stack([rows[w.job.id] for w in candidates])
+            jobs[:, k + 2] = self._packing(candidates, mask, pool, models)
             stats = np.concatenate((
                 queue_statistics((totals[0], totals[1], totals[2], totals[3]), now, scale, m),
                 np.array([sum(free.values()) / max(1, usable),
