@@ -10,7 +10,6 @@ servers, so a model is not tied to the number of servers, only to their GPU coun
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,12 @@ import numpy as np
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.placement import FreePool
-from masterd.core.policies.sched2 import Sched2Selection, fits_free
+from masterd.core.policies.sched2 import (
+    Sched2Selection,
+    fits_free,
+    queue_totals,
+    take_from_totals,
+)
 from masterd.core.policy import Decision
 from masterd.core.sched2.agent import Agent, ScorerAgent
 from masterd.core.sched2.models import GpuModels
@@ -66,9 +70,7 @@ class Sched2ScorerPolicy(Sched2Selection):
             if not candidates:
                 break
             if not totals:
-                totals = [float(len(remaining)), float(sum([w.gpus for w in remaining])),
-                          math.fsum([w.profile.ideal for w in remaining]),
-                          math.fsum([w.job.submit_time for w in remaining])]
+                totals = queue_totals(remaining)
             mask = np.ones(len(candidates) + 1, dtype=bool)
             mask[-1] = busy or bool(decisions)  # the idle-cluster guard of ``sched2``
             for w in candidates:
@@ -95,8 +97,6 @@ class Sched2ScorerPolicy(Sched2Selection):
                 continue
             decisions.append(start)
             remaining.remove(chosen)
-            for i, value in enumerate((1.0, chosen.gpus, chosen.profile.ideal,
-                                       chosen.job.submit_time)):
-                totals[i] -= value
+            take_from_totals(totals, chosen)
         return decisions
 
