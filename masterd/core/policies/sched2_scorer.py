@@ -24,7 +24,7 @@ from masterd.core.policies.sched2 import (
     take_from_totals,
 )
 from masterd.core.policy import Decision
-from masterd.core.sched2.agent import Agent, ScorerAgent
+from masterd.core.sched2.agent import Agent, GreedyAgent
 from masterd.core.sched2.models import GpuModels
 from masterd.core.sched2.network import Shape
 from masterd.core.sched2.scorer import ScorerNetwork
@@ -49,7 +49,7 @@ class Sched2ScorerPolicy(Sched2Selection):
         # The state's matrix has a row per GPU server, however many there are (``fit``).
         super().__init__(Shape(1, s.gpus_per_server, 1, s.profiles, packing=True,
                                canonical=True),
-                         agent if agent is not None else ScorerAgent(self.network),
+                         agent if agent is not None else GreedyAgent(self.network),
                          self.network.time_scale, modeldb, default_duration_s, fit=True)
 
     def _select(self, waiting: list[Waiting], snapshot: ClusterSnapshot, pool: FreePool,

@@ -35,11 +35,14 @@ def greedy(q: np.ndarray, mask: np.ndarray) -> int:
 
 
 class GreedyAgent:
-    def __init__(self, network: QNetwork) -> None:
+    """A trained network, greedily: the Q-network over the window (``sched2``) or the per-job
+    scorer (``sched2-scorer``), each fed the inputs its observation names (``parts``)."""
+
+    def __init__(self, network: QNetwork | ScorerNetwork) -> None:
         self.network = network
 
-    def act(self, observation: Observation) -> int:
-        q = self.network.q_values(observation.servers, observation.jobs)
+    def act(self, observation: Observation | ScorerObservation) -> int:
+        q = self.network.q_values(**observation.parts())
         return greedy(q, observation.mask)
 
     def reward(self, value: float) -> None:
@@ -77,20 +80,6 @@ class HoldAgent:
 
     def reward(self, value: float) -> None:
         """A rule does not learn."""
-
-
-class ScorerAgent:
-    """The trained per-job scorer, greedily: the candidate (or "no job") scored highest."""
-
-    def __init__(self, network: ScorerNetwork) -> None:
-        self.network = network
-
-    def act(self, observation: ScorerObservation) -> int:
-        q = self.network.q_values(observation.servers, observation.jobs, observation.stats)
-        return greedy(q, observation.mask)
-
-    def reward(self, value: float) -> None:
-        """Serving does not learn."""
 
 
 def scorer_hold_action(observation: ScorerObservation, profiles: int) -> int:
