@@ -182,5 +182,7 @@ def test_a_short_scorer_training_run_across_loads_writes_its_record(tmp_path: Pa
     assert record["chosen"]["effectiveness"] > 0.9 * hold  # near the rule it imitated
     trained = ScorerNetwork.load(tmp_path / "scorer.npz")
     assert trained.meta["agent"] == "sched2-scorer"
+    assert trained.meta["episodes_done"] == trained.meta["episodes"] == 3
+    assert trained.meta["complete"] is True
     with pytest.raises(ValueError, match="packing feature"):
         replace(base, agent="sched2-scorer")
