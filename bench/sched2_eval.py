@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from masterd.core.policies.sched2 import DEFAULT_MODEL, Sched2Policy
 from masterd.core.policies.sched2_scorer import DEFAULT_SCORER, Sched2ScorerPolicy
-from masterd.core.sched2.agent import GreedyAgent, ScorerAgent
+from masterd.core.sched2.agent import GreedyAgent
 from masterd.core.sched2.network import QNetwork, Shape, random_network
 from masterd.core.sched2.scorer import ScorerNetwork
 from sim.engine import SimConfig, simulate
@@ -108,7 +108,7 @@ class TimedAgent:
     time, and this thread's CPU time (what the code costs when the host's cores are taken by
     others)."""
 
-    def __init__(self, inner: GreedyAgent | ScorerAgent) -> None:
+    def __init__(self, inner: GreedyAgent) -> None:
         self.inner = inner
         self.decisions: list[float] = []
         self.cpu: list[float] = []
@@ -171,7 +171,7 @@ def latency(trace: Path, servers: int, jobs: int, like: Shape,
     db = oracle_modeldb(study.TRUTH, workload.GPU_MODEL)
     policy: Sched2Policy | Sched2ScorerPolicy
     if scorer is not None:
-        agent = TimedAgent(ScorerAgent(scorer))
+        agent = TimedAgent(GreedyAgent(scorer))
         policy = Sched2ScorerPolicy(model=scorer, modeldb=db, agent=agent)
     else:
         network = random_network(Shape(servers, opts.gpus_per_server, 10, like.profiles,

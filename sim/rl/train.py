@@ -274,8 +274,10 @@ def _finish(config: TrainConfig, meta: dict[str, Any],
         "evaluations": evaluations,
         "torch": torch.__version__,
     }
+    # ``episodes`` is the run asked for; a file written before its end (every evaluation
+    # leaves one) says how far it got.
     network = replace(best[1], meta={**meta, "chosen_after_episodes": chosen["episode"],
-                                     "episodes_done": len(history),
+                                     "episodes_done": len(history), "complete": complete,
                                      "train_seconds": round(seconds, 1)})
     written = write_outputs(config.out, network, record)
     return TrainResult(network, record, written)

@@ -28,7 +28,7 @@ import math
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -270,6 +270,12 @@ def sensitivity(w: Any, result: SimResult, gpus_per_server: int
     return {k: (int(v[0]), int(v[1]), float(v[2])) for k, v in out.items()}
 
 
+def trained_episodes(meta: Mapping[str, Any]) -> Any:
+    """Episodes a model was trained for: those run (``episodes_done``, a run stopped early
+    has fewer than the ``episodes`` it asked for; older files lack it)."""
+    return meta.get("episodes_done", meta.get("episodes", "n/a"))
+
+
 def scorer_path(study: Sched2Study) -> str | None:
     if study.scorer_model == "-":
         return None
@@ -395,7 +401,7 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
     main = res.runs("mix", 0.68, 1.0, "sched2")
     loads = [r.offered_load for r in main]
     section.text(
-        f"The trained agent ({Path(model).name}: {meta.get('episodes', 'n/a')} training "
+        f"The trained agent ({Path(model).name}: {trained_episodes(meta)} training "
         f"episodes, seed {meta.get('seed', 'n/a')}, kept after episode "
         f"{meta.get('chosen_after_episodes', 'n/a')}, "
         f"{fmt((meta.get('train_seconds') or math.nan) / 60, '{:.0f}')} min of training; "
@@ -407,7 +413,7 @@ def run_on(study: Sched2Study, trace_dir: Path, out_dir: Path, show: bool,
         "good locality is the share of multi-GPU jobs on the fewest servers they fit."
         + ("" if scorer is None else
            f" Beyond the paper, the per-job scorer ({Path(scorer).name}: "
-           f"{scorer_meta.get('episodes_done', scorer_meta.get('episodes', 'n/a'))} training "
+           f"{trained_episodes(scorer_meta)} training "
            "episodes at loads "
            f"{', '.join(f'{x:g}' for x in scorer_meta.get('loads') or []) or 'n/a'}, seed "
            f"{scorer_meta.get('seed', 'n/a')}, kept after episode "

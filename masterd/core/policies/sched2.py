@@ -202,9 +202,7 @@ class Sched2Policy(Sched2Selection):
             if not mask[:J].any():
                 break  # nothing to choose: "no job" is the only action
             if not totals:
-                totals = [float(len(waiting)), float(sum([w.gpus for w in waiting])),
-                          math.fsum([w.profile.ideal for w in waiting]),
-                          math.fsum([w.job.submit_time for w in waiting])]
+                totals = queue_totals(waiting)
             present = [w for w in window if w is not None]
             rest = (int(totals[0]) - len(present), totals[1] - sum(w.gpus for w in present),
                     totals[2] - sum(w.profile.ideal for w in present),
@@ -229,14 +227,27 @@ class Sched2Policy(Sched2Selection):
                 blocked.add(chosen.job.id)
                 continue
             decisions.append(start)
-            for i, value in enumerate((1.0, chosen.gpus, chosen.profile.ideal,
-                                       chosen.job.submit_time)):
-                totals[i] -= value
+            take_from_totals(totals, chosen)
             # The window stays in arrival order: the next waiting job joins at its end.
             del window[action]
             window.append(waiting[following] if following < len(waiting) else None)
             following += 1
         return decisions
+
+
+def queue_totals(waiting: Sequence[Waiting]) -> list[float]:
+    """(jobs, GPUs, ideal seconds, submit times) of ``waiting``, summed: what Table I's
+    statistics are taken from (``state.queue_statistics``)."""
+    return [float(len(waiting)), float(sum([w.gpus for w in waiting])),
+            math.fsum([w.profile.ideal for w in waiting]),
+            math.fsum([w.job.submit_time for w in waiting])]
+
+
+def take_from_totals(totals: list[float], started: Waiting) -> None:
+    """``queue_totals`` once ``started`` has left the queue."""
+    for i, value in enumerate((1.0, started.gpus, started.profile.ideal,
+                               started.job.submit_time)):
+        totals[i] -= value
 
 
 def fits_free(w: Waiting, free: Counter[str]) -> bool:

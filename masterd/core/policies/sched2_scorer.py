@@ -10,7 +10,6 @@ servers, so a model is not tied to the number of servers, only to their GPU coun
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,14 @@ import numpy as np
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.placement import FreePool
-from masterd.core.policies.sched2 import Sched2Selection, fits_free
+from masterd.core.policies.sched2 import (
+    Sched2Selection,
+    fits_free,
+    queue_totals,
+    take_from_totals,
+)
 from masterd.core.policy import Decision
-from masterd.core.sched2.agent import Agent, ScorerAgent
+from masterd.core.sched2.agent import Agent, GreedyAgent
 from masterd.core.sched2.models import GpuModels
 from masterd.core.sched2.network import Shape
 from masterd.core.sched2.scorer import ScorerNetwork
@@ -45,7 +49,7 @@ class Sched2ScorerPolicy(Sched2Selection):
         # The state's matrix has a row per GPU server, however many there are (``fit``).
         super().__init__(Shape(1, s.gpus_per_server, 1, s.profiles, packing=True,
                                canonical=True),
-                         agent if agent is not None else ScorerAgent(self.network),
+                         agent if agent is not None else GreedyAgent(self.network),
                          self.network.time_scale, modeldb, default_duration_s, fit=True)
 
     def _select(self, waiting: list[Waiting], snapshot: ClusterSnapshot, pool: FreePool,
@@ -58,19 +62,22 @@ class Sched2ScorerPolicy(Sched2Selection):
         blocked: set[str] = set()
         decisions: list[Decision] = []
         totals: list[float] = []
+        # A job's row is fixed for the pass (time is frozen) but for packing's slowdown,
+        # which the placements of this pass change: built once, the slowdown set per decision.
+        rows: dict[str, np.ndarray] = {}
         while True:
             candidates = [w for w in remaining if w.job.id not in blocked and fits_free(w, free)]
             if not candidates:
                 break
             if not totals:
-                totals = [float(len(remaining)), float(sum([w.gpus for w in remaining])),
-                          math.fsum([w.profile.ideal for w in remaining]),
-                          math.fsum([w.job.submit_time for w in remaining])]
+                totals = queue_totals(remaining)
             mask = np.ones(len(candidates) + 1, dtype=bool)
             mask[-1] = busy or bool(decisions)  # the idle-cluster guard of ``sched2``
-            packing = self._packing(candidates, mask, pool, models)
-            jobs = np.stack([job_row(w, now, scale, m, p, k)
-                             for w, p in zip(candidates, packing, strict=True)])
+            for w in candidates:
+                if w.job.id not in rows:
+                    rows[w.job.id] = job_row(w, now, scale, m, 0.0, k)
+            jobs = np.stack([rows[w.job.id] for w in candidates])
+            jobs[:, k + 2] = self._packing(candidates, mask, pool, models)
             stats = np.concatenate((
                 queue_statistics((totals[0], totals[1], totals[2], totals[3]), now, scale, m),
                 np.array([sum(free.values()) / max(1, usable),
@@ -90,8 +97,6 @@ class Sched2ScorerPolicy(Sched2Selection):
                 continue
             decisions.append(start)
             remaining.remove(chosen)
-            for i, value in enumerate((1.0, chosen.gpus, chosen.profile.ideal,
-                                       chosen.job.submit_time)):
-                totals[i] -= value
+            take_from_totals(totals, chosen)
         return decisions
 

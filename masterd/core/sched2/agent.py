@@ -35,11 +35,14 @@ def greedy(q: np.ndarray, mask: np.ndarray) -> int:
 
 
 class GreedyAgent:
-    def __init__(self, network: QNetwork) -> None:
+    """A trained network, greedily: the Q-network over the window (``sched2``) or the per-job
+    scorer (``sched2-scorer``), each fed the inputs its observation names (``parts``)."""
+
+    def __init__(self, network: QNetwork | ScorerNetwork) -> None:
         self.network = network
 
-    def act(self, observation: Observation) -> int:
-        q = self.network.q_values(observation.servers, observation.jobs)
+    def act(self, observation: Observation | ScorerObservation) -> int:
+        q = self.network.q_values(**observation.parts())
         return greedy(q, observation.mask)
 
     def reward(self, value: float) -> None:
@@ -53,17 +56,20 @@ def hold_action(observation: Observation, shape: Shape) -> int:
     state with the packing feature (``shape.packing``)."""
     if not shape.packing:
         raise ValueError("the hold rule needs the packing feature in the state")
-    step, k, J = shape.job_step, shape.profiles, shape.jobs
-    best: tuple[float, int] | None = None
-    for i in range(J):
-        if not observation.mask[i] or observation.jobs[i * step + k + 2] != 0.0:
-            continue
-        ideal = float(observation.jobs[i * step])
-        if best is None or ideal < best[0]:
-            best = (ideal, i)
-    if best is not None:
-        return best[1]
-    return J if observation.mask[J] else int(np.argmax(observation.mask))
+    J, step = shape.jobs, shape.job_step
+    return _hold(observation.jobs[:J * step].reshape(J, step), observation.mask,
+                 shape.profiles)
+
+
+def _hold(jobs: np.ndarray, mask: np.ndarray, profiles: int) -> int:
+    """The hold rule over rows of job features (``state.job_row``), "no job" after the last:
+    of the allowed rows whose packing feature is 0, the shortest ideal time (the first on
+    ties); else "no job" when allowed, else the first allowed row."""
+    none = len(jobs)
+    ok = mask[:none] & (jobs[:, profiles + 2] == 0.0)
+    if ok.any():
+        return int(np.argmin(np.where(ok, jobs[:, 0], np.inf)))
+    return none if mask[none] else int(np.argmax(mask))
 
 
 class HoldAgent:
@@ -79,31 +85,11 @@ class HoldAgent:
         """A rule does not learn."""
 
 
-class ScorerAgent:
-    """The trained per-job scorer, greedily: the candidate (or "no job") scored highest."""
-
-    def __init__(self, network: ScorerNetwork) -> None:
-        self.network = network
-
-    def act(self, observation: ScorerObservation) -> int:
-        q = self.network.q_values(observation.servers, observation.jobs, observation.stats)
-        return greedy(q, observation.mask)
-
-    def reward(self, value: float) -> None:
-        """Serving does not learn."""
-
-
 def scorer_hold_action(observation: ScorerObservation, profiles: int) -> int:
     """The hold rule over the whole queue read off the scorer's state: of the candidates that
     packing places at their best locality now (packing feature 0), the one with the shortest
     ideal time, the oldest on ties; else "no job" when allowed, else the oldest candidate."""
-    jobs, mask = observation.jobs, observation.mask
-    none = len(jobs)
-    ok = mask[:none] & (jobs[:, profiles + 2] == 0.0) if none else mask[:0]
-    if ok.any():
-        ideal = np.where(ok, jobs[:, 0], np.inf)
-        return int(np.argmin(ideal))
-    return none if mask[none] else int(np.argmax(mask))
+    return _hold(observation.jobs, observation.mask, profiles)
 
 
 class ScorerHoldAgent:
