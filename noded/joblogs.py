@@ -248,6 +248,13 @@ class _Inotify:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        # The loop ``changed()`` registered the fd with, while it is registered. ``close()``
+        # unregisters it first: closing a registered fd left its number in the selector's
+        # map, and when the kernel reused the number (a shim's pidfd, noded/jobs.py) the new
+        # fd's reader silently replaced the stale entry, was never armed in epoll, and the
+        # job's exit was never seen.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future[None] | None = None
 
     @classmethod
     def watch(cls, path: Path) -> _Inotify | None:
@@ -274,17 +281,34 @@ class _Inotify:
         return cls(fd)
 
     async def changed(self) -> None:
+        """Until the file changes, or until ``close()`` (which may come from another task
+        while this one waits)."""
+        if self.fd < 0:
+            return
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         loop.add_reader(self.fd, lambda: ready.done() or ready.set_result(None))
+        self._loop, self._ready = loop, ready
         try:
             await ready
         finally:
+            self._unregister()
+        if self.fd >= 0:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.fd, 4096 * struct.calcsize("iIII"))
+
+    def _unregister(self) -> None:
+        loop, ready = self._loop, self._ready
+        self._loop = self._ready = None
+        if loop is not None and self.fd >= 0:
             loop.remove_reader(self.fd)
-        with contextlib.suppress(BlockingIOError):
-            os.read(self.fd, 4096 * struct.calcsize("iIII"))
+        if ready is not None and not ready.done():
+            ready.set_result(None)
 
     def close(self) -> None:
+        """Unregister the fd from the loop (a ``changed()`` still waiting returns), then
+        close it."""
+        self._unregister()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

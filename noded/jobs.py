@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pwd
+import select
 import shutil
 import signal
 import socket
@@ -688,6 +689,10 @@ def _alive(pid: int, ctime: float | None) -> bool:
         return False
 
 
+# How often _wait_pid polls a pidfd itself, beside the event loop's notification.
+_EXIT_BACKSTOP_S = 5.0
+
+
 async def _wait_pid(pid: int, popen: subprocess.Popen[bytes] | None) -> None:
     """Wait for a process to end, child or not: pidfd readability is the exit notification."""
     loop = asyncio.get_running_loop()
@@ -699,7 +704,15 @@ async def _wait_pid(pid: int, popen: subprocess.Popen[bytes] | None) -> None:
         done = loop.create_future()
         loop.add_reader(fd, lambda: done.done() or done.set_result(None))
         try:
-            await done
+            # The loop's reader is the notification; a direct poll of the pidfd now and then
+            # is the backstop, so that no mishandled fd elsewhere in the daemon (a watcher
+            # that closed its own fd while registered, see noded/joblogs.py) can lose an exit.
+            while not done.done():
+                await asyncio.wait({done}, timeout=_EXIT_BACKSTOP_S)
+                if not done.done() and select.select([fd], [], [], 0)[0]:
+                    log.warning("pid=%d exit seen by the backstop poll, not the event loop",
+                                pid)
+                    break
         finally:
             loop.remove_reader(fd)
             os.close(fd)

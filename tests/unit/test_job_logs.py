@@ -363,3 +363,58 @@ def test_a_log_that_cannot_be_written_drops_output_and_the_exit_is_still_recorde
     relay.run(os.getpid())  # no child: the relay ends at end of file
     # (A failed splice may already have taken bytes from the pipe: at most all are dropped.)
     assert relay.error and relay.written == 0 and relay.dropped <= 50_000
+
+
+def test_a_read_that_times_out_leaves_no_stale_fd_and_a_later_exit_is_seen(
+        tmp_path: Path) -> None:
+    """A followed log whose wait ran out closed its inotify fd while the fd was still
+    registered with the event loop: the waiter then died with "Invalid file descriptor: -1",
+    the closed number stayed in the selector's map, and when the kernel gave that number to a
+    shim's pidfd, the part's exit was never seen (a job left running forever)."""
+    from noded.jobs import _wait_pid
+
+    runner = FakeRunner(tmp_path)
+    reader = LogReader(runner)  # type: ignore[arg-type]
+    runner.running("followed", b"line\n")
+    errors: list[dict[str, Any]] = []
+
+    async def scenario() -> tuple[set[int], float]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        before = set(loop._selector.get_map())  # type: ignore[attr-defined]
+        chunk = await reader.read(ReadLog(job_id="followed", offset=5, wait_s=0.2))
+        assert chunk.data == b""
+        await asyncio.sleep(0)  # the cancelled waiters finish their cleanup
+        stale = set(loop._selector.get_map()) - before  # type: ignore[attr-defined]
+        # A child's exit, its pidfd very likely on the number the watch just gave back.
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        started = time.monotonic()
+        await asyncio.wait_for(_wait_pid(child.pid, child), 30)
+        return stale, time.monotonic() - started
+
+    stale, took = asyncio.run(scenario())
+    assert stale == set()
+    assert errors == []
+    # Seen by the loop's notification, not by the backstop poll five seconds later.
+    assert took < 4.5
+
+
+def test_an_exit_is_seen_even_when_another_watcher_left_its_fd_number_registered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backstop: whatever another watcher in the daemon does wrong with its own fd (here:
+    closes it while registered, the old inotify bug), a part's exit is still seen."""
+    import noded.jobs
+
+    monkeypatch.setattr(noded.jobs, "_EXIT_BACKSTOP_S", 0.2)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        r, w = os.pipe()
+        loop.add_reader(r, lambda: None)
+        os.close(r)  # wrong on purpose: still in the selector's map
+        os.close(w)
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        await asyncio.wait_for(noded.jobs._wait_pid(child.pid, child), 20)
+        assert child.returncode == 0
+
+    asyncio.run(scenario())
