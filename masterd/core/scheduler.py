@@ -426,10 +426,19 @@ class SchedulingCore:
     def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:
         """A node refused to start its part: free everything and queue the job again, unless
         it has failed to start ``max_start_failures`` times (then it fails for good, rather
-        than bouncing between the queue and the same refusing node forever)."""
-        job = self._active.pop(job_id, None)
+        than bouncing between the queue and the same refusing node forever).
+
+        A job asked to end while its launch was in flight (cancelled, timed out) ends so: the
+        failed launch is its stop, never a reason to run it elsewhere. One asked to be
+        requeued (its node lost, a GPU failed) is requeued as that asked, restarts + 1."""
+        job = self._active.get(job_id)
         if job is None:
             return None
+        if job.end_as:
+            # No part runs (the launch failed): every part counts as exited.
+            job.node_states = dict.fromkeys(job.node_states, "exited")
+            return self._finish(job, now)
+        del self._active[job_id]
         self.cluster.release(job_id)
         if self.admission is not None:
             self.admission.released(job)

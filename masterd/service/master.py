@@ -586,6 +586,11 @@ class Master:
                 await self._abort_launch(job, str((permanent or failures)[0]),
                                          permanent=bool(permanent))
                 return
+            if job.end_as:
+                # Cancelled (or asked to end) while the nodes prepared: never start it. The
+                # failed launch ends it as asked (SchedulingCore.start_failed).
+                await self._abort_launch(job, f"{job.reason} during its launch")
+                return
             rank0 = placement.allocations[0].node
             view = self.core.cluster.node(rank0)
             addr = view.inventory.address if view else "127.0.0.1"
@@ -619,7 +624,9 @@ class Master:
             return_exceptions=True,
         )
         transition = self.core.start_failed(job.id, reason, self.clock())
-        if transition and permanent:
+        if transition and permanent and transition.state in (JobState.QUEUED,
+                                                               JobState.FAILED):
+            # (A job cancelled meanwhile stays cancelled: its end was asked for first.)
             if transition.state is JobState.QUEUED:
                 # Re-queued by the core; take it out again and record it as failed. (On its
                 # last allowed failure the core has failed it already: cancel would refuse.)
@@ -919,6 +926,11 @@ class Master:
             await self._record(transition, node)
         else:
             await self._persist([job], [(self.clock(), job_id, node, "part_started", {})])
+        if job.stopping and job.node_states.get(node) == "running":
+            # Asked to end while this part was starting: the stop sent then may have reached
+            # the node before its start did. Stopping a part twice is harmless; a cancelled
+            # part left running is not.
+            self.tasks.spawn(self._stop_part(job_id, node, job.reason))
 
     async def _on_exited(self, node: str, event: JobExited) -> None:
         if event.fenced and await self.events.part_fenced(node, event):

@@ -1,0 +1,186 @@
+"""A cancel acknowledged while a job's launch is in flight is honoured by every later step of
+the launch: a failed prepare or start ends the job cancelled (it is never requeued and run
+elsewhere), a prepare that succeeds after the cancel is never followed by a start, and a
+part whose start crossed the cancel is stopped again when the node reports it running.
+
+The nodes are scripted sessions whose commands wait until the test answers them, so each
+race is played in a fixed order (the soak, bench/chaos.py, plays them at random)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masterd.core.scheduler import SchedulingCore
+from masterd.core.policies import make_policy
+from masterd.service.master import Master
+from masterd.service.sessions import CommandFailed
+from shared.messages import NODE_COMMANDS
+from shared.model import Job, JobSpec, JobState
+from shared.schema import decode
+from tests.unit.helpers import inventory
+from tests.unit.master_fakes import Clock, make_master, started, until
+
+NODES = {"g1": (4, 8), "g2": (4, 8)}
+
+
+def spec(name: str = "train") -> JobSpec:
+    return JobSpec(name=name, command=("train",), user="nobody", gpus=4, cpus=1,
+                   max_nodes=1)
+
+
+class HeldSession:
+    """A node whose commands of the held kinds wait until the test answers them."""
+
+    def __init__(self, name: str, held: set[str]) -> None:
+        self.name = name
+        self.held = held
+        self.sent: list[tuple[str, Any]] = []
+        self.waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.silent_s = 0.0
+
+    async def request(self, type_: str, body: Any, timeout_s: float = 5.0) -> dict[str, Any]:
+        if isinstance(body, dict):
+            body = decode(NODE_COMMANDS[type_], body)
+        self.sent.append((type_, body))
+        if type_ in self.held:
+            future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self.waiting[type_] = future
+            return await future
+        if type_ == "prepare_job":
+            return {"port": 29500}
+        if type_ == "start_job":
+            return {"pid": 4242}
+        return {}
+
+    def answer(self, type_: str, result: dict[str, Any] | BaseException) -> None:
+        future = self.waiting.pop(type_)
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    def commands(self, type_: str) -> list[Any]:
+        return [body for t, body in self.sent if t == type_]
+
+
+def held_master(tmp_path: Path, held: set[str]) -> tuple[Master, dict[str, HeldSession]]:
+    master, fakes = make_master(tmp_path, Clock(), NODES)
+    sessions = {name: HeldSession(name, held) for name in fakes}
+    master.sessions.update(sessions)  # type: ignore[arg-type]
+    return master, sessions
+
+
+def kinds(master: Master, job_id: str) -> list[str]:
+    return [e.kind for e in master.store.events(job_id, 0, 10_000)]
+
+
+async def placed_on(master: Master, sessions: dict[str, HeldSession], job: Job,
+                    command: str) -> HeldSession:
+    """The node the job was placed on, once ``command`` is waiting there."""
+    return await until(f"{command} of {job.id} in flight", lambda: next(
+        (s for s in sessions.values() if command in s.waiting), None))
+
+
+@pytest.mark.parametrize("failure", [
+    CommandFailed("g1", "prepare_job", "timeout", "no answer within 5 s"),
+    CommandFailed("g1", "prepare_job", "node_unreachable", "the node is not connected"),
+    CommandFailed("g1", "prepare_job", "cgroup_failed", "the node refused"),
+], ids=["timeout", "closed", "error"])
+async def test_a_job_cancelled_while_its_prepare_is_in_flight_ends_cancelled_when_it_fails(
+        tmp_path: Path, failure: CommandFailed) -> None:
+    master, sessions = held_master(tmp_path, {"prepare_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "prepare_job")
+        await master.cancel(job.id)  # acknowledged while the prepare waits
+        assert job.state is JobState.STARTING and job.reason == "cancelled"
+        node.answer("prepare_job", failure)
+        await until("the job ended", lambda: job.state.terminal)
+        assert job.state is JobState.CANCELLED and job.reason == "cancelled"
+        assert job.restarts == 0 and job.start_failures == 0
+        # Nothing was ever started, here or anywhere else, and it is not placed again.
+        await asyncio.sleep(0.05)
+        assert not any(s.commands("start_job") for s in sessions.values())
+        assert [len(s.commands("prepare_job")) for s in sessions.values()].count(1) == 1
+        assert "placed" not in kinds(master, job.id)[kinds(master, job.id).index(
+            "cancel_requested"):]
+        assert kinds(master, job.id)[-1] == "cancelled"
+        assert master.core.cluster.allocation(job.id) is None  # its GPUs are free
+    finally:
+        await master.close()
+
+
+async def test_a_prepare_that_succeeds_after_the_cancel_is_never_started(
+        tmp_path: Path) -> None:
+    master, sessions = held_master(tmp_path, {"prepare_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "prepare_job")
+        await master.cancel(job.id)
+        node.answer("prepare_job", {"port": 29500})
+        await until("the job ended", lambda: job.state.terminal)
+        assert job.state is JobState.CANCELLED
+        assert not node.commands("start_job")
+        # The prepared part was dropped on its node.
+        assert node.commands("stop_job")
+    finally:
+        await master.close()
+
+
+async def test_a_failed_start_after_the_cancel_ends_the_job_cancelled(
+        tmp_path: Path) -> None:
+    master, sessions = held_master(tmp_path, {"start_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "start_job")
+        await master.cancel(job.id)
+        node.answer("start_job", CommandFailed(node.name, "start_job", "timeout",
+                                               "no answer within 5 s"))
+        await until("the job ended", lambda: job.state.terminal)
+        assert job.state is JobState.CANCELLED and job.restarts == 0
+        await asyncio.sleep(0.05)
+        assert sum(len(s.commands("prepare_job")) for s in sessions.values()) == 1
+    finally:
+        await master.close()
+
+
+async def test_a_part_whose_start_crossed_the_cancel_is_stopped_again(
+        tmp_path: Path) -> None:
+    master, sessions = held_master(tmp_path, {"start_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "start_job")
+        await master.cancel(job.id)
+        # The cancel's stop reached the node before its start did (it dropped nothing).
+        stops = len(await until("the cancel's stop", lambda: node.commands("stop_job")))
+        node.answer("start_job", {"pid": 4242})
+        await started(master, node.name, job.id)
+        await until("a stop after the start", lambda: len(node.commands("stop_job")) > stops)
+        assert job.stopping and job.end_as == JobState.CANCELLED.value
+    finally:
+        await master.close()
+
+
+def test_the_core_ends_a_stopped_job_whose_launch_failed_as_it_was_asked_to_end() -> None:
+    core = SchedulingCore(make_policy("fifo"))
+    core.node_up(inventory("g1", gpus=4, cpus=8, numa=1))
+    core.node_up(inventory("g2", gpus=4, cpus=8, numa=1))
+    cancelled = Job(id="c", spec=spec("c"), submit_time=0.0)
+    requeued = Job(id="r", spec=spec("r"), submit_time=0.0)
+    core.submit(cancelled)
+    core.submit(requeued)
+    assert {d.job_id for d in core.schedule(1.0)} == {"c", "r"}
+    core.stop("c", JobState.CANCELLED, "cancelled", 2.0)
+    core.requeue("r", "node g1 lost", 2.0)
+    done = core.start_failed("c", "prepare_job failed (timeout)", 3.0)
+    assert done is not None and done.state is JobState.CANCELLED
+    assert cancelled.end_time == 3.0 and cancelled.start_failures == 0
+    again = core.start_failed("r", "prepare_job failed (timeout)", 3.0)
+    assert again is not None and again.state is JobState.QUEUED
+    assert requeued.restarts == 1 and requeued.end_as == ""
+    assert core.cluster.allocation("c") is None
+    assert [j.id for j in core.queue()] == ["r"]
