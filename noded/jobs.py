@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -512,12 +513,28 @@ class JobRunner:
         # The job's output outlives its state: users read it after the job has ended.
         output = self.dir / job_id / "output.log"
         if output.exists():
-            self.logs.mkdir(exist_ok=True)
-            kept = self.logs / f"{job_id}.log"
-            os.replace(output, kept)
-            # Its retention (log_retention_h, noded/joblogs.py) counts from now, the job's end.
-            os.utime(kept)
+            self._keep_log(job_id, output)
         shutil.rmtree(self.dir / job_id, ignore_errors=True)
+
+    def _keep_log(self, job_id: str, output: Path) -> None:
+        """Move a forgotten part's output into the log directory, which may be a disk of its
+        own (a rename cannot cross it: copied then) and may be full (the output is then
+        dropped with a warning: forgetting a part must never fail on its log)."""
+        kept = self.logs / f"{job_id}.log"
+        try:
+            self.logs.mkdir(exist_ok=True)
+            try:
+                os.replace(output, kept)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.copyfile(output, kept)
+            # Its retention (log_retention_h, noded/joblogs.py) counts from now, its end.
+            os.utime(kept)
+        except OSError as exc:
+            log.warning("job=%s output not kept in %s: %s", job_id, self.logs, exc)
+            with contextlib.suppress(OSError):
+                kept.unlink()
 
     def reports(self) -> list[JobReport]:
         return [p.report() for p in self.parts.values()]
