@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,8 @@ class NodeAgent:
         # directory, a test's without one in memory.
         self.fence = fence if fence is not None else EpochFence(None)
         self._hello_id = -1  # the id of this connection's hello, whose ack names the epoch
+        # The master's clock minus this node's, from the last hello ack (None: not known).
+        self._clock_offset: float | None = None
         # The node lease (noded/selffence.py), renewed by every frame of a session whose
         # hello was acked; None (a test's agent): the node never stops a part on its own.
         self.lease = lease
@@ -473,6 +476,7 @@ class NodeAgent:
         if isinstance(cmd, PrepareJob):
             return self.runner.prepare(cmd)
         if isinstance(cmd, StartJob):
+            self._check_deadline(cmd)
             result = self.runner.start(cmd)
             asyncio.get_running_loop().call_soon(
                 lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"],
@@ -523,6 +527,16 @@ class NodeAgent:
             return
         await self._send("ack", result, id_)
 
+    def _check_deadline(self, cmd: StartJob) -> None:
+        """Refuse a start the master has given up on (StartJob.expires_at), judged in the
+        master's time: this node's clock plus the offset its last hello ack measured."""
+        if cmd.expires_at is None or self._clock_offset is None:
+            return
+        late = time.time() + self._clock_offset - cmd.expires_at
+        if late > 0:
+            raise JobRefused("expired", f"start_job of {cmd.job_id} came {late:.1f} s after "
+                             "the master stopped waiting for it; not started")
+
     def _hello_acked(self, body: dict[str, Any]) -> None:
         """The master took our hello; its ack names the epoch it leads at and the lease."""
         try:
@@ -536,6 +550,10 @@ class NodeAgent:
         except JobRefused as exc:  # commands carry the epoch too: each tries again
             log.error("%s", exc.message)
         self._acked = True
+        if ack.time is not None:
+            # The master's clock minus ours, as of the ack (off by at most the time the ack
+            # took to arrive): how a command's deadline in the master's time reads here.
+            self._clock_offset = ack.time - time.time()
         if self.lease is not None:
             self.lease.learn(ack.lease)
 

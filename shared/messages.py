@@ -70,6 +70,10 @@ class HelloAck:
     # most max_grace_s) stops each part launched with requeue_if_lost, before the master
     # requeues it elsewhere (shared/nodelease.py); nil, or node_lost_s 0: it stops nothing.
     lease: LeaseTerms | None = None
+    # The master's clock (seconds since the epoch) when it acked: the node learns how far its
+    # own clock is from the master's, to judge a command's ``expires_at`` (StartJob) in the
+    # master's time. nil: an older master, whose commands carry no deadline.
+    time: float | None = bounded(None, min=0)
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,11 @@ class StartJob:
     # The master's leadership epoch (set on every command the master sends); a node that
     # has seen a newer one refuses the command with ``stale_epoch``.
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+    # When the master stops waiting for this start (its clock, seconds since the epoch): a
+    # node that reads the command later (it was frozen, its link was cut, the frame sat in a
+    # buffer) refuses it with ``expired`` instead of starting a part the master has given up
+    # on, perhaps cancelled and acknowledged since. nil: no deadline.
+    expires_at: float | None = bounded(None, min=0)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ log = logging.getLogger("trellis.master")
 # Node refusals that no retry can cure: the job fails instead of being re-queued forever.
 PERMANENT_REFUSALS = frozenset({"user_refused", "unknown_user"})
 POWER_STATES = ("powering_down", "powered_down", "powering_up")
+# A start_job expires on its node after this share of command_timeout_s (StartJob.expires_at).
+START_DEADLINE_SHARE = 0.8
 
 
 def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +148,8 @@ class Master:
         self._wake_handle: asyncio.TimerHandle | None = None
         self._wake_time = 0.0
         self._launching: set[str] = set()
+        # The launch of each job whose start commands are in flight (a stop waits for it).
+        self._launches: dict[str, asyncio.Future[Any]] = {}
         self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
@@ -458,6 +462,14 @@ class Master:
             await self._record(transition)
         for node in stop_on:
             self.tasks.spawn(self._stop_part(job_id, node, reason))
+        launch = self._launches.get(job_id)
+        if launch is not None:
+            # A start may be on its way to a node: answer once the launch has settled (the
+            # start answered, refused or expired on the node, StartJob.expires_at), so that
+            # nothing of the job starts after the stop is acknowledged. At most the
+            # command's timeout; the launch itself never sends a start after this point.
+            # (A part that did start is stopped when its node reports it: _on_started.)
+            await asyncio.wait({launch}, timeout=self.config.command_timeout_s + 1)
         return job
 
     async def lose_parts(self, job_id: str, lost: Sequence[str], reason: str,
@@ -595,10 +607,18 @@ class Master:
             view = self.core.cluster.node(rank0)
             addr = view.inventory.address if view else "127.0.0.1"
             port = int(results[0].get("port", 29500))  # type: ignore[union-attr]
+            # A start the node reads after this master stopped waiting for it is refused
+            # there (a frozen node, a frame held in a buffer): a cancel acknowledged once the
+            # launch has failed can then never be overtaken by it. The deadline comes before
+            # the command's timeout here, by more than the nodes' clock offset errors.
+            expires = self.clock() + START_DEADLINE_SHARE * self.config.command_timeout_s
+            task = asyncio.current_task()
+            if task is not None:
+                self._launches[job.id] = task
             starts = [
                 self._command(a.node, "start_job",
                               StartJob(job_id=job.id, master_addr=addr, master_port=port,
-                                       restarts=job.restarts))
+                                       restarts=job.restarts, expires_at=expires))
                 for a in placement.allocations
             ]
             results = await asyncio.gather(*starts, return_exceptions=True)
@@ -607,6 +627,7 @@ class Master:
                 await self._abort_launch(job, str(failures[0]))
         finally:
             self._launching.discard(job.id)
+            self._launches.pop(job.id, None)
 
     def _allocation_on(self, job: Job, alloc: NodeAllocation) -> NodeAllocation:
         """The job's allocation on ``alloc.node`` as the cluster holds it now."""
@@ -850,7 +871,8 @@ class Master:
     def hello_ack(self) -> dict[str, Any]:
         """The body of a hello's ack: the epoch this master leads at and the node lease
         (shared.messages.HelloAck)."""
-        return encode(HelloAck(epoch=self.leadership.epoch, lease=self.events.node_lease()))
+        return encode(HelloAck(epoch=self.leadership.epoch, lease=self.events.node_lease(),
+                               time=self.clock()))
 
     def check_hello(self, hello: Hello) -> None:
         """Refuse a node's hello before its session opens (ProtocolError: its code and

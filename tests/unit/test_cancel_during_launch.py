@@ -137,9 +137,11 @@ async def test_a_failed_start_after_the_cancel_ends_the_job_cancelled(
     try:
         job = await master.submit(spec())
         node = await placed_on(master, sessions, job, "start_job")
-        await master.cancel(job.id)
+        cancel = asyncio.ensure_future(master.cancel(job.id))
+        await until("the cancel journalled", lambda: "cancel_requested" in kinds(master, job.id))
         node.answer("start_job", CommandFailed(node.name, "start_job", "timeout",
                                                "no answer within 5 s"))
+        await asyncio.wait_for(cancel, 5)
         await until("the job ended", lambda: job.state.terminal)
         assert job.state is JobState.CANCELLED and job.restarts == 0
         await asyncio.sleep(0.05)
@@ -154,10 +156,11 @@ async def test_a_part_whose_start_crossed_the_cancel_is_stopped_again(
     try:
         job = await master.submit(spec())
         node = await placed_on(master, sessions, job, "start_job")
-        await master.cancel(job.id)
+        cancel = asyncio.ensure_future(master.cancel(job.id))
         # The cancel's stop reached the node before its start did (it dropped nothing).
         stops = len(await until("the cancel's stop", lambda: node.commands("stop_job")))
         node.answer("start_job", {"pid": 4242})
+        await asyncio.wait_for(cancel, 5)
         await started(master, node.name, job.id)
         await until("a stop after the start", lambda: len(node.commands("stop_job")) > stops)
         assert job.stopping and job.end_as == JobState.CANCELLED.value
@@ -184,3 +187,85 @@ def test_the_core_ends_a_stopped_job_whose_launch_failed_as_it_was_asked_to_end(
     assert requeued.restarts == 1 and requeued.end_as == ""
     assert core.cluster.allocation("c") is None
     assert [j.id for j in core.queue()] == ["r"]
+
+
+async def test_a_cancel_during_a_start_in_flight_is_acknowledged_once_the_start_settled(
+        tmp_path: Path) -> None:
+    """The start may reach its node after the cancel was processed: the cancel answers only
+    once the launch has settled, so that nothing starts after its acknowledgement."""
+    master, sessions = held_master(tmp_path, {"start_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "start_job")
+        [start] = node.commands("start_job")
+        # The start carries the moment the master stops waiting for it, before its timeout.
+        assert start.expires_at is not None
+        assert master.clock() < start.expires_at < master.clock() + \
+            master.config.command_timeout_s
+        cancel = asyncio.ensure_future(master.cancel(job.id))
+        await until("the cancel journalled", lambda: "cancel_requested" in kinds(master, job.id))
+        await asyncio.sleep(0.05)
+        assert not cancel.done()  # the start is still in flight
+        node.answer("start_job", CommandFailed(node.name, "start_job", "expired", "too late"))
+        await asyncio.wait_for(cancel, 5)
+        await until("the job ended", lambda: job.state.terminal)
+        assert job.state is JobState.CANCELLED
+    finally:
+        await master.close()
+
+
+async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> None:
+    """noded judges StartJob.expires_at in the master's time, by the clock offset its last
+    hello ack measured; before any ack it cannot judge and takes the command."""
+    import time
+
+    import msgpack
+
+    from noded.agent import NodeAgent
+    from shared.protocol import encode_frame
+    from shared.schema import encode
+
+    class Ws:
+        closed = False
+
+        def __init__(self) -> None:
+            self.frames: list[dict[str, Any]] = []
+
+        async def send_bytes(self, data: bytes) -> None:
+            self.frames.append(msgpack.unpackb(data))
+
+    class Runner:
+        on_exited: Any = None
+        parts: dict[str, Any] = {}
+        started: list[str] = []
+
+        def start(self, cmd: Any) -> dict[str, Any]:
+            self.started.append(cmd.job_id)
+            return {"pid": 1}
+
+    from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
+
+    backend = EmulatedGpuBackend(EmulatedGpuConfig(count=1, uuid_seed="deadline"))
+    runner = Runner()
+    try:
+        agent = NodeAgent("http://127.0.0.1:1", lambda: None, runner, backend)  # type: ignore[arg-type]
+        agent.ws = Ws()  # type: ignore[assignment]
+        agent._job_started = lambda *a, **k: asyncio.sleep(0)  # type: ignore[method-assign]
+        # The master's clock runs 100 s ahead of this node's.
+        agent._hello_acked({"epoch": 0, "time": time.time() + 100})
+        master_now = time.time() + 100
+
+        def start(id_: int, job: str, expires_at: float) -> bytes:
+            return encode_frame("start_job", id_, encode(StartJob(
+                job_id=job, master_addr="127.0.0.1", master_port=1, expires_at=expires_at)))
+
+        from shared.messages import StartJob
+
+        await agent._dispatch(start(2, "late", master_now - 1))  # the master gave up on it
+        await agent._dispatch(start(4, "in-time", master_now + 4))
+        replies = {f["id"]: f for f in agent.ws.frames if f["type"] in ("ack", "error")}  # type: ignore[attr-defined]
+        assert replies[2]["type"] == "error" and replies[2]["body"]["code"] == "expired"
+        assert replies[4]["type"] == "ack"
+        assert runner.started == ["in-time"]
+    finally:
+        backend.close()
