@@ -319,8 +319,9 @@ async def test_the_master_gives_its_terms_and_says_which_parts_it_would_requeue(
                                    max_grace_s=60)
     try:
         ack = decode(HelloAck, master.hello_ack())
+        # (and its clock, against which a node judges a command's deadline)
         assert ack == HelloAck(epoch=master.leadership.epoch, lease=LeaseTerms(
-            node_lost_s=300.0, margin_s=20.0, max_grace_s=60.0))
+            node_lost_s=300.0, margin_s=20.0, max_grace_s=60.0), time=master.clock())
         again = await master.submit(spec("again", stop=StopRules(grace_s=90)))
         node = await running(master, sessions, again.id)
         cmd = prepared(sessions, node, again.id)
