@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from masterd.core.scheduler import SchedulingCore
 from masterd.core.policies import make_policy
+from masterd.core.scheduler import SchedulingCore
 from masterd.service.master import Master
 from masterd.service.sessions import CommandFailed
 from shared.messages import NODE_COMMANDS
