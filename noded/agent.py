@@ -478,6 +478,7 @@ class NodeAgent:
         if isinstance(cmd, StartJob):
             self._check_deadline(cmd)
             result = self.runner.start(cmd)
+            await self.runner.until_forked(cmd.job_id)  # started: its process exists
             asyncio.get_running_loop().call_soon(
                 lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"],
                                                                 cmd.restarts)))

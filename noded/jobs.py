@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ from shared.nodelease import LeasedPart
 from shared.schema import decode, encode
 
 log = logging.getLogger("trellis.node.jobs")
+
+# How long a start waits for the shim to fork the job's process before it is acknowledged.
+FORK_WAIT_S = 10.0
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -425,6 +429,25 @@ class JobRunner:
     def cgroups_parent(self) -> str:
         """The name of the group the node's job groups live under (``cgroup_parent``)."""
         return str(getattr(self.cgroups, "parent", "trellis"))
+
+    async def until_forked(self, job_id: str, timeout_s: float = FORK_WAIT_S) -> None:
+        """Until the part's shim has forked the job's process (child.json written), the shim
+        has ended, or ``timeout_s``. The start is acknowledged only then: a stop that came
+        between the shim's spawn and its fork found no process group to signal, the job ran
+        on until the grace's SIGKILL, and started after the master had acknowledged a
+        cancel that was waiting for this start."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            part = self.parts.get(job_id)
+            if part is None or part.state != "running" or _child_pid(part.dir) is not None \
+                    or (part.popen is not None and part.popen.poll() is not None) \
+                    or (part.dir / "exit.json").exists():
+                return
+            if time.monotonic() > deadline:
+                log.warning("job=%s shim has not forked the job after %.0f s; acknowledging "
+                            "the start anyway", job_id, timeout_s)
+                return
+            await asyncio.sleep(0.005)
 
     def is_running(self, job_id: str) -> bool:
         part = self.parts.get(job_id)

@@ -123,7 +123,10 @@ class Soak:
             master_hosts=[s.address for s in masters],
             master_wrappers={i: s.wrapper for i, s in enumerate(masters)},
             master_start_timeout_s=90, election=ELECTION, node_settings=dict(NODE),
-            node_wrapper={f"{prefix}-n{i}": s.wrapper for i, s in enumerate(node_sites, 1)},
+            # nsenter, not ip netns exec: that one mounts a sysfs of the namespace's own on
+            # /sys, which hides the cgroup hierarchies, and the nodes need real cgroups.
+            node_wrapper={f"{prefix}-n{i}": ["nsenter", f"--net=/run/netns/{s.ns}", "--"]
+                          for i, s in enumerate(node_sites, 1)},
             node_grace_s=MASTER["node_grace_s"])
         self.cluster = cluster
         cluster.root.mkdir(parents=True)

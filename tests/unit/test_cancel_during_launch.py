@@ -243,6 +243,9 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
             self.started.append(cmd.job_id)
             return {"pid": 1}
 
+        async def until_forked(self, job_id: str) -> None:
+            pass
+
     from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
 
     backend = EmulatedGpuBackend(EmulatedGpuConfig(count=1, uuid_seed="deadline"))
