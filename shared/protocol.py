@@ -98,7 +98,8 @@ def check_nesting(obj: Any, limit: int = MAX_NESTING) -> None:
 
 def _check_version(obj: dict[str, Any]) -> None:
     version = obj.get("v")
-    if version != PROTOCOL_VERSION:
+    # The exact type: True and 1.0 equal 1 in Python, but are not the version number.
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
             "bad_version",
             f"protocol version {version!r} is not supported (this side speaks "

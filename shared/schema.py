@@ -24,6 +24,10 @@ T = TypeVar("T")
 MAX_DEPTH = 16
 MAX_STRING = 4096
 MAX_LIST = 100_000
+# An integer field without bounds of its own holds a signed 64-bit integer: what SQLite, the
+# journal and every peer can store (msgpack alone would carry up to 2**64 - 1).
+MIN_INT = -(1 << 63)
+MAX_INT = (1 << 63) - 1
 
 
 class SchemaError(ValueError):
@@ -115,24 +119,27 @@ def _decoder(tp: Any, bounds: Bounds | None) -> Decoder:
 
         return bool_
     if tp is int:
-        lo, hi = _range(bounds)
+        lo, hi = _int_range(bounds)
 
         def int_(data: Any, path: str, depth: int) -> Any:
             if type(data) is not int:
                 raise SchemaError(path, f"must be an integer, got {_kind(data)}")
             if not lo <= data <= hi:
-                _check_range(data, path, bounds)
+                _range_error(data, data, path, lo, hi)
             return data
 
         return int_
     if tp is float:
+        lo, hi = _range(bounds)
+
         def float_(data: Any, path: str, depth: int) -> Any:
             if type(data) not in (int, float):
                 raise SchemaError(path, f"must be a number, got {_kind(data)}")
             value = float(data)
             if not math.isfinite(value):
                 raise SchemaError(path, "must be a finite number")
-            _check_range(value, path, bounds)
+            if not lo <= value <= hi:
+                _range_error(value, data, path, lo, hi)
             return value
 
         return float_
@@ -400,13 +407,26 @@ def _range(bounds: Bounds | None) -> tuple[float, float]:
     return lo, hi
 
 
-def _check_range(value: float, path: str, bounds: Bounds | None) -> None:
-    if bounds is None:
-        return
-    if bounds.min is not None and value < bounds.min:
-        raise SchemaError(path, f"must be at least {bounds.min:g}, got {value:g}")
-    if bounds.max is not None and value > bounds.max:
-        raise SchemaError(path, f"must be at most {bounds.max:g}, got {value:g}")
+def _int_range(bounds: Bounds | None) -> tuple[float, float]:
+    """The closed interval an integer field allows: its bounds, within 64 bits."""
+    lo, hi = _range(bounds)
+    return max(lo, MIN_INT), min(hi, MAX_INT)
+
+
+def _range_error(value: float, sent: Any, path: str, lo: float, hi: float) -> None:
+    """Raise the error for ``value`` (as decoded; ``sent`` as it came) outside [lo, hi]."""
+    if value < lo:
+        raise SchemaError(path, f"must be at least {number(lo)}, got {number(sent)}")
+    raise SchemaError(path, f"must be at most {number(hi)}, got {number(sent)}")
+
+
+def number(value: float) -> str:
+    """A number as an error message shows it: exactly. Integers in full (``%g`` showed
+    1000001 as 1e+06), whole floats as integers while they are exact, other floats as
+    ``repr`` (the shortest text that reads back as the same float)."""
+    if type(value) is float and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value) if type(value) is float else str(value)
 
 
 def _kind(data: Any) -> str:

@@ -46,9 +46,10 @@ class LogsParams:
         for node, offset in self.offsets.items():
             if not _NODE.fullmatch(node):
                 raise ValueError(f"offsets: {node[:80]!r} is not a node name")
+            # The node channel's limit (shared.messages.ReadLog.offset): no log is longer.
             if isinstance(offset, bool) or not 0 <= offset <= MAX_OFFSET:
-                raise ValueError(f"offsets.{node}: must be an offset of at least 0, got "
-                                 f"{offset!r}")
+                raise ValueError(f"offsets.{node}: must be an offset from 0 to {MAX_OFFSET}, "
+                                 f"got {offset!r}")
 
 
 def method_table(master: Master) -> dict[str, tuple[type, Callable[[Any], Awaitable[Any]]]]:
