@@ -22,7 +22,7 @@ from masterd.api.authn import (
 from masterd.api.caller import CALLER
 from masterd.api.limits import Handler
 from masterd.api.metrics import MasterMetrics
-from masterd.api.nodeguard import check_event
+from masterd.api.nodeguard import check_event, check_hello
 from masterd.api.relay import handle_relay
 from masterd.api.rpc import VERSION, Rpc
 from masterd.journal.store import StoreError
@@ -223,16 +223,18 @@ async def handle_node(request: web.Request) -> web.WebSocketResponse:
                     if not isinstance(body, Hello):
                         raise ProtocolError("not_registered", "send hello first")
                     check_node_identity(principal, body.inventory.name)
+                    check_hello(body)  # an inventory listing a GPU or a core twice
                     master.check_hello(body)  # e.g. a node that has seen a newer epoch
                     hello_timer.cancel()
                     session = NodeSession(body.inventory.name, ws,
                                           master.config.command_timeout_s)
+                    session.gpus = frozenset(g.index for g in body.inventory.gpus)
                     worker = asyncio.get_running_loop().create_task(work())
                     inbox.put_nowait((frame.id, "hello", body))
                 elif isinstance(body, Hello):
                     raise ProtocolError("already_registered", "hello was already received")
                 else:
-                    check_event(master.core, session.name, body)
+                    check_event(master.core, session.name, body, session.gpus)
                     inbox.put_nowait((frame.id, frame.type, body))
             except ProtocolError as exc:
                 await ws.send_bytes(

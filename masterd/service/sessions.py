@@ -27,6 +27,8 @@ class NodeSession:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.closed = False
+        # The GPU indexes the node's hello listed: it may report on these only.
+        self.gpus: frozenset[int] = frozenset()
         # How long the node had been silent when the session ended: 0 for a closed
         # connection, 1.5 × node_heartbeat_s when the heartbeat ended it (no data for a
         # heartbeat period, then no pong within half of one).

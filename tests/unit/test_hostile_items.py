@@ -3,6 +3,7 @@ huge integers, booleans posing as numbers, GPUs a node does not have, duplicate 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 from masterd.api.app import GATE_KEY
 from masterd.main import MasterDaemon
 from shared.config import MasterConfig, load_config
-from shared.protocol import ProtocolError, decode_frame, encode_rpc_request, pack
-from shared.schema import SchemaError, bounded, decode, number
+from shared.protocol import ProtocolError, decode_frame, encode_frame, encode_rpc_request, pack
+from shared.schema import SchemaError, bounded, decode, encode, number
+from tests.unit.helpers import inventory
 
 INT64_MAX = 2**63 - 1
 
@@ -124,3 +126,69 @@ def test_unbounded_integers_hold_64_bits() -> None:
     assert decode(Ranges, {"free": INT64_MAX}).free == INT64_MAX
     assert decode(Ranges, {"free": -(2**63)}).free == -(2**63)
     assert number(1e20) == "1e+20" and number(2.5) == "2.5" and number(3) == "3"
+
+
+# -- the node channel --------------------------------------------------------------------------
+
+async def node_replies(d: MasterDaemon, frames: list[bytes]) -> list[dict[str, Any]]:
+    """Send ``frames`` on one node connection; the master's answer to each, in order."""
+    replies: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as s, s.ws_connect(url(d) + "/v1/node") as ws:
+        for frame in frames:
+            await ws.send_bytes(frame)
+            while True:
+                msg = await ws.receive(timeout=5)
+                assert msg.type == aiohttp.WSMsgType.BINARY, msg
+                reply = msgpack.unpackb(msg.data)
+                if reply["type"] in ("ack", "error"):
+                    replies.append(reply)
+                    break
+    return replies
+
+
+def hello(name: str = "n1", gpus: int = 2, cpus: int = 2, **changes: Any) -> bytes:
+    inv = encode(inventory(name, gpus=gpus, cpus=cpus, numa=1))
+    inv.update(changes)
+    return encode_frame("hello", 1, {"inventory": inv})
+
+
+async def test_gpu_health_for_a_gpu_the_node_lacks_is_refused(daemon: MasterDaemon) -> None:
+    assert daemon.master is not None
+    bad = encode_frame("gpu_health", 3, {"index": 7, "healthy": False})
+    util = encode_frame("gpu_util", 5, {"index": 9, "utilization_pct": 1.0, "band": "idle"})
+    good = encode_frame("gpu_health", 7, {"index": 1, "healthy": True})
+    replies = await node_replies(daemon, [hello(), bad, util, good])
+    assert [r["type"] for r in replies] == ["ack", "error", "error", "ack"], replies
+    for reply, index in ((replies[1], 7), (replies[2], 9)):
+        assert reply["body"]["code"] == "unknown_gpu"
+        assert f"no GPU {index}" in reply["body"]["message"], reply
+        assert "GPUs 0, 1" in reply["body"]["message"], reply
+    # Nothing was recorded about GPU 7: no fault held, no journal row.
+    assert daemon.master.features.gpufaults.of("n1", 7) is None
+    _, reply = await rpc(daemon, "events", {})
+    assert not [e for e in reply["result"]["events"] if e["kind"] in ("gpu_fault", "gpu_health")
+                and e["detail"].get("gpu") == 7]
+
+
+async def test_gpu_health_from_a_node_without_gpus_is_refused(daemon: MasterDaemon) -> None:
+    replies = await node_replies(daemon, [
+        hello("cpu1", gpus=0), encode_frame("gpu_health", 3, {"index": 0, "healthy": False})])
+    assert [r["type"] for r in replies] == ["ack", "error"]
+    assert "has no GPU 0 (its hello listed no GPUs)" in replies[1]["body"]["message"]
+
+
+@pytest.mark.parametrize(("field", "duplicate", "sentence"), [
+    ("gpus", 1, "hello: inventory.gpus lists GPU index 1 twice"),
+    ("cpus", 0, "hello: inventory.cpus lists CPU id 0 twice"),
+])
+async def test_hello_with_a_duplicate_index_is_refused(daemon: MasterDaemon, field: str,
+                                                       duplicate: int, sentence: str) -> None:
+    assert daemon.master is not None
+    inv = encode(inventory("dup", gpus=2, cpus=2, numa=1))
+    inv[field] = [*inv[field], dict(inv[field][duplicate])]
+    replies = await node_replies(daemon, [encode_frame("hello", 1, {"inventory": inv})])
+    assert replies[0]["type"] == "error", replies
+    assert replies[0]["body"]["code"] == "invalid_message"
+    assert replies[0]["body"]["message"] == sentence
+    await asyncio.sleep(0)
+    assert daemon.master.core.cluster.node("dup") is None
