@@ -4,6 +4,7 @@ huge integers, booleans posing as numbers, GPUs a node does not have, duplicate 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,3 +193,31 @@ async def test_hello_with_a_duplicate_index_is_refused(daemon: MasterDaemon, fie
     assert replies[0]["body"]["message"] == sentence
     await asyncio.sleep(0)
     assert daemon.master.core.cluster.node("dup") is None
+
+
+# -- load_models names a file on the master's host --------------------------------------------
+
+def test_model_database_paths_that_never_end_are_refused(tmp_path: Path) -> None:
+    from masterd.core.genie.modeldb import ModelDB, ModelDBError
+
+    fifo = tmp_path / "models.json"
+    os.mkfifo(fifo)  # opening it for reading blocked until a writer came
+    zero = tmp_path / "zero.toml"
+    zero.symlink_to("/dev/zero")  # reading it never ended
+    for path, message in ((fifo, "not a regular file"), (zero, "not a regular file"),
+                          (Path("/dev/zero"), r"use a \.json or \.toml")):
+        with pytest.raises(ModelDBError, match=message):
+            ModelDB.load(path)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate((64 << 20) + 1)
+    with pytest.raises(ModelDBError, match="larger than 64 MiB"):
+        ModelDB.load(big)
+
+
+async def test_load_models_from_dev_zero_is_refused(daemon: MasterDaemon, tmp_path: Path
+                                                    ) -> None:
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    status, reply = await asyncio.wait_for(rpc(daemon, "load_models", {"path": str(zero)}), 10)
+    assert status == 400 and "not a regular file" in reply["error"]["message"], reply

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,6 +34,7 @@ from masterd.core.genie.model import Coefficients, ModelError
 
 KINDS = ("training", "inference")
 INFERENCE_SPEEDUP = 3.0
+MAX_FILE_BYTES = 64 << 20  # a model database file (thousands of rows take well under 1 MiB)
 
 ROW_FIELDS: tuple[str, ...] = (
     "model_type",
@@ -312,17 +315,21 @@ class ModelDB:
     def load(cls, path: str | Path) -> ModelDB:
         """Read a ``.json`` or ``.toml`` model database."""
         path = Path(path)
+        # The suffix first, and a regular file of a bounded size only: the master reads the
+        # path an admin RPC names, and /dev/zero or a FIFO would never end (or never start).
+        if path.suffix not in (".json", ".toml"):
+            raise ModelDBError(f"{path}: use a .json or .toml file")
         try:
-            raw = path.read_bytes()
+            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise ModelDBError(f"{path}: not a regular file")
+                raw = f.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise ModelDBError(f"cannot read model database {path}: {exc.strerror}") from None
+        if len(raw) > MAX_FILE_BYTES:
+            raise ModelDBError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB")
         try:
-            if path.suffix == ".json":
-                data = json.loads(raw)
-            elif path.suffix == ".toml":
-                data = tomllib.loads(raw.decode())
-            else:
-                raise ModelDBError(f"{path}: use a .json or .toml file")
+            data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
         except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ModelDBError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
         try:
