@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from noded.cgroups import detect_cgroups
-from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
 from noded.jobs import JobRunner
 from shared.messages import PrepareJob, StartJob
+from tests.integration.partrunner import part_runner
 from tests.unit.master_fakes import until
 from tests.unit.test_fencing import ALLOC, SPEC
 
@@ -31,16 +30,10 @@ def runner(tmp_path: Path) -> Iterator[JobRunner]:
     logs.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "trellis-test-logdisk",
                     str(logs)], check=True, capture_output=True, timeout=30)
-    cgroups = detect_cgroups(f"trellis-test-logdisk-{os.getpid()}", prefer="affinity",
-                             state_dir=state / "cgroups")
-    gpus = EmulatedGpuBackend(EmulatedGpuConfig(count=1, uuid_seed="n1"))
-    runner = JobRunner("n1", state, cgroups, gpus, allow_root_jobs=True, numa_of={0: 0})
     try:
-        yield runner
+        with part_runner(state, "logdisk") as runner:
+            yield runner
     finally:
-        for part in list(runner.parts.values()):
-            if part.state == "running":
-                runner._signal(part, 9)
         if subprocess.run(["umount", str(logs)], capture_output=True, timeout=30).returncode:
             subprocess.run(["umount", "-l", str(logs)], capture_output=True, timeout=30)
 

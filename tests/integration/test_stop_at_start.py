@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from noded.cgroups import detect_cgroups
-from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
 from noded.jobs import JobRunner, _child_pid
 from shared.messages import PrepareJob, StartJob
+from tests.integration.partrunner import part_runner
 from tests.unit.master_fakes import until
 from tests.unit.test_fencing import ALLOC, SPEC
 
@@ -27,18 +26,8 @@ GRACE_S = 20.0
 
 @pytest.fixture
 def runner(tmp_path: Path) -> Iterator[JobRunner]:
-    state = tmp_path / "state"
-    state.mkdir()
-    cgroups = detect_cgroups(f"trellis-test-stopstart-{os.getpid()}", prefer="affinity",
-                             state_dir=state / "cgroups")
-    gpus = EmulatedGpuBackend(EmulatedGpuConfig(count=1, uuid_seed="n1"))
-    runner = JobRunner("n1", state, cgroups, gpus, allow_root_jobs=True, numa_of={0: 0})
-    try:
+    with part_runner(tmp_path / "state", "stopstart") as runner:
         yield runner
-    finally:
-        for part in list(runner.parts.values()):
-            if part.state == "running":
-                runner._signal(part, signal.SIGKILL)
 
 
 async def test_a_stop_right_after_the_start_is_acknowledged_reaches_the_job(

@@ -219,20 +219,10 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
     hello ack measured; before any ack it cannot judge and takes the command."""
     import time
 
-    import msgpack
-
     from noded.agent import NodeAgent
     from shared.protocol import encode_frame
     from shared.schema import encode
-
-    class Ws:
-        closed = False
-
-        def __init__(self) -> None:
-            self.frames: list[dict[str, Any]] = []
-
-        async def send_bytes(self, data: bytes) -> None:
-            self.frames.append(msgpack.unpackb(data))
+    from tests.unit.agent_fakes import SentFrames
 
     class Runner:
         on_exited: Any = None
@@ -252,7 +242,8 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
     runner = Runner()
     try:
         agent = NodeAgent("http://127.0.0.1:1", lambda: None, runner, backend)  # type: ignore[arg-type]
-        agent.ws = Ws()  # type: ignore[assignment]
+        ws = SentFrames()
+        agent.ws = ws  # type: ignore[assignment]
         agent._job_started = lambda *a, **k: asyncio.sleep(0)  # type: ignore[method-assign]
         # The master's clock runs 100 s ahead of this node's.
         agent._hello_acked({"epoch": 0, "time": time.time() + 100})
@@ -266,7 +257,7 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
 
         await agent._dispatch(start(2, "late", master_now - 1))  # the master gave up on it
         await agent._dispatch(start(4, "in-time", master_now + 4))
-        replies = {f["id"]: f for f in agent.ws.frames if f["type"] in ("ack", "error")}  # type: ignore[attr-defined]
+        replies = ws.replies()
         assert replies[2]["type"] == "error" and replies[2]["body"]["code"] == "expired"
         assert replies[4]["type"] == "ack"
         assert runner.started == ["in-time"]

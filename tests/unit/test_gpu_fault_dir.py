@@ -38,19 +38,9 @@ async def test_the_agent_resets_a_gpu_and_refuses_one_it_does_not_have() -> None
     does not have is refused with a sentence."""
     from typing import Any
 
-    import msgpack
-
     from noded.agent import NodeAgent
     from shared.protocol import encode_frame
-
-    class Ws:
-        closed = False
-
-        def __init__(self) -> None:
-            self.frames: list[dict[str, Any]] = []
-
-        async def send_bytes(self, data: bytes) -> None:
-            self.frames.append(msgpack.unpackb(data))
+    from tests.unit.agent_fakes import SentFrames
 
     class Runner:
         on_exited: Any = None
@@ -59,7 +49,7 @@ async def test_the_agent_resets_a_gpu_and_refuses_one_it_does_not_have() -> None
     backend = EmulatedGpuBackend(EmulatedGpuConfig(count=2, uuid_seed="agent"))
     try:
         agent = NodeAgent("http://127.0.0.1:1", lambda: None, Runner(), backend)  # type: ignore[arg-type]
-        ws = Ws()
+        ws = SentFrames()
         agent.ws = ws  # type: ignore[assignment]
         backend.inject_fault(1, 79)
         for event in backend.poll_health():
@@ -67,7 +57,7 @@ async def test_the_agent_resets_a_gpu_and_refuses_one_it_does_not_have() -> None
         assert agent.unhealthy_gpus() == {1: "Xid 79 (GPU has fallen off the bus)"}
         await agent._dispatch(encode_frame("reset_gpu", 2, {"index": 1}))
         await agent._dispatch(encode_frame("reset_gpu", 4, {"index": 7}))
-        replies = {f["id"]: f for f in ws.frames if f["type"] in ("ack", "error")}
+        replies = ws.replies()
         assert replies[2]["type"] == "ack" and replies[2]["body"] == {"recovered": True}
         assert replies[4]["type"] == "error" and replies[4]["body"]["code"] == "unknown_gpu"
         assert "GPU index 7 does not exist" in replies[4]["body"]["message"]
