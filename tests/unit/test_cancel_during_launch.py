@@ -263,3 +263,54 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
         assert runner.started == ["in-time"]
     finally:
         backend.close()
+
+
+async def test_a_cancelled_job_whose_node_is_then_lost_ends_cancelled(tmp_path: Path) -> None:
+    """Node loss requeues a job, unless its cancel came first: the cancel stands."""
+    master, fakes = make_master(tmp_path, Clock(), NODES)
+    try:
+        job = await master.submit(spec())
+        await until("the launch", lambda: any(s.commands("start_job") for s in fakes.values()))
+        [node] = job.placement.nodes  # type: ignore[union-attr]
+        await started(master, node, job.id)
+        await master.cancel(job.id)  # its stop cannot reach the node: it is cut off
+        master.node_disconnected(fakes[node])  # type: ignore[arg-type]
+        master.clock.now += 300  # type: ignore[attr-defined]
+        await master.features.nodeloss.lose(node)
+        await until("the job ended", lambda: job.state.terminal)
+        assert job.state is JobState.CANCELLED and job.restarts == 0
+        assert "requeued" not in kinds(master, job.id)
+    finally:
+        await master.close()
+
+
+async def test_a_restarted_master_ends_a_job_cancelled_during_its_launch_cancelled(
+        tmp_path: Path) -> None:
+    """A failover between the cancel and the launch's end: the next master reads the
+    journalled cancel, and the launch it finds half done (a part prepared) ends the job
+    cancelled instead of requeueing it."""
+    from shared.messages import Hello, JobReport
+
+    clock = Clock()
+    master, sessions = held_master(tmp_path, {"prepare_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "prepare_job")
+        await master.cancel(job.id)
+    finally:
+        await master.close()  # dies with the prepare unanswered
+    again, fakes = make_master(tmp_path, clock, {})
+    try:
+        restored = again.core.jobs[job.id]
+        assert restored.state is JobState.STARTING and restored.end_as == "cancelled"
+        fakes[node.name] = sessions[node.name]  # type: ignore[assignment]
+        again.sessions[node.name] = sessions[node.name]  # type: ignore[assignment]
+        await again.node_hello(sessions[node.name], Hello(  # type: ignore[arg-type]
+            inventory=inventory(node.name, gpus=4, cpus=8, numa=1),
+            jobs=(JobReport(job_id=job.id, state="prepared"),)))
+        await until("the job ended", lambda: restored.state.terminal)
+        assert restored.state is JobState.CANCELLED and restored.restarts == 0
+        await asyncio.sleep(0.05)
+        assert not again.core.queue()
+    finally:
+        await again.close()
