@@ -148,8 +148,11 @@ class Master:
         self._wake_handle: asyncio.TimerHandle | None = None
         self._wake_time = 0.0
         self._launching: set[str] = set()
-        # The launch of each job whose start commands are in flight (a stop waits for it).
+        # The launch of each job whose start commands are in flight (a stop waits for it) ...
         self._launches: dict[str, asyncio.Future[Any]] = {}
+        # ... and, for a start that went unanswered, when its node will refuse it (its
+        # expires_at): a stop waits for that moment too.
+        self._unsettled_starts: dict[str, float] = {}
         self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
@@ -470,6 +473,14 @@ class Master:
             # command's timeout; the launch itself never sends a start after this point.
             # (A part that did start is stopped when its node reports it: _on_started.)
             await asyncio.wait({launch}, timeout=self.config.command_timeout_s + 1)
+        unsettled = self._unsettled_starts.get(job_id)
+        if unsettled is not None:
+            # A start went unanswered: its node may still read it until its deadline (and
+            # then refuses it); answer after that.
+            wait = unsettled - self.clock()
+            if wait > 0:
+                await asyncio.sleep(min(wait, self.config.command_timeout_s))
+            self._unsettled_starts.pop(job_id, None)
         return job
 
     async def lose_parts(self, job_id: str, lost: Sequence[str], reason: str,
@@ -622,12 +633,44 @@ class Master:
                 for a in placement.allocations
             ]
             results = await asyncio.gather(*starts, return_exceptions=True)
-            failures = [r for r in results if isinstance(r, BaseException)]
-            if failures:
-                await self._abort_launch(job, str(failures[0]))
+            failed = {a.node: r for a, r in zip(placement.allocations, results, strict=True)
+                      if isinstance(r, BaseException)}
+            unknown = [node for node, r in failed.items()
+                       if isinstance(r, CommandFailed) and r.unknown_outcome]
+            if unknown:
+                self._unsettled_starts[job.id] = expires
+                await self._start_unknown(job, failed, unknown)
+            elif failed:
+                await self._abort_launch(job, str(next(iter(failed.values()))))
         finally:
             self._launching.discard(job.id)
             self._launches.pop(job.id, None)
+
+    async def _start_unknown(self, job: Job, failed: Mapping[str, BaseException],
+                             unknown: Sequence[str]) -> None:
+        """Some start went unanswered (a timeout, the connection lost): its part may run.
+        The job is requeued as after a node loss, not as after a refused start: it keeps
+        its resources until every part is known to have exited (its node reports it when it
+        reconnects, or is declared lost and its lease has stopped it), so no second
+        incarnation can run beside one that did start."""
+        reason = f"start of its part on {', '.join(unknown)} unanswered: {failed[unknown[0]]}"
+        log.warning("job=%s %s; requeued once its parts are known to have exited", job.id,
+                    reason)
+        now = self.clock()
+        transition, live = self.core.requeue(job.id, reason, now)
+        events: list[tuple[Any, ...]] = [(now, job.id, None, "requeue_requested", {
+            "end_as": job.end_as or JobState.QUEUED.value, "reason": reason,
+            "restarts": job.restarts})]
+        for node in failed:
+            if node not in unknown:  # refused: that part never started
+                done, _ = self.core.node_exited(job.id, node, None, None, now)
+                transition = transition or done
+        await self._persist([job], events)
+        if transition is not None:
+            await self._record(transition)
+        for node in live:
+            if node not in failed or node in unknown:
+                self.tasks.spawn(self._stop_part(job.id, node, reason))
 
     def _allocation_on(self, job: Job, alloc: NodeAllocation) -> NodeAllocation:
         """The job's allocation on ``alloc.node`` as the cluster holds it now."""
@@ -821,6 +864,8 @@ class Master:
                                      transition.event or transition.state.value, detail)])
         if transition.state.terminal:
             self.journal.wire.forget(job.id)
+        if transition.state is not JobState.RUNNING:
+            self._unsettled_starts.pop(job.id, None)
         await self.events.job_transition.emit(job, transition)
         # The routine steps of a healthy job are in the journal (trellisctl events); logging
         # each at info cost a tenth of the master's time at a few hundred jobs a second.

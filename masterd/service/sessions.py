@@ -54,10 +54,11 @@ class NodeSession:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise CommandFailed(
-                self.name, type_, "timeout", f"no answer within {timeout:g} s"
-            ) from None
+                self.name, type_, "timeout", f"no answer within {timeout:g} s",
+                unknown_outcome=True) from None
         except ConnectionError as exc:
-            raise CommandFailed(self.name, type_, "node_unreachable", str(exc)) from None
+            raise CommandFailed(self.name, type_, "node_unreachable", str(exc),
+                                unknown_outcome=True) from None
         finally:
             self._waiting.pop(id_, None)
 
@@ -95,6 +96,7 @@ class NodeSession:
         for fut in self._waiting.values():
             if not fut.done():
                 fut.set_exception(
-                    CommandFailed(self.name, "command", "node_unreachable", "connection closed")
+                    CommandFailed(self.name, "command", "node_unreachable", "connection closed",
+                                  unknown_outcome=True)
                 )
         self._waiting.clear()

@@ -22,7 +22,7 @@ from shared.messages import NODE_COMMANDS
 from shared.model import Job, JobSpec, JobState
 from shared.schema import decode
 from tests.unit.helpers import inventory
-from tests.unit.master_fakes import Clock, make_master, started, until
+from tests.unit.master_fakes import Clock, exited, make_master, started, until
 
 NODES = {"g1": (4, 8), "g2": (4, 8)}
 
@@ -314,3 +314,37 @@ async def test_a_restarted_master_ends_a_job_cancelled_during_its_launch_cancell
         assert not again.core.queue()
     finally:
         await again.close()
+
+
+async def test_an_unanswered_start_keeps_the_job_off_other_nodes_until_its_part_is_gone(
+        tmp_path: Path) -> None:
+    """Found by the soak: a start whose answer was lost (the connection closed) had been
+    carried out, and the job requeued as a refused start ran on a second node beside it.
+    Now it is requeued as after a node loss: once its part is known to have exited."""
+    from shared.messages import Hello, JobReport
+
+    master, sessions = held_master(tmp_path, {"start_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "start_job")
+        node.answer("start_job", CommandFailed(node.name, "start_job", "node_unreachable",
+                                               "connection closed", unknown_outcome=True))
+        await until("the requeue asked", lambda: "requeue_requested" in kinds(master, job.id))
+        master.node_disconnected(node)  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        # Still holding its placement: nothing else was prepared anywhere.
+        assert job.state is JobState.STARTING and job.end_as == JobState.QUEUED.value
+        assert sum(len(s.commands("prepare_job")) for s in sessions.values()) == 1
+        # The node comes back: its part did start, and it reports it.
+        node.held = set()
+        master.sessions[node.name] = node  # type: ignore[assignment]
+        await master.node_hello(node, Hello(  # type: ignore[arg-type]
+            inventory=inventory(node.name, gpus=4, cpus=8, numa=1),
+            jobs=(JobReport(job_id=job.id, state="running", pid=4242, restarts=0),)))
+        await until("the stop of the part that ran", lambda: node.commands("stop_job"))
+        assert job.state is not JobState.QUEUED  # not before its part exited
+        await exited(master, node.name, job.id, code=None, signal=15)
+        await until("the relaunch", lambda: job.restarts == 1
+                    and sum(len(s.commands("prepare_job")) for s in sessions.values()) == 2)
+    finally:
+        await master.close()
