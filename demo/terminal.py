@@ -15,6 +15,10 @@ import termios
 import time
 from pathlib import Path
 
+# How long expect and wait look by default before they fail. Long: a loaded machine is slow
+# to show anything, and a condition met returns at once, however long the deadline.
+DEADLINE_S = 120.0
+
 
 class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path,
@@ -38,7 +42,7 @@ class Terminal:
         self.seen = b""
         self.pos = 0  # where the next expect looks from
 
-    def expect(self, token: bytes, timeout: float = 30.0) -> bytes:
+    def expect(self, token: bytes, timeout: float = DEADLINE_S) -> bytes:
         """What the terminal showed since the last expect, up to and with ``token``."""
         deadline = time.monotonic() + timeout
         while token not in self.seen[self.pos:]:
@@ -62,7 +66,9 @@ class Terminal:
         # The kernel sends the command SIGWINCH: it is this terminal's foreground process.
         fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
-    def wait(self, timeout: float = 30.0) -> int:
+    def wait(self, timeout: float = DEADLINE_S) -> int:
+        """The command's exit status, once it exited and everything it wrote before is in
+        ``seen``."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:  # keep reading: a full terminal would block it
             if time.monotonic() > deadline:
@@ -72,6 +78,21 @@ class Terminal:
             if ready:
                 with contextlib.suppress(OSError):
                     self.seen += os.read(self.master, 65536)
+        # What it wrote just before it exited may not have been read yet (a loaded machine
+        # hands it on late): read up to the end of the terminal, which Linux reports (EIO)
+        # only once the last writer is gone and all it wrote was read.
+        while True:
+            ready, _, _ = select.select([self.master], [], [],
+                                        max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break  # someone else still holds the terminal open: what came is all
+            try:
+                more = os.read(self.master, 65536)
+            except OSError:
+                break
+            if not more:
+                break
+            self.seen += more
         return self.proc.returncode
 
     def close(self) -> None:

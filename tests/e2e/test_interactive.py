@@ -4,6 +4,10 @@ server the job runs, with real master and node daemons (authenticated: the clien
 user's), real jobs under their shims and cgroups.
 
 One cluster for the module (terminal_grace_s = 4 s, so a dropped client ends its job soon).
+
+Every wait here is for a condition (a job's state, a line trellisctl prints, a port, a
+process) with a deadline of WAIT_S: long, since on a loaded machine every step is slow, and
+a condition met ends the wait at once.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -31,13 +36,14 @@ from control.client import RpcError
 from control.relayclient import RelayRefused, open_stream
 from demo.cluster import LocalCluster, default_job_user
 from demo.harness import scratch_dir
-from demo.terminal import Terminal
+from demo.terminal import DEADLINE_S, Terminal
 from shared.protocol import decode_frame, encode_frame
 from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = default_job_user()
 GRACE_S = 4.0
+WAIT_S = DEADLINE_S  # the deadline of every wait for a condition
 T = TypeVar("T")
 
 
@@ -56,7 +62,12 @@ def env() -> Iterator[tuple[LocalCluster, Path]]:
 
 def ctl_env(cluster: LocalCluster, role: str = "client") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
-    env["TRELLIS_TOKEN_FILE"] = str(cluster.token_file(role))
+    # Written once: token_file() rewrites the file, and a trellisctl started a moment ago
+    # (slow to start on a loaded machine) may be reading it just then and find it empty.
+    token = cluster.root / f"{role}.own.token"
+    if not token.exists():
+        token = cluster.token_file(role)
+    env["TRELLIS_TOKEN_FILE"] = str(token)
     env["TERM"] = "xterm"
     return env
 
@@ -66,15 +77,20 @@ def ctl_argv(cluster: LocalCluster, *args: str) -> list[str]:
 
 
 def ctl(cluster: LocalCluster, *args: str, role: str = "client",
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(ctl_argv(cluster, *args), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=ctl_env(cluster, role),
                           stdin=subprocess.DEVNULL)
 
 
+def admin(cluster: LocalCluster) -> Any:
+    """The cluster's admin client, patient with a master slowed by a loaded machine."""
+    return cluster.client(timeout=WAIT_S)
+
+
 def job(cluster: LocalCluster, job_id: str) -> dict[str, Any]:
     try:
-        return cluster.client().call("job", {"id": job_id})["job"]
+        return admin(cluster).call("job", {"id": job_id})["job"]
     except RpcError as exc:
         if exc.code == "unknown_job":  # not submitted yet
             return {"state": "", "wait": "", "reason": ""}
@@ -88,6 +104,23 @@ def terminal(cluster: LocalCluster, *args: str) -> Terminal:
 
 def run_args(job_id: str, *more: str) -> tuple[str, ...]:
     return ("run", "--id", job_id, "--user", USER, "--cpus", "1", *more)
+
+
+def read_until(pipe: Any, token: bytes, timeout: float = WAIT_S) -> bytes:
+    """What a subprocess's stdout or stderr pipe gave, read as it comes, up to and with
+    ``token`` (and whatever came along with it); fails after ``timeout`` s or at its end."""
+    fd = pipe.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout
+    while token not in data:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {token!r} within {timeout:g} s; got {data[-2000:]!r}")
+        more = os.read(fd, 65536)
+        if not more:
+            raise AssertionError(f"the output ended before {token!r}: {data[-2000:]!r}")
+        data += more
+    return data
 
 
 # -- terminals ------------------------------------------------------------------------------------
@@ -107,7 +140,7 @@ def test_pty_shell_types_resizes_and_exits_with_its_code(env: tuple[LocalCluster
         # A window size change reaches the job's terminal (SIGWINCH here, TIOCSWINSZ there).
         term.resize(41, 101)
         wait_for(what="the new size on the job's terminal", predicate=lambda: (
-            term.type(b"stty size\r"), b"41 101" in term.expect(b"$ ", 10))[-1], timeout=15)
+            term.type(b"stty size\r"), b"41 101" in term.expect(b"$ "))[-1], timeout=WAIT_S)
         term.type(b"exit 7\r")
         assert term.wait() == 7
         # The terminal is as it was before trellisctl made it raw.
@@ -119,12 +152,12 @@ def test_pty_shell_types_resizes_and_exits_with_its_code(env: tuple[LocalCluster
 def test_pty_without_a_terminal_is_refused_before_submitting(
         env: tuple[LocalCluster, Path]) -> None:
     cluster, _ = env
-    before = len(cluster.client().call("jobs")["jobs"])
+    before = len(admin(cluster).call("jobs")["jobs"])
     proc = ctl(cluster, *run_args("no-tty", "--pty", "--", "sh"))
     assert proc.returncode == 2, proc.stderr
     assert "--pty needs a terminal, and standard input is not one" in proc.stderr
     assert proc.stderr.count("\n") == 1
-    assert len(cluster.client().call("jobs")["jobs"]) == before  # no job was created
+    assert len(admin(cluster).call("jobs")["jobs"]) == before  # no job was created
 
 
 def test_a_client_gone_ends_the_job_after_the_grace_unless_one_attaches(
@@ -149,16 +182,16 @@ def test_a_client_gone_ends_the_job_after_the_grace_unless_one_attaches(
         assert termios.tcgetattr(stopped.master)[3] == stopped.before[3]
         # Within the grace, a client attaches again: the session goes on.
         with terminal(cluster, "attach", "dropped") as again:
-            wait_for(what="attach to go raw", timeout=30, predicate=lambda: not
+            wait_for(what="attach to go raw", timeout=WAIT_S, predicate=lambda: not
                      termios.tcgetattr(again.master)[3] & termios.ECHO)
             again.type(b"echo again$((1+1))\r")
             again.expect(b"again2")
             os.killpg(again.proc.pid, signal.SIGKILL)
-            again.proc.wait(10)
+            again.proc.wait(WAIT_S)
             dropped_at = time.monotonic()
     for job_id, gone in (("dropped", dropped_at), ("stopped", stopped_at)):
         view = wait_for(what=f"{job_id} cancelled", predicate=lambda job_id=job_id: (
-            (v := job(cluster, job_id))["state"] != "running" and v), timeout=30)
+            (v := job(cluster, job_id))["state"] != "running" and v), timeout=WAIT_S)
         assert time.monotonic() - gone >= GRACE_S - 0.5
         assert view["state"] == "cancelled"
         assert "terminal_grace_s" in view["reason"]
@@ -173,7 +206,7 @@ def test_run_streams_output_shows_why_it_waits_and_exits_with_the_code(
         env: tuple[LocalCluster, Path]) -> None:
     cluster, root = env
     gate = root / "gate-run"
-    client = cluster.client()
+    client = admin(cluster)
     client.call("submit", {"id": "first", "job": {
         "name": "first", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"],
         "user": USER, "kind": "cpu", "cpus": 1}})
@@ -183,9 +216,12 @@ def test_run_streams_output_shows_why_it_waits_and_exits_with_the_code(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ctl_env(cluster),
         stdin=subprocess.DEVNULL)
     try:
-        wait_for(lambda: job(cluster, "second")["wait"] == "dependency", 30, "second waiting")
+        # trellisctl saw it wait (it polls: on a loaded machine, later than the master says
+        # so); then the dependency may end.
+        said = read_until(proc.stderr, b"job second waits (dependency)")
         gate.touch()
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=WAIT_S)
+        err = said + err
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -202,15 +238,15 @@ def test_ctrl_c_cancels_the_job(env: tuple[LocalCluster, Path]) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ctl_env(cluster),
         stdin=subprocess.DEVNULL)
     try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"started\n"  # it runs, and its output streams
+        # It runs, and its output streams: trellisctl is following the job's log.
+        assert read_until(proc.stdout, b"\n") == b"started\n"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
+        assert proc.wait(WAIT_S) == 130
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    wait_for(lambda: job(cluster, "interrupted")["state"] == "cancelled", 30,
+    wait_for(lambda: job(cluster, "interrupted")["state"] == "cancelled", WAIT_S,
              "the job cancelled")
 
 
@@ -227,14 +263,17 @@ def forwarding(cluster: LocalCluster, job_id: str, ports: str) -> Iterator[subpr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env=ctl_env(cluster), stdin=subprocess.DEVNULL)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith(b"Forwarding from 127.0.0.1:"), (line, proc.stderr.read())  # type: ignore[union-attr]
+        try:  # it listens on LOCAL once it says so
+            read_until(proc.stdout, b"Forwarding from 127.0.0.1:")
+        except AssertionError as exc:
+            proc.kill()
+            raise AssertionError(f"{exc}; stderr: {proc.communicate(timeout=WAIT_S)[1]!r}"
+                                 ) from None
         yield proc
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(10)
+            proc.wait(WAIT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -242,13 +281,18 @@ def forwarding(cluster: LocalCluster, job_id: str, ports: str) -> Iterator[subpr
 
 def start_server(cluster: LocalCluster, root: Path, job_id: str) -> tuple[int, Path]:
     portfile, countfile = root / f"{job_id}.port", root / f"{job_id}.count"
-    cluster.client().call("submit", {"id": job_id, "job": {
+    admin(cluster).call("submit", {"id": job_id, "job": {
         "name": job_id, "command": ["python3", str(root / "server.py"), str(portfile),
                                     str(countfile)],
         "user": USER, "kind": "cpu", "cpus": 1}})
-    port = int(wait_for(lambda: portfile.exists() and portfile.read_text(), 60,
+    port = int(wait_for(lambda: portfile.exists() and portfile.read_text(), WAIT_S,
                         f"the job's server ({job_id})"))
     return port, countfile
+
+
+def connect(port: int) -> socket.socket:
+    """A connection to 127.0.0.1:PORT whose sends and receives fail after WAIT_S."""
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -284,21 +328,23 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
     proc = ctl(cluster, "port-forward", "web", "http")
     assert proc.returncode == 2 and "LOCAL:REMOTE" in proc.stderr
     # A job that waits for web to finish: queued while web runs.
-    cluster.client().call("submit", {"id": "later", "job": {
+    admin(cluster).call("submit", {"id": "later", "job": {
         "name": "later", "command": ["true"], "user": USER, "kind": "cpu", "cpus": 1,
         "after": [{"type": "afterok", "jobs": ["web"]}]}})
     proc = ctl(cluster, "port-forward", "later", f"{local}:{remote}")
     assert proc.returncode == 1 and "job later is queued, not running" in proc.stderr
-    cluster.client().call("submit", {"id": "theirs", "job": {
+    admin(cluster).call("submit", {"id": "theirs", "job": {
         "name": "theirs", "command": ["sleep", "600"], "user": "daemon", "kind": "cpu",
         "cpus": 1}})
     proc = ctl(cluster, "port-forward", "theirs", f"{local}:{remote}")
     assert proc.returncode == 1 and "forbidden" in proc.stderr, proc.stderr
-    cluster.client().call("cancel", {"id": "theirs"})
+    admin(cluster).call("cancel", {"id": "theirs"})
 
+    # A port free now: the one above was let go a while ago (long ago on a loaded machine),
+    # and a port let go may be taken by anyone.
+    local = free_port()
     with forwarding(cluster, "web", f"{local}:{remote}") as forward:
-        with socket.create_connection(("127.0.0.1", local)) as one, \
-                socket.create_connection(("127.0.0.1", local)) as two:
+        with connect(local) as one, connect(local) as two:
             one.sendall(b"echo\n")
             two.sendall(b"send 3000000\n")
             payload = os.urandom(200_000)
@@ -306,18 +352,40 @@ def test_port_forward_relays_connections_and_refuses_bad_input_cleanly(
             assert recv_exactly(one, len(payload)) == payload
             assert recv_exactly(two, 3_000_000) == b"x" * 3_000_000
         # The forward ends with its job.
-        cluster.client().call("cancel", {"id": "web"})
-        assert forward.wait(30) == 1
+        admin(cluster).call("cancel", {"id": "web"})
+        assert forward.wait(WAIT_S) == 1
         assert b"job web is cancelled: the forward ends" in forward.stderr.read()  # type: ignore[union-attr]
     # trellisctl is gone, and so is its listening socket.
     with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", local), timeout=5).close()
+        connect(local).close()
+
+
+def server_process(countfile: Path) -> psutil.Process | None:
+    """The job's server (relay_server.py), by the COUNTFILE argument it was given."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(countfile) in (proc.info["cmdline"] or ()):
+            return proc
+    return None
+
+
+def asleep(proc: psutil.Process) -> bool:
+    """Whether every thread of ``proc`` sleeps: none runs, or waits for a CPU to run on (a
+    flood server all asleep is blocked in its send, not merely slowed by a loaded machine)."""
+    try:
+        for thread in proc.threads():
+            stat = Path(f"/proc/{proc.pid}/task/{thread.id}/stat").read_text()
+            if stat.rpartition(")")[2].split()[0] != "S":
+                return False
+    except (OSError, psutil.Error):
+        return False
+    return True
 
 
 def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
         env: tuple[LocalCluster, Path]) -> None:
     cluster, root = env
     remote, countfile = start_server(cluster, root, "flood")
+    server = wait_for(lambda: server_process(countfile), WAIT_S, "the job's server process")
     local = free_port()
     assert cluster.master is not None and cluster.master.proc is not None
     master = psutil.Process(cluster.master.proc.pid)
@@ -326,32 +394,31 @@ def test_a_stalled_reader_stops_the_job_not_the_masters_memory(
     def sent() -> int:
         return int(countfile.read_text()) if countfile.exists() else 0
 
-    with forwarding(cluster, "flood", f"{local}:{remote}"), \
-            socket.create_connection(("127.0.0.1", local)) as sock:
+    with forwarding(cluster, "flood", f"{local}:{remote}"), connect(local) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         sock.sendall(b"flood\n")
         recv_exactly(sock, 1 << 20)  # it flows ...
         # ... and the reader stalls: the job's sends must stop within the windows and
-        # socket buffers between, and stay stopped.
+        # socket buffers between, and stay stopped. Stopped: the server is blocked (all its
+        # threads asleep) and has sent nothing since the last look.
         last = [-1]
 
-        def settled() -> bool:
-            now = sent()
-            same = now == last[0]
+        def stopped() -> bool:
+            blocked = asleep(server)
+            now, then = sent(), last[0]
             last[0] = now
-            if not same:
-                time.sleep(0.5)
-            return same
+            return blocked and now == then
 
-        wait_for(settled, 30, "the job's sends to stop")
+        wait_for(stopped, WAIT_S, "the job's sends to stop", interval=0.1)
         stalled = sent()
         assert stalled < 64 << 20, f"{stalled} bytes went out to a reader that stalled"
         growth = master.memory_info().rss - rss_before
         assert growth < 32 << 20, f"the master grew {growth} bytes"
-        # Reading again, the flow resumes.
+        # Reading again, the flow resumes: the job sends again once the room made here has
+        # reached it, hops later.
         recv_exactly(sock, 4 << 20)
-        assert sent() > stalled
-    cluster.client().call("cancel", {"id": "flood"})
+        wait_for(lambda: sent() > stalled, WAIT_S, "the job's sends to resume")
+    admin(cluster).call("cancel", {"id": "flood"})
 
 
 def test_the_relay_endpoint_refuses_bad_peers_with_one_sentence(
@@ -364,7 +431,7 @@ def test_the_relay_endpoint_refuses_bad_peers_with_one_sentence(
         async with aiohttp.ClientSession() as http, \
                 http.ws_connect(url, headers=headers) as ws:
             await ws.send_bytes(frame)
-            msg = await ws.receive(timeout=10)
+            msg = await ws.receive(timeout=WAIT_S)
             return decode_frame(msg.data).body
 
     async def main() -> None:
