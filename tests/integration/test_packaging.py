@@ -24,7 +24,7 @@ UNITS = ("trellis-masterd", "trellis-noded")
 def systemd_analyze() -> str:
     tool = shutil.which("systemd-analyze")
     if tool is None:
-        reason = ("systemd-analyze is missing (Debian package 'systemd'; .ci/run installs it "
+        reason = ("systemd-analyze is missing (Debian package 'systemd'; ./run test installs it "
                   "when it can)")
         if os.geteuid() != 0:
             reason += "; not root, so it cannot be installed here"
