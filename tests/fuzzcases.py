@@ -309,15 +309,16 @@ def valid_job(user: str = "nobody") -> dict[str, Any]:
 
 def submit_after_fuzz(client: Any, user: str, job_id: str = "after-fuzz") -> dict[str, Any]:
     """Submit a plain job once the fuzzing is over (``client``: a control.client
-    MasterClient) and return its view. The fuzzed RPCs may have turned accounts on, which
-    refuses a user in none: then the job goes to an account of its own."""
+    MasterClient) and return its view. The fuzzed RPCs may have turned accounts on (a user in
+    none is refused) or capped the user's account (over_cap): then the job goes to an
+    account of its own."""
     from control.client import RpcError
 
     job = valid_job(user)
     try:
         return client.call("submit", {"job": job, "id": job_id})["job"]
     except RpcError as exc:
-        if exc.code != "forbidden":
+        if exc.code not in ("forbidden", "over_cap"):
             raise
     client.call("account_add", {"account": {"name": "fz-after", "users": [user]},
                                 "force": True})
