@@ -108,16 +108,20 @@ def build_image(layout: Path, tag: str = "latest", *, pad_mb: int = 0,
 
 @dataclass
 class Registry:
-    """Debian's docker-registry on 127.0.0.1, storage and config in its own temp dir."""
+    """Debian's docker-registry on loopback (or ``address``), storage and config in its own
+    temp dir."""
 
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="trellis-test-reg-")))
     port: int = field(default_factory=free_port)
     htpasswd: str = ""  # an htpasswd line (user:bcrypt): the registry asks for credentials
     proc: subprocess.Popen[bytes] | None = None
+    # Where it listens: loopback, or a test network's address (nodes in network namespaces
+    # of their own reach it there, demo/netlab.py).
+    address: str = "127.0.0.1"
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> Registry:
         config = {

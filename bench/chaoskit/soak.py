@@ -42,7 +42,9 @@ from demo.hacluster import HaCluster
 from demo.harness import kill_jobs, live_environs, shielded
 from demo.netlab import CUTS, NetLab
 from demo.pgserver import PgServer
+from demo.registry import BUSYBOX, Registry, build_image
 from demo.terminal import Terminal
+from noded.containers.podman import Podman
 from noded.gpu.emulated import write_fault
 from shared.auth import Secret
 
@@ -94,12 +96,15 @@ class Soak:
     restarts: Counter[str] = field(default_factory=Counter)
     hostile_5xx: int = 0
     frozen: set[int] = field(default_factory=set)
+    registry: Registry | None = None
+    image: str = ""  # the container jobs' image, "" when podman and its kin are missing
+    containers_missing: str = ""
 
     # -- the cluster -------------------------------------------------------------------
     def build(self) -> None:
         cfg = self.config
         self.lab.start()
-        self.lab.add("host", own_namespace=False)
+        host = self.lab.add("host", own_namespace=False)
         pg_site = self.lab.add("pg")
         masters = [self.lab.add(f"m{i}") for i in range(cfg.masters)]
         node_sites = [self.lab.add(f"n{i}") for i in range(1, cfg.nodes + 1)]
@@ -116,6 +121,7 @@ class Soak:
         self.job_py = self.root / "job.py"  # where every job user can read it
         shutil.copy(Path(__file__).with_name("job.py"), self.job_py)
         os.chmod(self.job_py, 0o644)
+        containers = self._start_registry(host.address)
         prefix = f"trellis-test-c{self.lab.tag}"
         cluster = HaCluster(
             self.root / "cluster", nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
@@ -127,7 +133,8 @@ class Soak:
             # /sys, which hides the cgroup hierarchies, and the nodes need real cgroups.
             node_wrapper={f"{prefix}-n{i}": ["nsenter", f"--net=/run/netns/{s.ns}", "--"]
                           for i, s in enumerate(node_sites, 1)},
-            node_grace_s=MASTER["node_grace_s"])
+            node_grace_s=MASTER["node_grace_s"],
+            node_sections={"containers": containers} if containers else {})
         self.cluster = cluster
         cluster.root.mkdir(parents=True)
         lines = []
@@ -150,6 +157,39 @@ class Soak:
         cluster.start()
         self.tokens["admin"] = cluster.token_file("admin")
 
+    def _start_registry(self, address: str) -> dict[str, Any]:
+        """A registry on this machine's side of the network, holding a busybox image, for
+        the container jobs; the nodes' [containers] keys. Nothing when a tool is missing."""
+        missing = [t for t in ("podman", "runc", "skopeo", "docker-registry")
+                   if shutil.which(t) is None] + ([] if Path(BUSYBOX).exists() else ["busybox"])
+        if missing:
+            self.containers_missing = f"not installed: {', '.join(missing)}"
+            log.warning("no container jobs: %s", self.containers_missing)
+            return {}
+        layout = self.root / "oci"
+        build_image(layout, "v1")
+        self.registry = Registry(address=address).start()
+        self.image = self.registry.push(layout, "v1", "trellis-test/chaos")
+        scripts = self.root / "ctr"
+        scripts.mkdir(mode=0o755)
+        shutil.copy(Path(__file__).with_name("job_container.sh"), scripts / "job.sh")
+        os.chmod(scripts / "job.sh", 0o644)
+        return {"insecure_registries": [self.registry.host], "pull_timeout_s": 30.0,
+                "allowed_mounts": [str(self.evidence), str(scripts)]}
+
+    def container_job(self, seconds: float, code: int) -> dict[str, Any] | None:
+        """The spec fields of a container job writing its evidence; None without podman."""
+        if not self.image:
+            return None
+        offset = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return {"command": ["/bin/sh", "/chaos/job.sh", "/evidence", f"{seconds:.1f}",
+                            str(code)],
+                "env": {"CHAOS_BOOT_OFFSET": f"{offset:.3f}"},
+                "launch": {"image": self.image, "mounts": [
+                    {"source": str(self.evidence), "target": "/evidence"},
+                    {"source": str(self.root / "ctr"), "target": "/chaos",
+                     "read_only": True}]}}
+
     def client(self, who: str, timeout: float = 10.0) -> FailoverClient:
         assert self.cluster is not None
         token = Secret(self.tokens[who].read_text().strip())
@@ -162,6 +202,11 @@ class Soak:
                 for i in range(len(self.cluster.master_daemons)):
                     self.cluster.resume_master(i)
                 self.cluster.close()
+            if self.cluster is not None:
+                for name in self.cluster.node_daemons:
+                    Podman(self.cluster.root / name / "containers").clean()
+            if self.registry is not None:
+                self.registry.close()
             if self.pg is not None:
                 self.pg.stop()
             for mount in self.mounts:
@@ -259,7 +304,7 @@ class Soak:
         assert self.cluster is not None
         filler = self.cluster.root / node / "logs" / "trellis-test-filler"
         # ENOSPC ends it: the disk is full, as wanted.
-        with open(filler, "wb") as f, contextlib.suppress(OSError):
+        with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * (1 << 16))
 
@@ -459,9 +504,23 @@ class Soak:
                 cgroups = [f"<unreadable: {exc}>"]
             view = nodes.get(name, {})
             found.append({"node": name, "processes": sorted(processes.get(name, ())),
-                          "cgroups": cgroups, "containers": [],
+                          "cgroups": cgroups, "containers": self._containers(name),
                           "holding": list(view.get("jobs", [])), "cluster_idle": idle})
         return found
+
+
+    def _containers(self, node: str) -> list[str]:
+        """The containers still running in the node's podman store (after the heal, every
+        one is a leftover: no job runs then)."""
+        assert self.cluster is not None
+        store = self.cluster.root / node / "containers"
+        if not self.image or not store.exists():
+            return []
+        done = subprocess.run(Podman(store).argv("ps", "--format", "{{.Names}}"),
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            return [f"<podman ps failed: {done.stderr.strip()[-200:]}>"]
+        return sorted(done.stdout.split())
 
 
 def _secret(path: Path, text: str) -> Path:
@@ -518,7 +577,7 @@ async def _soak(soak: Soak) -> Verdict:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=32))
     rng = random.Random(cfg.seed)
-    workload = Workload(soak.history, soak.job_command, soak.run_pty)
+    workload = Workload(soak.history, soak.job_command, soak.run_pty, soak.container_job)
     users = [User(name, account, soak.client(name).call, random.Random(rng.random()))
              for name, account in USERS.items()]
     nemesis = Nemesis(soak.target(), soak.history, random.Random(rng.random()),
@@ -571,7 +630,11 @@ def run_soak(config: SoakConfig) -> dict[str, Any]:
                                 for kind in sorted({op.kind for op in ops})},
             jobs=len({m["id"] for op in ops if op.kind in ("submit", "pty")
                       for m in op.args.get("jobs", [])}),
-            daemon_restarts=sum(soak.restarts.values()), hostile_5xx=soak.hostile_5xx)
+            daemon_restarts=sum(soak.restarts.values()), hostile_5xx=soak.hostile_5xx,
+            errors_by_code=dict(Counter(op.error.split(":")[0] for op in ops
+                                        if op.outcome == "fail")))
+        if soak.containers_missing:
+            result["containers"] = soak.containers_missing
         if verdict is not None:
             counts = verdict.by_invariant()
             result.update(violations=counts, acked_lost=counts["acked_lost"],

@@ -21,7 +21,7 @@ from control.client import RpcError, Unreachable
 log = logging.getLogger("chaos.workload")
 
 ACTIONS = {"single": 30, "array": 8, "multinode": 8, "chain": 9, "time_limit": 7,
-           "hold": 8, "cancel": 18, "failing": 5, "pty": 5}
+           "hold": 8, "cancel": 18, "failing": 5, "pty": 5, "container": 5}
 MAX_LIVE = 12  # a user with this many unfinished jobs only cancels and waits
 
 
@@ -40,6 +40,9 @@ class Workload:
     job_command: Callable[[float, int, bool], list[str]]  # seconds, exit code, pty -> argv
     # Blocking: (user, job id, argv, the code to type) -> (its exit code, ready seen, error).
     run_pty: Callable[[User, str, list[str], int], tuple[int | None, bool, str]]
+    # (seconds, exit code) -> a container job's spec fields (image, mounts, command), or
+    # None when the machine has no podman.
+    container_job: Callable[[float, int], dict[str, Any] | None] = lambda _s, _c: None
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     pending: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -66,7 +69,7 @@ class Workload:
             result = await asyncio.to_thread(user.call, method, params)
             outcome, error = "ok", ""
         except RpcError as exc:
-            result, outcome, error = None, "fail", exc.code
+            result, outcome, error = None, "fail", str(exc)  # "code: the master's sentence"
         except (Unreachable, TimeoutError, OSError) as exc:
             result, outcome, error = None, "info", f"{type(exc).__name__}: {exc}"
         self.history.record(Op(user.name, kind, invoked, now(), outcome, args,
@@ -91,7 +94,7 @@ class Workload:
         if time_limit_s:
             spec["time_limit_s"] = time_limit_s
         if warning:
-            spec["stop"] = {"warning": {"signal": "USR1", "seconds": 1}}
+            spec["stop"] = {"warning": {"signal": "SIGUSR1", "seconds": 1}}
         if array:
             spec["array"] = {"id": array[0], "index": array[1]}
         meta = {"id": job_id, "account": user.account, "gpus": gpus,
@@ -194,6 +197,17 @@ class Workload:
             return
         job_id = user.rng.choice(sorted(user.live))
         await self._call(user, "cancel", "cancel", {"id": job_id}, {"id": job_id})
+
+    async def container(self, user: User) -> None:
+        seconds, code = user.rng.uniform(1, 8), user.rng.choice((0, 0, 0, 5))
+        fields = self.container_job(seconds, code)
+        if fields is None:
+            return await self.single(user)
+        spec, meta = self._job(user, gpus=1, seconds=seconds, code=code)
+        spec.update(fields)
+        meta["image"] = True
+        await self._submit(user, [(spec, meta)])
+        return None
 
     async def pty(self, user: User) -> None:
         job_id = f"{user.name}-t{next(self.ids)}"
