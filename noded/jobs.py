@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 
 from noded.batch import launch_fields
-from noded.cgroups import CgroupManager, GroupLimits
+from noded.cgroups import CgroupError, CgroupManager, GroupBusyError, GroupLimits
 from noded.gpu.base import GpuBackend
 from noded.gpufence import GpuFence
 from noded.shim import write_atomic
@@ -46,6 +46,9 @@ log = logging.getLogger("trellis.node.jobs")
 
 # How long a start waits for the shim to fork the job's process before it is acknowledged.
 FORK_WAIT_S = 10.0
+# A part's cgroup whose killed processes have not left it yet: tries and the pause between.
+GROUP_REMOVE_TRIES = 50
+GROUP_REMOVE_RETRY_S = 0.2
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -566,7 +569,12 @@ class JobRunner:
     async def _watch(self, part: JobPart) -> None:
         assert part.shim_pid is not None
         await _wait_pid(part.shim_pid, part.popen)
-        self._collect(part)
+        try:
+            self._collect(part)
+        except Exception:  # whatever went wrong collecting it, the exit is still reported
+            log.exception("job=%s collecting the exit failed; reporting it as recorded",
+                          part.job_id)
+            part.state = "exited"
         if self.on_exited is not None:
             await self.on_exited(part)
 
@@ -618,17 +626,37 @@ class JobRunner:
             except Exception:  # a hook must never keep a job's groups from going
                 log.exception("job=%s cleanup hook failed", part.job_id)
         self.gpus.job_ended(part.job_id)
+        self._remove_group(part.job_id, GROUP_REMOVE_TRIES)
+
+    def _remove_group(self, job_id: str, tries: int) -> None:
+        """Kill what is left in a part's cgroup and remove the group. Processes just killed
+        may not have left the group yet (a container's conmon, a job's stray children): the
+        removal is tried again a little later, from the loop, never by blocking it, and a
+        failure is logged, never raised (the part's exit must still be reported)."""
         try:
-            leftover = self.cgroups.pids(part.job_id)
-            if leftover:
-                self.cgroups.signal_all(part.job_id, signal.SIGKILL)
-            self.cgroups.remove(part.job_id)
+            if self.cgroups.pids(job_id):
+                self.cgroups.signal_all(job_id, signal.SIGKILL)
+            self.cgroups.remove(job_id)
+            return
         except LookupError:
             # Removed already: a part that exited before a noded restart is collected again
             # when it is re-adopted (its exit still to be reported).
-            log.debug("job=%s cgroup already removed", part.job_id)
-        except (OSError, ValueError) as exc:
-            log.warning("job=%s cgroup cleanup failed: %s", part.job_id, exc)
+            log.debug("job=%s cgroup already removed", job_id)
+            return
+        except GroupBusyError as exc:
+            problem: Exception = exc
+        except (OSError, ValueError, CgroupError) as exc:
+            log.warning("job=%s cgroup cleanup failed: %s", job_id, exc)
+            return
+        if tries <= 1 or (job_id in self.parts and self.parts[job_id].state == "running"):
+            log.warning("job=%s cgroup not removed: %s", job_id, problem)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a tool, a test): nothing to retry from
+            log.warning("job=%s cgroup not removed: %s", job_id, problem)
+            return
+        loop.call_later(GROUP_REMOVE_RETRY_S, self._remove_group, job_id, tries - 1)
 
     # -- restart -------------------------------------------------------------------------
     def adopt(self) -> None:

@@ -41,3 +41,34 @@ async def test_a_stop_right_after_the_start_is_acknowledged_reaches_the_job(
     runner.stop("quick", GRACE_S, "cancelled")
     await until("the job stopped", lambda: part.state == "exited", GRACE_S / 2)
     assert part.signal == signal.SIGTERM  # by the stop, not by the grace's SIGKILL
+
+
+async def test_a_group_still_busy_at_the_exit_is_removed_later_and_the_exit_is_reported(
+        runner: JobRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the soak: a container job's killed processes had not left its cgroup when
+    the shim exited; the removal raised GroupBusyError out of the exit's collection, the
+    part's exit was never reported and its group stayed behind."""
+    from noded.cgroups import GroupBusyError
+
+    real_remove = runner.cgroups.remove
+    busy = [2]  # the first two removals find the group busy
+
+    def remove(job_id: str) -> None:
+        if busy[0]:
+            busy[0] -= 1
+            raise GroupBusyError(f"job {job_id!r} still has processes [1]", [1])
+        real_remove(job_id)
+
+    monkeypatch.setattr(runner.cgroups, "remove", remove)
+    exits: list[str] = []
+
+    async def on_exited(part: object) -> None:
+        exits.append(getattr(part, "job_id", ""))
+
+    runner.on_exited = on_exited
+    spec = dataclasses.replace(SPEC, command=("true",))
+    runner.prepare(PrepareJob(job_id="busy", spec=spec, allocation=ALLOC, grace_s=1.0))
+    runner.start(StartJob(job_id="busy", master_addr="127.0.0.1", master_port=1))
+    await until("the exit reported", lambda: exits == ["busy"], 30)
+    await until("the group removed", lambda: busy[0] == 0
+                and "busy" not in runner.cgroups.list_jobs(), 30)
