@@ -72,3 +72,22 @@ async def test_a_group_still_busy_at_the_exit_is_removed_later_and_the_exit_is_r
     await until("the exit reported", lambda: exits == ["busy"], 30)
     await until("the group removed", lambda: busy[0] == 0
                 and "busy" not in runner.cgroups.list_jobs(), 30)
+
+
+def test_a_part_whose_prepare_was_cut_short_is_dropped_on_restart(tmp_path: Path) -> None:
+    """noded killed between creating a part's cgroup and writing its prepare.json (found by
+    the soak): the restarted noded removes the group and the directory instead of ignoring
+    them forever; a directory whose shim once ran is left alone."""
+    state = tmp_path / "state"
+    with part_runner(state, "cutshort") as first:
+        spec = dataclasses.replace(SPEC, command=("true",))
+        first.prepare(PrepareJob(job_id="cut", spec=spec, allocation=ALLOC, grace_s=1.0))
+        (first.dir / "cut" / "prepare.json").unlink()  # as if noded died before writing it
+        (first.dir / "ran").mkdir()
+        (first.dir / "ran" / "shim.json").write_text("{}")
+        assert "cut" in first.cgroups.list_jobs()
+    with part_runner(state, "cutshort") as again:
+        again.adopt()
+        assert not (again.dir / "cut").exists()
+        assert "cut" not in again.cgroups.list_jobs()
+        assert (again.dir / "ran").exists()  # a shim ran there: left, and logged
