@@ -39,7 +39,7 @@ import aiohttp
 from noded.fencing import EpochFence
 from noded.gpu.base import GpuBackend, GpuHealthEvent, GpuSample
 from noded.joblogs import LogReader
-from noded.jobs import JobPart, JobRefused, JobRunner
+from noded.jobs import FORK_WAIT_S, JobPart, JobRefused, JobRunner
 from noded.relays import NodeRelays
 from noded.selffence import SelfFence
 from shared.messages import (
@@ -478,7 +478,9 @@ class NodeAgent:
         if isinstance(cmd, StartJob):
             self._check_deadline(cmd)
             result = self.runner.start(cmd)
-            await self.runner.until_forked(cmd.job_id)  # started: its process exists
+            # Started: its process exists (an image job's container runs). Waited for at
+            # most until shortly before the master stops waiting for the answer.
+            await self.runner.until_forked(cmd.job_id, self._time_left(cmd, FORK_WAIT_S))
             asyncio.get_running_loop().call_soon(
                 lambda: asyncio.ensure_future(self._job_started(cmd.job_id, result["pid"],
                                                                 cmd.restarts)))
@@ -527,6 +529,14 @@ class NodeAgent:
             await self._send("error", error_body("internal", str(exc)), id_)
             return
         await self._send("ack", result, id_)
+
+    def _time_left(self, cmd: StartJob, most: float) -> float:
+        """Seconds until shortly before ``cmd.expires_at`` (at most ``most``, at least a
+        moment): how long a start may be held before its answer would come too late."""
+        if cmd.expires_at is None or self._clock_offset is None:
+            return most
+        left = cmd.expires_at - (time.time() + self._clock_offset) - 0.25
+        return max(0.05, min(most, left))
 
     def _check_deadline(self, cmd: StartJob) -> None:
         """Refuse a start the master has given up on (StartJob.expires_at), judged in the

@@ -151,6 +151,10 @@ class JobRunner:
         # Why a part ended, asked before the kernel's OOM count (a container launch that
         # failed): part -> sentence, "" when the hook has nothing to say.
         self.exit_reasons: list[Callable[[JobPart], str]] = []
+        # Whether a started part's own process runs yet, beyond the shim's fork (an image
+        # job's container, which podman starts later): part -> bool. until_forked waits for
+        # every one of them before a start is acknowledged.
+        self.start_ready: list[Callable[[JobPart], bool]] = []
         # The master sides of the pseudo-terminals of jobs run with launch.pty.
         self.terminals = Terminals()
         self.cleanup_hooks.append(lambda part: self.terminals.close(part.job_id))
@@ -442,9 +446,12 @@ class JobRunner:
         deadline = time.monotonic() + timeout_s
         while True:
             part = self.parts.get(job_id)
-            if part is None or part.state != "running" or _child_pid(part.dir) is not None \
+            if part is None or part.state != "running" \
                     or (part.popen is not None and part.popen.poll() is not None) \
                     or (part.dir / "exit.json").exists():
+                return
+            if _child_pid(part.dir) is not None and all(ready(part)
+                                                         for ready in self.start_ready):
                 return
             if time.monotonic() > deadline:
                 log.warning("job=%s shim has not forked the job after %.0f s; acknowledging "

@@ -241,8 +241,16 @@ class Soak:
             if daemon.proc is not None and daemon.proc.poll() is None:
                 daemon.proc.kill()
                 daemon.proc.wait()
-            if with_jobs:
+            if with_jobs:  # as the node's crash would: every process of every job group,
+                # a container's too (its processes live under conmon, not the shim)
                 kill_jobs(cluster.root / node)
+                from noded.cgroups import detect_cgroups
+
+                with contextlib.suppress(Exception):
+                    groups = detect_cgroups(node, state_dir=cluster.root / node / "cgroups")
+                    for job in groups.list_jobs():
+                        with contextlib.suppress(Exception):
+                            groups.signal_all(job, signal.SIGKILL)
 
         async def pg_restart() -> None:
             await asyncio.to_thread(self._pg_restart)

@@ -29,6 +29,8 @@ from shared.model import Mount
 
 EXIT_LAUNCH_FAILED = 125  # podman's own status for "the container could not be started"
 ERROR_FILE = "container-error.json"
+# Where podman writes the container's process id once it runs (podman run --pidfile).
+CONTAINER_PIDFILE = "container.pid"
 # Where a container job finds its metrics channel (TRELLIS_METRICS_FILE points into it).
 METRICS_DIR = "/run/trellis-metrics"
 
@@ -127,6 +129,11 @@ def run_argv(podman: Podman, cfg: dict, image_id: str, volumes: list[str]) -> li
         "--init=false",
         *rlimit_flags(),
     ]
+    if cfg.get("pidfile"):
+        # The container's process runs once this file exists: noded acknowledges the job's
+        # start only then (JobRunner.until_forked), so a stop that follows the
+        # acknowledgement always finds it.
+        args += ["--pidfile", cfg["pidfile"]]
     if not cfg["root"]:
         args += ["--cap-drop", "all"]
     for volume in volumes:

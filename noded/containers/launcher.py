@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 from noded.batch import SCRIPT_NAME
 from noded.cgroups.base import subgroups
 from noded.containers import cdi
-from noded.containers.launch import ERROR_FILE, EXIT_LAUNCH_FAILED, METRICS_DIR
+from noded.containers.launch import (
+    CONTAINER_PIDFILE,
+    ERROR_FILE,
+    EXIT_LAUNCH_FAILED,
+    METRICS_DIR,
+)
 from noded.containers.podman import Podman
 from noded.usage.cgroupstat import JobGroups, Mounts
 from shared.config import ContainersConfig
@@ -46,6 +51,15 @@ class ContainerLauncher:
         runner.launch_wrappers.append(self.wrap)
         runner.cleanup_hooks.append(self.cleanup)
         runner.exit_reasons.append(self.reason)
+        runner.start_ready.append(self.running)
+
+    @staticmethod
+    def running(part: JobPart) -> bool:
+        """An image job's start is acknowledged once its container's process runs (podman
+        wrote its pidfile) or its launch failed; a host job needs nothing more."""
+        if not part.prepare.spec.launch.image:
+            return True
+        return (part.dir / CONTAINER_PIDFILE).exists() or (part.dir / ERROR_FILE).exists()
 
     def _name(self, part: JobPart) -> str:
         return cdi.device_name(self.runner.node, part.job_id, part.restarts)
@@ -111,6 +125,7 @@ class ContainerLauncher:
             "cgroup_parent": f"/{self.runner.cgroups_parent()}/{part.job_id}",
             "user": f"{launch['uid']}:{launch['gid']}", "root": launch["uid"] == 0,
             "scratch": str(scratch), "workdir": spec.workdir or "/scratch",
+            "pidfile": str(part.dir / CONTAINER_PIDFILE),
             "command": command, "env": env, "devices": devices,
             "metrics_file": metrics_file,
             "metrics_dir": os.path.dirname(metrics_file) if metrics_file else "",

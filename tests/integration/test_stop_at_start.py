@@ -91,3 +91,28 @@ def test_a_part_whose_prepare_was_cut_short_is_dropped_on_restart(tmp_path: Path
         assert not (again.dir / "cut").exists()
         assert "cut" not in again.cgroups.list_jobs()
         assert (again.dir / "ran").exists()  # a shim ran there: left, and logged
+
+
+def test_an_image_jobs_start_waits_for_its_container(tmp_path: Path) -> None:
+    """An image job's process is its container, which podman starts after the shim's fork:
+    its start is ready once podman's pidfile exists, or its launch failed (the soak saw a
+    container start after the cancel was acknowledged). A host job needs nothing more."""
+    from noded.containers.launch import CONTAINER_PIDFILE, ERROR_FILE
+    from noded.containers.launcher import ContainerLauncher
+    from noded.jobs import JobPart
+    from shared.model import LaunchSpec
+
+    image = dataclasses.replace(SPEC, launch=LaunchSpec(image="registry.test/x:1"))
+    for name in ("img", "host"):
+        (tmp_path / name).mkdir()
+    img = JobPart("img", PrepareJob(job_id="img", spec=image, allocation=ALLOC),
+                  tmp_path / "img")
+    host = JobPart("host", PrepareJob(job_id="host", spec=SPEC, allocation=ALLOC),
+                   tmp_path / "host")
+    assert ContainerLauncher.running(host)
+    assert not ContainerLauncher.running(img)
+    (img.dir / CONTAINER_PIDFILE).write_text("4242\n")
+    assert ContainerLauncher.running(img)
+    (img.dir / CONTAINER_PIDFILE).unlink()
+    (img.dir / ERROR_FILE).write_text("{}")
+    assert ContainerLauncher.running(img)

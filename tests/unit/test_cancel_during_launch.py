@@ -233,7 +233,7 @@ async def test_a_node_refuses_a_start_it_reads_after_the_masters_deadline() -> N
             self.started.append(cmd.job_id)
             return {"pid": 1}
 
-        async def until_forked(self, job_id: str) -> None:
+        async def until_forked(self, job_id: str, timeout_s: float = 10.0) -> None:
             pass
 
     from noded.gpu.emulated import EmulatedGpuBackend, EmulatedGpuConfig
