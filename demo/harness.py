@@ -185,7 +185,7 @@ def sweep_stale_cgroups(prefix: str, min_age_s: float = 600.0,
     One that holds a process, or was made a moment ago, may belong to a run still going
     (another session's) and stays. Returns what was removed."""
     mounts = find_mounts(root)
-    points = {*mounts.v1.values(), *([mounts.v2] if mounts.v2 else [])}
+    points = {*mounts.v1.values(), *mounts.v1_others, *([mounts.v2] if mounts.v2 else [])}
     removed: list[Path] = []
     for point in sorted(points):
         with contextlib.suppress(OSError):

@@ -78,7 +78,7 @@ def detect_cgroups(
     if prefer in (None, "v1"):
         problem = _v1_problem(mounts)
         if problem is None:
-            chosen = V1CgroupManager(parent, mounts.v1, writer)
+            chosen = V1CgroupManager(parent, mounts.v1, writer, others=mounts.v1_others)
             log.info("cgroup backend kind=v1 parent=%s mounts=%s", parent, mounts.v1)
             return chosen
         if prefer == "v1":

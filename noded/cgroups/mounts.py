@@ -29,6 +29,10 @@ def _unescape(field_text: str) -> str:
 class CgroupMounts:
     v1: dict[str, Path] = field(default_factory=dict)  # controller -> mount point
     v2: Path | None = None  # the cgroup2 mount point
+    # Every other v1 hierarchy (blkio, pids, freezer, ...): noded configures nothing there,
+    # but a container runtime given a job's group as its cgroup parent makes the same path
+    # in each of them, which must go with the job.
+    v1_others: tuple[Path, ...] = ()
 
 
 def _under(path: Path, root: Path) -> bool:
@@ -43,6 +47,7 @@ def find_mounts(root: Path = DEFAULT_ROOT, mounts_file: Path = PROC_MOUNTS) -> C
         return CgroupMounts()
     v1: dict[str, Path] = {}
     v2: Path | None = None
+    points: list[Path] = []
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 4:
@@ -54,7 +59,10 @@ def find_mounts(root: Path = DEFAULT_ROOT, mounts_file: Path = PROC_MOUNTS) -> C
         if fstype == "cgroup2" and v2 is None:
             v2 = point
         elif fstype == "cgroup":
+            points.append(point)
             for ctl in V1_CONTROLLERS:
                 if ctl in options and ctl not in v1:
                     v1[ctl] = point
-    return CgroupMounts(v1=v1, v2=v2)
+    managed = set(v1.values())
+    others = tuple(dict.fromkeys(p for p in points if p not in managed))
+    return CgroupMounts(v1=v1, v2=v2, v1_others=others)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from noded.cgroups.base import (
@@ -60,8 +61,12 @@ class V1CgroupManager:
     kind = "v1"
 
     def __init__(
-        self, parent: str, mounts: dict[str, Path], writer: KernelWriter | None = None
+        self, parent: str, mounts: dict[str, Path], writer: KernelWriter | None = None,
+        others: Sequence[Path] = (),
     ) -> None:
+        """``others``: the v1 hierarchies noded configures nothing in, where a container
+        runtime nests the job's group too (podman's --cgroup-parent with cgroupfs makes it
+        in every hierarchy): removing a job or the parent removes those as well."""
         self.parent = check_parent(parent)
         if "cpuset" not in mounts:
             raise CgroupUnavailableError(
@@ -70,7 +75,8 @@ class V1CgroupManager:
             )
         # cpuset first: it is the hierarchy that defines membership and must be joined first
         self.mounts = {c: Path(mounts[c]) for c in V1_CONTROLLERS if c in mounts}
-        roots = sorted({p for p in self.mounts.values()})
+        self.others = tuple(Path(p) for p in others if Path(p) not in self.mounts.values())
+        roots = sorted({*self.mounts.values(), *self.others})
         self.writer = writer or KernelWriter(roots)
         check_writer_covers(self.writer, roots)
         self.page_size = os.sysconf("SC_PAGE_SIZE")
@@ -289,21 +295,27 @@ class V1CgroupManager:
         self._require(job_id)
         return signal_members(lambda: self._procs("cpuset", job_id) or [], sig)
 
+    def _job_dirs(self, job_id: str) -> list[Path]:
+        """The job's group in every hierarchy where it exists, the runtime's ones too."""
+        dirs = [self._dir(c, job_id) for c in self.mounts]
+        dirs += [root / self.parent / job_id for root in self.others]
+        return [d for d in dirs if d.is_dir()]
+
     def remove(self, job_id: str) -> None:
         check_job(job_id)
-        present = [c for c in self.mounts if self._dir(c, job_id).is_dir()]
-        members = sorted({p for c in present for p in (self._procs(c, job_id) or [])})
+        present = self._job_dirs(job_id)
+        members = sorted({p for d in present for p in (subtree_pids(self.writer, d) or [])})
         if members:
             raise GroupBusyError(
                 f"job {job_id!r} still has processes {members}; signal and reap them before "
                 "removing its cgroup",
                 members,
             )
-        for ctl in present:
-            remove_subgroups(self.writer, self._dir(ctl, job_id), job_id)
+        for group in present:
+            remove_subgroups(self.writer, group, job_id)
             rmdir_group(
                 self.writer,
-                self._dir(ctl, job_id),
+                group,
                 f"job {job_id} removed",
                 "a process joined while removing, or a child group exists",
             )
@@ -339,3 +351,15 @@ class V1CgroupManager:
                 "noded parent group removed",
                 "processes sit directly in the parent group",
             )
+        for root in self.others:
+            # What a container runtime left of jobs whose own groups are gone already (its
+            # processes killed, e.g. a node's crash): empty groups, removed with the parent.
+            parent = root / self.parent
+            if not parent.is_dir():
+                continue
+            for job in sorted(d.name for d in parent.iterdir() if d.is_dir()):
+                remove_subgroups(self.writer, parent / job, job)
+                rmdir_group(self.writer, parent / job, f"job {job} removed",
+                            "a process still runs in the container's group")
+            rmdir_group(self.writer, parent, "noded parent group removed",
+                        "processes sit directly in the parent group")

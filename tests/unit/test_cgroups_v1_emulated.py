@@ -164,3 +164,36 @@ def test_detect_prefers_v1_on_a_hybrid_tree(tmp_path: Path) -> None:
         ).kind
         == "affinity"
     )
+
+
+def test_a_container_runtimes_groups_in_other_hierarchies_go_with_the_job(
+        tmp_path: Path) -> None:
+    """podman, given a job's group as its cgroup parent, makes that path (and a conmon group
+    below it) in every v1 hierarchy, blkio and pids too, where noded configures nothing. Left
+    there they outlived the job and the node (the chaos soak's nodes left them behind)."""
+    fs = EmulatedCgroupFs(tmp_path / "cg", v1=(*ALL_V1, "blkio", "pids"))
+    others = (fs.base / "blkio", fs.base / "pids")
+    m = V1CgroupManager(PARENT, {c: fs.base / c for c in ALL_V1}, fs, others=others)
+    for job in ("job-a", "job-b"):
+        m.create(job, GroupLimits(cpus=(1,)))
+        for root in others:  # as podman does
+            for path in (root / PARENT, root / PARENT / job, root / PARENT / job / "conmon"):
+                fs.mkdir(path, what="test: the runtime")
+    m.remove("job-a")
+    assert not any((root / PARENT / "job-a").exists() for root in others)
+    # job-b's own groups went some other way (its processes killed, a node's crash): what
+    # the runtime left goes with the parent.
+    for ctl in ALL_V1:
+        fs.rmdir(fs.base / ctl / PARENT / "job-b", what="test")
+    m.remove_parent()
+    assert not any((root / PARENT).exists() for root in others)
+    assert not (fs.base / "cpuset" / PARENT).exists()
+
+
+def test_detection_finds_the_hierarchies_it_does_not_manage(tmp_path: Path) -> None:
+    from noded.cgroups.mounts import find_mounts
+
+    fs = EmulatedCgroupFs(tmp_path / "cg", v1=(*ALL_V1, "blkio", "pids"))
+    mounts = find_mounts(fs.base, fs.mounts_file)
+    assert set(mounts.v1) == set(ALL_V1)
+    assert set(mounts.v1_others) == {fs.base / "blkio", fs.base / "pids"}
