@@ -507,7 +507,13 @@ class Soak:
         for name in sorted(self.cluster.node_daemons):
             try:
                 groups = detect_cgroups(name, state_dir=self.cluster.root / name / "cgroups")
-                cgroups = sorted(groups.list_jobs())
+                found_groups = set(groups.list_jobs())
+                # And what a container runtime made in the hierarchies noded does not use.
+                for root in getattr(groups, "others", ()):
+                    parent = root / name
+                    if parent.is_dir():
+                        found_groups |= {d.name for d in parent.iterdir() if d.is_dir()}
+                cgroups = sorted(found_groups)
             except Exception as exc:
                 cgroups = [f"<unreadable: {exc}>"]
             view = nodes.get(name, {})
