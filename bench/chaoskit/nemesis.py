@@ -111,31 +111,39 @@ class Nemesis:
         self.target.kill_master(victim)
         return {"master": victim}
 
-    async def freeze_leader(self) -> dict[str, object] | None:
-        leader = self.target.leader()
-        if leader is None or not self._hold(f"m{leader}"):
+    async def _for_a_while(self, key: str, low: float, high: float,
+                           start: Callable[[], object], end: Callable[[], object]
+                           ) -> float | None:
+        """Break ``key`` with ``start`` for a drawn number of seconds, then mend it with
+        ``end`` (also when interrupted); None when another fault holds ``key`` already."""
+        if not self._hold(key):
             return None
-        seconds = self.rng.uniform(2, 20)
+        seconds = self.rng.uniform(low, high)
         try:
-            self.target.freeze_master(leader)
+            start()
             await asyncio.sleep(seconds)
         finally:
-            self.target.thaw_master(leader)
-            self.in_force.discard(f"m{leader}")
-        return {"master": leader, "seconds": round(seconds, 1)}
+            end()
+            self.in_force.discard(key)
+        return round(seconds, 1)
+
+    async def freeze_leader(self) -> dict[str, object] | None:
+        leader = self.target.leader()
+        if leader is None:
+            return None
+        seconds = await self._for_a_while(f"m{leader}", 2, 20,
+                                          lambda: self.target.freeze_master(leader),
+                                          lambda: self.target.thaw_master(leader))
+        return None if seconds is None else {"master": leader, "seconds": seconds}
 
     async def cut_leader(self) -> dict[str, object] | None:
         leader = self.target.leader()
-        if leader is None or not self._hold(f"m{leader}"):
+        if leader is None:
             return None
-        seconds = self.rng.uniform(3, 20)
-        try:
-            self.target.cut(f"m{leader}")
-            await asyncio.sleep(seconds)
-        finally:
-            self.target.restore(f"m{leader}")
-            self.in_force.discard(f"m{leader}")
-        return {"master": leader, "seconds": round(seconds, 1)}
+        site = f"m{leader}"
+        seconds = await self._for_a_while(site, 3, 20, lambda: self.target.cut(site),
+                                          lambda: self.target.restore(site))
+        return None if seconds is None else {"master": leader, "seconds": seconds}
 
     # -- nodes ---------------------------------------------------------------------------
     def _node(self) -> str:
@@ -143,17 +151,10 @@ class Nemesis:
 
     async def cut_node(self) -> dict[str, object] | None:
         node = self._node()
-        if not self._hold(node):
-            return None
         # Sometimes past node_lost_s (its jobs requeued, its lease fencing them), mostly not.
-        seconds = self.rng.uniform(3, 35)
-        try:
-            self.target.cut(node)
-            await asyncio.sleep(seconds)
-        finally:
-            self.target.restore(node)
-            self.in_force.discard(node)
-        return {"node": node, "seconds": round(seconds, 1)}
+        seconds = await self._for_a_while(node, 3, 35, lambda: self.target.cut(node),
+                                          lambda: self.target.restore(node))
+        return None if seconds is None else {"node": node, "seconds": seconds}
 
     async def kill_noded(self) -> dict[str, object] | None:
         node = self._node()
@@ -181,16 +182,10 @@ class Nemesis:
 
     async def disk_full(self) -> dict[str, object] | None:
         node = self._node()
-        if not self._hold(f"disk-{node}"):
-            return None
-        seconds = self.rng.uniform(3, 20)
-        try:
-            self.target.fill_disk(node)
-            await asyncio.sleep(seconds)
-        finally:
-            self.target.free_disk(node)
-            self.in_force.discard(f"disk-{node}")
-        return {"node": node, "seconds": round(seconds, 1)}
+        seconds = await self._for_a_while(f"disk-{node}", 3, 20,
+                                          lambda: self.target.fill_disk(node),
+                                          lambda: self.target.free_disk(node))
+        return None if seconds is None else {"node": node, "seconds": seconds}
 
     # -- the journal and the clients ----------------------------------------------------
     async def pg_restart(self) -> dict[str, object] | None:

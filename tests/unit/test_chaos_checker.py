@@ -3,8 +3,10 @@ each invariant is silent on a clean run and names the job and the evidence when 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,48 @@ def test_an_account_over_its_limit_and_leftovers(world: tuple[History, Path]) ->
     counts = verdict(world, caps={"alpha": 3})
     assert counts["quota"] == 1
     assert counts["leftover"] == 2
+
+
+async def test_the_nemesis_mends_every_fault_it_made_and_counts_them() -> None:
+    """A nemesis on a stand-in cluster: faults with a duration are mended (also those still
+    in force when the run ends), and every injected fault is in the history."""
+    import random
+
+    from bench.chaoskit.nemesis import Nemesis, Target
+
+    broken: set[str] = set()
+    calls: list[str] = []
+
+    async def nothing(*_: object) -> None:
+        return None
+
+    async def hostile(_: float) -> int:
+        return 3
+
+    target = Target(
+        leader=lambda: 0, masters=3, nodes=["n1", "n2"],
+        kill_master=lambda i: calls.append(f"kill m{i}"),
+        freeze_master=lambda i: broken.add(f"frozen m{i}"),
+        thaw_master=lambda i: broken.discard(f"frozen m{i}"),
+        cut=broken.add, restore=broken.discard,
+        kill_noded=lambda n, jobs: calls.append(f"kill {n} {jobs}"),
+        pg_restart=nothing, xid=lambda n, g, x: calls.append(f"xid {n} {g} {x}"),
+        gpu_reset=nothing, fill_disk=lambda n: broken.add(f"disk {n}"),
+        free_disk=lambda n: broken.discard(f"disk {n}"), hostile=hostile)
+    history = History()
+    nemesis = Nemesis(target, history, random.Random(5), mean_gap_s=0.01)
+    original_sleep = asyncio.sleep
+
+    async def quick(seconds: float, *a: object) -> None:  # faults last a blink here
+        await original_sleep(min(seconds, 0.01))
+
+    import bench.chaoskit.nemesis as module
+
+    module.asyncio.sleep = quick  # type: ignore[assignment]
+    try:
+        await nemesis.run(time.time() + 0.5)
+    finally:
+        module.asyncio.sleep = original_sleep  # type: ignore[assignment]
+    assert broken == set() and nemesis.in_force == set()
+    faults = [op for op in history.ops("fault") if op.outcome == "ok"]
+    assert len(faults) == sum(nemesis.injected.values()) > 5
