@@ -51,6 +51,8 @@ from shared.messages import (
     HelloAck,
     JobExited,
     JobStarted,
+    ListParts,
+    PartList,
     PrepareJob,
     ReadLog,
     RelayOpen,
@@ -496,6 +498,8 @@ class NodeAgent:
                                                          cmd.leader_only, cmd.restarts)}
         if isinstance(cmd, ResetGpu):
             return {"recovered": await self._reset_gpu(cmd.index)}
+        if isinstance(cmd, ListParts):
+            return encode(PartList(jobs=tuple(self.runner.reports())))
         raise ProtocolError("unknown_type", f"unhandled command {type(cmd).__name__}")
 
     async def _read_log(self, cmd: ReadLog, id_: int) -> None:

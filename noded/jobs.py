@@ -88,7 +88,8 @@ class JobPart:
     def report(self) -> JobReport:
         return JobReport(job_id=self.job_id, state=self.state, pid=self.shim_pid,
                          exit_code=self.exit_code, signal=self.signal, restarts=self.restarts,
-                         fenced=bool(self.fenced), reason=(self.reason or self.fenced)[:512])
+                         fenced=bool(self.fenced), reason=(self.reason or self.fenced)[:512],
+                         gpus=tuple(self.prepare.allocation.gpus))
 
     def leased(self) -> LeasedPart:
         """The part as the node lease sees it (shared/nodelease.py)."""

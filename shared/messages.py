@@ -46,6 +46,9 @@ class JobReport:
     fenced: bool = False
     # Why it exited, when the node knows more than the status says.
     reason: str = bounded("", max_len=512)
+    # The GPUs the part holds on the node (its allocation): what the master must not give
+    # to another job while a part it does not own still runs (masterd.core.cluster holds).
+    gpus: tuple[int, ...] = bounded(default_factory=tuple, min=0, max_len=4096)
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,21 @@ class ForgetJob:
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)
 
 
+@dataclass(frozen=True)
+class ListParts:
+    """Ask a connected node for every part it holds (what its hello reports): the master
+    asks when the node refuses GPUs the master thought free, to find what holds them."""
+
+    epoch: int = bounded(0, min=0, max=MAX_EPOCH)
+
+
+@dataclass(frozen=True)
+class PartList:
+    """The answer to ``list_parts``."""
+
+    jobs: tuple[JobReport, ...] = bounded(default_factory=tuple, max_len=10_000)
+
+
 # A job's output travels in chunks of at most this many bytes: a read_log answer (data and a
 # few fields) must fit in one node-channel frame (shared.protocol.MAX_FRAME, 1 MiB).
 MAX_LOG_CHUNK = 960 * 1024
@@ -480,6 +498,7 @@ NODE_COMMANDS = {
     "start_job": StartJob,
     "stop_job": StopJob,
     "forget_job": ForgetJob,
+    "list_parts": ListParts,
     "signal_job": SignalJob,
     "read_log": ReadLog,
     "reset_gpu": ResetGpu,
@@ -491,6 +510,7 @@ NODE_COMMANDS = {
 NODE_COMMAND_REPLIES = {
     "read_log": LogData,
     "signal_job": SignalSent,
+    "list_parts": PartList,
 }
 # Node events whose ``ack`` carries a body (the others are answered with an empty one).
 NODE_EVENT_REPLIES = {

@@ -325,6 +325,10 @@ class ClusterState:
         # answers that depend only on what the cluster is made of can be cached.
         self.inventory_changes = 0
         self._allocations: dict[str, Placement] = {}
+        # node -> {(job id, incarnation): GPUs} held by parts the master does not own (an
+        # older incarnation, a job it forgot) that still run there: the node refuses to give
+        # them to anyone (gpus_busy) until they exit, so no placement may count them free.
+        self._holds: dict[str, dict[tuple[str, int], frozenset[int]]] = {}
 
     def _writable_index(self) -> FreeIndex:
         self._index_changes += 1
@@ -390,6 +394,8 @@ class ClusterState:
                         held_gpus.update(alloc.gpus)
                     held_cpus.update(alloc.cpus)
                     held_mem += alloc.memory_mib
+        for stray in self._holds.get(name, {}).values():
+            held_gpus.update(stray)
         usable_gpus = {g.index for g in inventory.gpus if g.healthy}
         old = self._views.get(name)
         self._put(NodeView(
@@ -402,7 +408,57 @@ class ClusterState:
         ))
 
     def remove_node(self, name: str) -> None:
+        self._holds.pop(name, None)
         self._drop(name)
+
+    # -- parts the master does not own ---------------------------------------------------
+    def hold(self, node: str, job_id: str, restarts: int, gpus: Iterable[int]) -> frozenset[int]:
+        """A part the master does not own runs on ``node`` with ``gpus``: they stay out of
+        every placement until ``unhold`` (its exit reported), even those a job of the
+        master's holds now (they are not free when that job ends). Returns what is held."""
+        view = self._views.get(node)
+        if view is None:
+            return frozenset()
+        held = self._holds.setdefault(node, {})
+        key = (job_id, restarts)
+        if key not in held:
+            held[key] = frozenset(gpus) & {g.index for g in view.inventory.gpus}
+            if view.free_gpus & held[key]:
+                self._put(replace(view, free_gpus=view.free_gpus - held[key]))
+        return held[key]
+
+    def unhold(self, node: str, job_id: str, restarts: int) -> bool:
+        """The part's exit was reported: what it held is free again, unless a job or another
+        stray holds it. True if it held any GPU."""
+        holds = self._holds.get(node)
+        taken = holds.pop((job_id, restarts), None) if holds else None
+        view = self._views.get(node)
+        if not taken or view is None:
+            return False
+        busy = self._held_gpus(node)
+        for placement in self._allocations.values():  # rare: a stray's exit
+            for alloc in placement.allocations:
+                if alloc.node == node:
+                    busy.update(alloc.gpus)
+        healthy = {g.index for g in view.inventory.gpus if g.healthy}
+        back = (taken & healthy) - busy
+        if back:
+            self._put(replace(view, free_gpus=view.free_gpus | back))
+        return True
+
+    def _held_gpus(self, node: str) -> set[int]:
+        held: set[int] = set()
+        for gpus in self._holds.get(node, {}).values():
+            held.update(gpus)
+        return held
+
+    def clear_holds(self, node: str) -> None:
+        """Forget what ``node``'s strays held (it says hello and reports them afresh); the
+        next ``upsert_node`` recomputes its free GPUs."""
+        self._holds.pop(node, None)
+
+    def holds(self, node: str) -> Mapping[tuple[str, int], frozenset[int]]:
+        return MappingProxyType(self._holds.get(node, {}))
 
     def set_schedulable(self, name: str, schedulable: bool) -> None:
         view = self._views[name]
@@ -492,6 +548,8 @@ class ClusterState:
                 for g in returned:
                     del left[g]
                 shares = MappingProxyType(left) if left else _NO_SHARES
+            if self._holds.get(alloc.node):  # a stray part still holds some (rare)
+                returned -= self._held_gpus(alloc.node)
             self._put(replace(
                 view,
                 free_gpus=view.free_gpus | (returned & healthy),

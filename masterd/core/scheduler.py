@@ -423,14 +423,19 @@ class SchedulingCore:
         applied.append(decision)
 
     # -- events from nodes ---------------------------------------------------------------
-    def start_failed(self, job_id: str, reason: str, now: float) -> Transition | None:
+    def start_failed(self, job_id: str, reason: str, now: float,
+                     counted: bool = True) -> Transition | None:
         """A node refused to start its part: free everything and queue the job again, unless
         it has failed to start ``max_start_failures`` times (then it fails for good, rather
         than bouncing between the queue and the same refusing node forever).
 
         A job asked to end while its launch was in flight (cancelled, timed out) ends so: the
         failed launch is its stop, never a reason to run it elsewhere. One asked to be
-        requeued (its node lost, a GPU failed) is requeued as that asked, restarts + 1."""
+        requeued (its node lost, a GPU failed) is requeued as that asked, restarts + 1.
+
+        ``counted`` False: the refusal was no fault of the job's (its node held the GPUs for
+        a part the master did not own, now accounted for), so it does not bring the job
+        nearer to failing for good."""
         job = self._active.get(job_id)
         if job is None:
             return None
@@ -446,7 +451,7 @@ class SchedulingCore:
         job.node_states = {}
         job.reason = f"start failed: {reason}"
         job.stopping = False
-        job.start_failures += 1
+        job.start_failures += counted
         if job.start_failures >= self.max_start_failures:
             job.state = JobState.FAILED
             job.end_time = now

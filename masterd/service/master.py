@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from masterd.core.cluster import AllocationError
-from masterd.core.fencing import judge_part
+from masterd.core.fencing import Judgement, judge_part
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
@@ -56,6 +56,8 @@ from shared.messages import (
     JobMetric,
     JobReport,
     JobStarted,
+    ListParts,
+    PartList,
     PrepareJob,
     StartJob,
     StopJob,
@@ -70,7 +72,7 @@ from shared.model import (
     check_name,
 )
 from shared.protocol import ProtocolError
-from shared.schema import encode
+from shared.schema import SchemaError, decode, encode
 
 _ROUTINE = frozenset({JobState.RUNNING, JobState.FINISHED})
 
@@ -606,8 +608,15 @@ class Master:
                 # A node that refuses the job's user will refuse it on every retry.
                 permanent = [f for f in failures if isinstance(f, CommandFailed)
                              and f.code in PERMANENT_REFUSALS]
+                # A node holding GPUs the master thought free holds them for a part the
+                # master does not own: once that is accounted for, the refusal is no
+                # failure of the job's, and the next placement avoids those GPUs.
+                busy = [a for a, r in zip(placement.allocations, results, strict=True)
+                        if isinstance(r, CommandFailed) and r.code == "gpus_busy"]
+                explained = bool(busy) and len(busy) == len(failures) and all(
+                    [await self._holders_found(a.node, a.gpus) for a in busy])
                 await self._abort_launch(job, str((permanent or failures)[0]),
-                                         permanent=bool(permanent))
+                                         permanent=bool(permanent), counted=not explained)
                 return
             if job.end_as:
                 # Cancelled (or asked to end) while the nodes prepared: never start it. The
@@ -679,15 +688,17 @@ class Master:
             return alloc
         return next((a for a in held.allocations if a.node == alloc.node), alloc)
 
-    async def _abort_launch(self, job: Job, reason: str, permanent: bool = False) -> None:
-        log.warning("job=%s launch failed: %s", job.id, reason)
+    async def _abort_launch(self, job: Job, reason: str, permanent: bool = False,
+                            counted: bool = True) -> None:
+        log.warning("job=%s launch failed: %s%s", job.id, reason,
+                    "" if counted else " (not counted: the node held them for a stray part)")
         placement = job.placement
         nodes = placement.nodes if placement else ()
         await asyncio.gather(
             *(self._stop_part(job.id, n, "launch aborted", record=False) for n in nodes),
             return_exceptions=True,
         )
-        transition = self.core.start_failed(job.id, reason, self.clock())
+        transition = self.core.start_failed(job.id, reason, self.clock(), counted=counted)
         if transition and permanent and transition.state in (JobState.QUEUED,
                                                                JobState.FAILED):
             # (A job cancelled meanwhile stays cancelled: its end was asked for first.)
@@ -893,6 +904,8 @@ class Master:
             handle.cancel()
         self.unreachable.discard(name)
         inventory = self.events.effective_inventory(inventory)
+        # What strays held there is reported afresh by this hello (_reconcile).
+        self.core.cluster.clear_holds(name)
         self.core.node_up(inventory)
         if name in self.drained or name in self.power:
             self.core.cluster.set_schedulable(name, False)
@@ -939,7 +952,7 @@ class Master:
                     # Stopped by its node on its own (the node lease): journalled as such.
                     await self.events.part_fenced(node, _exit_of(report))
                 # Not the master's incarnation here: the fencing feature stops or forgets it.
-                await self.events.stray_part.emit(node, report, judged)
+                await self._stray_part(node, report, judged)
                 continue
             assert job is not None
             mine.add(job.id)
@@ -966,6 +979,40 @@ class Master:
             ):
                 await self._abort_launch(job, "the master restarted before the job started")
 
+    async def _stray_part(self, node: str, report: JobReport, judged: Judgement) -> None:
+        """A part the master does not own runs (or ran) on ``node``: the GPUs it holds stay
+        out of every placement until its exit is reported (_on_exited), since the node would
+        refuse them (gpus_busy); the fencing feature stops it."""
+        if report.state != "exited":
+            self.core.cluster.hold(node, report.job_id, report.restarts, report.gpus)
+        await self.events.stray_part.emit(node, report, judged)
+
+    async def _holders_found(self, node: str, gpus: Sequence[int]) -> bool:
+        """``node`` refused ``gpus`` as busy: ask it what it runs, account for every part the
+        master does not own (held and stopped, as at a hello), and say whether such a part
+        holds any of ``gpus`` -- the refusal was the master's stale view, not the job's
+        failure. False if the node cannot say or the holder is a part the master placed
+        (then the ledger itself is wrong, and the refusal counts as it always did)."""
+        try:
+            listed = decode(PartList, await self._command(node, "list_parts", ListParts()))
+        except (CommandFailed, SchemaError) as exc:
+            log.warning("node=%s parts not listed: %s", node, exc)
+            return False
+        found = False
+        for report in listed.jobs:
+            if report.state == "exited":
+                continue
+            job = self.core.jobs.get(report.job_id)
+            judged = judge_part(job, report.job_id, node, report.restarts)
+            if judged.mine:
+                if set(report.gpus) & set(gpus):
+                    log.error("node=%s job=%s holds GPUs %s the master gave another job", node,
+                              report.job_id, sorted(set(report.gpus) & set(gpus)))
+                continue
+            await self._stray_part(node, report, judged)
+            found = found or bool(set(report.gpus) & set(gpus))
+        return found
+
     async def _forget(self, node: str, job_id: str, restarts: int | None = None) -> None:
         try:
             await self._command(node, "forget_job", ForgetJob(job_id=job_id, restarts=restarts))
@@ -978,7 +1025,7 @@ class Master:
         if job is not None:
             judged = judge_part(job, job_id, node, restarts)
             if not judged.mine:  # another incarnation, or not placed there: fenced
-                await self.events.stray_part.emit(node, JobReport(
+                await self._stray_part(node, JobReport(
                     job_id=job_id, state="running", pid=pid, restarts=restarts), judged)
                 return
         transition = self.core.node_started(job_id, node, self.clock())
@@ -1000,6 +1047,8 @@ class Master:
             self.tasks.spawn(self._stop_part(job_id, node, job.reason))
 
     async def _on_exited(self, node: str, event: JobExited) -> None:
+        if self.core.cluster.unhold(node, event.job_id, event.restarts):
+            self.request_pass()  # a stray's GPUs are free again
         if event.fenced and await self.events.part_fenced(node, event):
             # Its node stopped it on its own, and the job was settled as after a node loss.
             self.tasks.spawn(self._forget(node, event.job_id, event.restarts))
@@ -1008,7 +1057,7 @@ class Master:
         if running is not None and (event.restarts != running.restarts
                                     or node not in running.node_states):
             # Another incarnation's exit (or a part never placed there): fenced.
-            await self.events.stray_part.emit(node, JobReport(
+            await self._stray_part(node, JobReport(
                 job_id=event.job_id, state="exited", exit_code=event.exit_code,
                 signal=event.signal, restarts=event.restarts),
                 judge_part(running, event.job_id, node, event.restarts))

@@ -147,6 +147,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "signal_job": {"job_id": "j", "signal": "SIGUSR1"},
     "read_log": {"job_id": "j"},
     "reset_gpu": {"index": 0},
+    "list_parts": {},
     "relay_open": {"stream": 1, "job_id": "j", "kind": "pty", "window": 1 << 20},
 }
 
@@ -254,7 +255,8 @@ async def test_a_newer_incarnation_stops_the_older_part_first(runner: JobRunner)
     assert refused.value.code == "stale_incarnation"
     runner.start(StartJob(job_id="j", master_addr="127.0.0.1", master_port=1, restarts=0))
     assert runner.reports()[0] == JobReport(job_id="j", state="running",
-                                            pid=runner.parts["j"].shim_pid, restarts=0)
+                                            pid=runner.parts["j"].shim_pid, restarts=0,
+                                            gpus=ALLOC.gpus)
     await until("the job's process", lambda: (runner.parts["j"].dir / "child.json").exists(), 15)
     assert runner.send_signal("j", "SIGCONT", restarts=1) is False  # not that incarnation
     assert runner.send_signal("j", "SIGCONT", restarts=0) is True
