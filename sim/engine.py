@@ -696,7 +696,7 @@ class Simulator:
         self.core.node_down(node)
         self._down.add(node)
         rules = RequeueRules(self.config.requeue_default, self.config.max_retries)
-        cause = node_lost_cause(node, 0.0)
+        cause = node_lost_cause(node, None)
         # The master's order and rules (masterd/features/nodeloss.py), with the loss at
         # once: a replay has no silence to wait out.
         for job in jobs_on_node(self.core.active_jobs().values(), node):

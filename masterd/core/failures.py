@@ -76,7 +76,15 @@ def verdict(job: Job, cause: str, rules: RequeueRules) -> Verdict:
                          f"{rules.max_requeues})")
 
 
-def node_lost_cause(node: str, silent_s: float) -> str:
+def node_lost_cause(node: str, silent_s: float | None, since_takeover: bool = False) -> str:
+    """Why ``node``'s jobs are settled. ``silent_s`` None: the node failed outright (a
+    replay's trace says so); ``since_takeover``: the master counted from when it began
+    leading (a restart or a failover), not from the node's last word, which it never saw."""
+    if silent_s is None:
+        return f"node {node} lost (it failed)"
+    if since_takeover:
+        return (f"node {node} lost (no contact in the {silent_s:.0f} s since this master "
+                "began leading)")
     return f"node {node} lost (no contact for {silent_s:.0f} s)"
 
 

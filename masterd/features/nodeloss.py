@@ -53,6 +53,9 @@ class NodeLoss:
         self.down: dict[str, tuple[float, str]] = ctx.journal.now(load_down)
         # node -> when the master lost contact (its session closed, or the restart).
         self.silent_since: dict[str, float] = {}
+        # Nodes this master has not heard from since it began leading (restored): their
+        # silence counts from the takeover, and the sentence says so.
+        self.unheard: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # For the metrics: nodes declared lost, jobs requeued and ended (by this process).
         self.nodes_lost = 0
@@ -75,6 +78,7 @@ class NodeLoss:
         """The session ended; the node has been silent since ``since`` (earlier than now
         when a heartbeat, not a closed connection, ended it)."""
         self.silent_since[node] = since
+        self.unheard.discard(node)
         lost_s = self.ctx.config().node_lost_s
         if lost_s > 0:
             self._arm(node, since + lost_s - self.ctx.clock())
@@ -109,7 +113,9 @@ class NodeLoss:
         for job in self.ctx.core.active_jobs().values():
             nodes.update(job.node_states)
         for node in sorted(nodes):
-            self.silent_since.setdefault(node, now)
+            if node not in self.silent_since:
+                self.silent_since[node] = now
+                self.unheard.add(node)
             if node in self.down:
                 self._arm(node, 0.0)
             elif delay > 0:  # node_lost_s = 0: a silent node keeps its jobs
@@ -119,6 +125,7 @@ class NodeLoss:
         """The node said hello: whatever happened, it is back."""
         self._disarm(node)
         self.silent_since.pop(node, None)
+        self.unheard.discard(node)
         entry = self.down.pop(node, None)
         if entry is None:
             return
@@ -139,7 +146,10 @@ class NodeLoss:
             return  # turned off on purpose (Cluster Energy Saving): no job runs there
         now = self.ctx.clock()
         silent = now - self.silent_since.get(node, now)
-        cause = node_lost_cause(node, silent)
+        if node in self.down:  # down before this master's restart: why it went down
+            cause = self.down[node][1]
+        else:
+            cause = node_lost_cause(node, silent, since_takeover=node in self.unheard)
         jobs = jobs_on_node(self.ctx.core.active_jobs().values(), node)
         if node not in self.down:
             self.down[node] = (now, cause)

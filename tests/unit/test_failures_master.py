@@ -201,7 +201,8 @@ async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
         job = await master.submit(spec("train", gpus=4, max_nodes=1))
         [node] = await running(master, sessions, job.id)
         # The master journals the node_down row, then dies before touching the job.
-        await master.journal.call(save_down, node, clock.now, f"node {node} lost",
+        await master.journal.call(save_down, node, clock.now,
+                                  f"node {node} lost (no contact for 20 s)",
                                   (clock.now, None, node, "node_down", {"jobs": [job.id]}))
     finally:
         await master.close()
@@ -213,6 +214,32 @@ async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
                     lambda: restored.restarts == 1 and fresh[other].commands("prepare_job"))
         assert again.node_status(node) == "down"
         assert fresh[other].commands("prepare_job")[0].restarts == 1
+        # The reason is why the node went down, not the new master's own silence (0 s).
+        requeued = [e for e in again.store.events(job.id, 0, 10_000) if e.kind == "requeued"]
+        assert requeued[0].detail["reason"].startswith(
+            f"node {node} lost (no contact for 20 s); requeued")
+    finally:
+        await again.close()
+
+
+async def test_a_node_silent_since_a_restart_is_lost_counting_from_the_takeover(
+        tmp_path: Path) -> None:
+    clock = Clock()
+    master, sessions = make_master(tmp_path, clock, NODES)
+    try:
+        job = await master.submit(spec("train", gpus=4, max_nodes=1))
+        [node] = await running(master, sessions, job.id)
+    finally:
+        await master.close()
+    other = "g2" if node == "g1" else "g1"
+    again, _ = make_master(tmp_path, clock, {other: NODES[other]})
+    try:
+        clock.now += 300  # the node never says hello to the new master
+        await again.features.nodeloss.lose(node)
+        requeued = [e for e in again.store.events(job.id, 0, 10_000) if e.kind == "requeued"]
+        assert requeued[0].detail["reason"].startswith(
+            f"node {node} lost (no contact in the 300 s since this master began leading); "
+            "requeued")
     finally:
         await again.close()
 

@@ -201,7 +201,7 @@ def test_a_failure_requeues_by_the_masters_rules_keeping_the_place() -> None:
     # Both nodes are back at 50: "first" keeps its place ahead of "second" (FIFO).
     assert first.end == 150.0 and second.first_start == 50.0 and second.end == 60.0
     assert once.state == "node_lost" and once.end == 30.0
-    assert once.reason == ("node n-0001 lost (no contact for 0 s); the job may not be "
+    assert once.reason == ("node n-0001 lost (it failed); the job may not be "
                            "requeued (--no-requeue)")
     # requeue_default = false: the plain jobs end node_lost too.
     config = dataclasses.replace(config, requeue_default=False)
