@@ -325,6 +325,10 @@ class ClusterState:
         # answers that depend only on what the cluster is made of can be cached.
         self.inventory_changes = 0
         self._allocations: dict[str, Placement] = {}
+        # node -> the jobs holding anything there (a dict as an ordered set): a node's own
+        # jobs without a scan of every allocation (a reconnect storm is O(parts), not
+        # O(nodes x jobs)).
+        self._on_node: dict[str, dict[str, None]] = {}
         # node -> {(job id, incarnation): GPUs} held by parts the master does not own (an
         # older incarnation, a job it forgot) that still run there: the node refuses to give
         # them to anyone (gpus_busy) until they exit, so no placement may count them free.
@@ -384,8 +388,8 @@ class ClusterState:
         held_cpus: set[int] = set()
         held_mem = 0
         shares: dict[int, int] = {}
-        for placement in self._allocations.values():
-            for alloc in placement.allocations:
+        for job_id in self._on_node.get(name, ()):
+            for alloc in self._allocations[job_id].allocations:
                 if alloc.node == name:
                     if alloc.shared:
                         for g in alloc.gpus:
@@ -436,8 +440,8 @@ class ClusterState:
         if not taken or view is None:
             return False
         busy = self._held_gpus(node)
-        for placement in self._allocations.values():  # rare: a stray's exit
-            for alloc in placement.allocations:
+        for job in self._on_node.get(node, ()):
+            for alloc in self._allocations[job].allocations:
                 if alloc.node == node:
                     busy.update(alloc.gpus)
         healthy = {g.index for g in view.inventory.gpus if g.healthy}
@@ -517,6 +521,8 @@ class ClusterState:
         for view in updated.values():
             self._put(view)
         self._allocations[job_id] = placement
+        for alloc in placement.allocations:
+            self._on_node.setdefault(alloc.node, {})[job_id] = None
 
     def adopt(self, job_id: str, placement: Placement) -> None:
         """Record resources a running job is known to hold, trusting the node's word.
@@ -534,6 +540,11 @@ class ClusterState:
         if placement is None:
             return None
         for alloc in placement.allocations:
+            on_node = self._on_node.get(alloc.node)
+            if on_node is not None:
+                on_node.pop(job_id, None)
+                if not on_node:
+                    del self._on_node[alloc.node]
             view = self._views.get(alloc.node)
             if view is None:
                 continue
@@ -620,11 +631,8 @@ class ClusterState:
         return MappingProxyType(self._allocations)
 
     def jobs_on(self, node: str) -> list[str]:
-        return [
-            job_id
-            for job_id, placement in self._allocations.items()
-            if node in placement.nodes
-        ]
+        """The jobs holding anything on ``node``, in the order they took it."""
+        return list(self._on_node.get(node, ()))
 
     def snapshot(self, running: Mapping[str, Job]) -> ClusterSnapshot:
         nodes = MappingProxyType(dict(self._views))

@@ -102,6 +102,9 @@ class SchedulingCore:
         self.jobs: dict[str, Job] = {}
         self._queued: dict[str, Job] = {}
         self._active: dict[str, Job] = {}  # starting or running
+        # node -> restored active jobs placed there whose resources its hello has not
+        # claimed yet (claim_restored); with the cluster's own index, active_on(node).
+        self._unclaimed: dict[str, dict[str, None]] = {}
         # Queued jobs an admission gate keeps from the policy (held, waiting for a
         # dependency, over a cap): state queued, not in the queue the policy sees.
         self._blocked: dict[str, Job] = {}
@@ -188,6 +191,9 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
+            if job.placement is not None:  # claimed when its nodes say hello
+                for node in job.placement.nodes:
+                    self._unclaimed.setdefault(node, {})[job.id] = None
             if self.admission is not None:
                 self.admission.started(job)
 
@@ -220,7 +226,24 @@ class SchedulingCore:
             self.cluster.adopt(job_id, job.placement)
         except AllocationError as exc:
             return str(exc)
+        for node in job.placement.nodes:
+            self._unclaimed.get(node, {}).pop(job_id, None)
         return None
+
+    def active_on(self, node: str) -> list[Job]:
+        """The starting and running jobs placed on ``node``: those holding resources there,
+        and restored ones whose resources are not claimed yet. O(the node's own jobs)."""
+        found: dict[str, Job] = {}
+        unclaimed = self._unclaimed.get(node)
+        for job_id in [*self.cluster.jobs_on(node), *(unclaimed or ())]:
+            job = self._active.get(job_id)
+            if job is not None and job.placement is not None and node in job.placement.nodes:
+                found[job_id] = job
+            elif unclaimed is not None:
+                unclaimed.pop(job_id, None)  # ended or moved before it was claimed
+        if unclaimed is not None and not unclaimed:
+            del self._unclaimed[node]
+        return list(found.values())
 
     def _enqueue(self, job: Job) -> None:
         job.state = JobState.QUEUED

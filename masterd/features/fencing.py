@@ -128,8 +128,7 @@ class Fencing:
 
     # -- a node returning with other resources ------------------------------------------
     async def on_inventory(self, node: str, inventory: NodeInventory) -> None:
-        affected = list(placed_on_missing(list(self.ctx.core.active_jobs().values()),
-                                          inventory))
+        affected = list(placed_on_missing(self.ctx.core.active_on(node), inventory))
         for job, reason in affected:
             if job.stopping and job.end_as:
                 continue  # being ended already (cancelled, timed out): that ending stands

@@ -80,6 +80,10 @@ class CoreView:
     def jobs_on(self, node: str) -> list[str]:
         return self._core.cluster.jobs_on(node)
 
+    def active_on(self, node: str) -> list[Job]:
+        """The starting and running jobs placed on ``node`` (O(its own jobs))."""
+        return self._core.active_on(node)
+
 
 class JournalPort:
     """The journal as features use it: their own tables and events, in the one write order.

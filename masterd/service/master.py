@@ -914,7 +914,7 @@ class Master:
         # The node's inventory replaces the old one; jobs on what it no longer has are
         # stopped (the fencing feature) before their resources are claimed.
         await self.events.node_inventory.emit(name, inventory)
-        for job in list(self.core.active_jobs().values()):
+        for job in self.core.active_on(name):
             if job.placement and name in job.placement.nodes:
                 problem = self.core.claim_restored(job.id)
                 if problem:
@@ -970,7 +970,7 @@ class Master:
         for transition in self.core.lost_parts(node, reported, now):
             await self._record(transition, node)
         # Jobs whose launch the master lost track of and that this node never started.
-        for job in list(self.core.active_jobs().values()):
+        for job in self.core.active_on(node):
             if (
                 job.state is JobState.STARTING
                 and job.id not in self._launching

@@ -194,3 +194,21 @@ async def test_a_node_lists_its_parts_with_the_gpus_each_holds(tmp_path: Path) -
             "train-1", "prepared", 4, (2, 3))
     finally:
         backend.close()
+
+
+def test_jobs_on_a_node_come_from_its_own_index_in_the_order_they_took_it() -> None:
+    cluster = ClusterState()
+    for name in ("n1", "n2"):
+        cluster.upsert_node(inventory(name, gpus=2, cpus=4, numa=1))
+    cluster.allocate("a", Placement((NodeAllocation("n1", gpus=(0,)),)))
+    cluster.allocate("wide", Placement((NodeAllocation("n1", gpus=(1,)),
+                                        NodeAllocation("n2", gpus=(0,)))))
+    cluster.allocate("b", Placement((NodeAllocation("n2", gpus=(1,)),)))
+    assert cluster.jobs_on("n1") == ["a", "wide"] and cluster.jobs_on("n2") == ["wide", "b"]
+    cluster.release("wide")
+    assert cluster.jobs_on("n1") == ["a"] and cluster.jobs_on("n2") == ["b"]
+    # A node's inventory update keeps what its jobs hold (from the index, not a scan).
+    cluster.upsert_node(inventory("n2", gpus=2, cpus=4, numa=1))
+    assert cluster.node("n2").free_gpus == {0}  # type: ignore[union-attr]
+    cluster.release("b")
+    assert cluster.jobs_on("n2") == [] and cluster.jobs_on("n9") == []
