@@ -280,6 +280,10 @@ class Simulator:
         self.events = 0  # events that changed something
         self.stale_events = 0  # superseded exits, stops of attempts already over
         self.passes = 0
+        # Passes the policy asked for although nothing happened (SchedulingCore.wake_at: a
+        # batch window closing), each instant once, as the master's timer runs them.
+        self._wakes: set[float] = set()
+        self.wakes = 0
         self._done = 0
         self._pending = 0  # non-sample events in the heap
         self._last_event = 0.0  # time of the last non-sample event: the replay's end
@@ -491,6 +495,14 @@ class Simulator:
             if self.core.wake_at is None or self.core.wake_at > now:
                 break
             self._schedule_once(now)
+        wake = self.core.wake_at
+        if wake is not None and wake > now and wake not in self._wakes:
+            self._wakes.add(wake)
+            self._push(wake, CALL, self._woken)
+
+    def _woken(self) -> bool:
+        self.wakes += 1
+        return True  # a pass follows, as after any event
 
     def _schedule_once(self, now: float) -> None:
         decisions = self.core.schedule(now)

@@ -3,9 +3,9 @@
 :class:`LiquidSimulator` extends :class:`~sim.engine.Simulator` with what the liquid policy
 needs and what its comparisons measure, all driven by the code the master runs:
 
-* **batch windows**: after every pass the core's ``wake_at`` (the policy's next window close,
-  or when a lent GPU becomes eligible) becomes a timed event that runs a pass, as the master's
-  timer does;
+* **batch windows**: the base engine runs a pass at the core's ``wake_at`` (the policy's
+  next window close, or when a lent GPU becomes eligible), as the master's timer does, for
+  every policy;
 * **GPU sharing**: jobs holding one GPU shared (the policy's ``shared`` allocations) slow each
   other as measured pairs did (:mod:`sim.colocation`); a fractional job's GPU busy share is
   its request times the speed it gets, and it counts as that share of a GPU allocated (a whole
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from shared.model import Placement
 from sim.colocation import ColocationTable, Profile
-from sim.engine import CALL, Annotator, ProgressFn, SimConfig, Simulator, _Run
+from sim.engine import Annotator, ProgressFn, SimConfig, Simulator, _Run
 from sim.psnet import PsNetwork
 from sim.workloads.base import Workload
 
@@ -43,21 +43,7 @@ class LiquidSimulator(Simulator):
         self.network = network
         self._gpu_jobs: dict[tuple[str, int], set[str]] = {}
         self._profiles: dict[str, Profile] = {}
-        self._wakes: set[float] = set()
         self.shared_starts = 0
-        self.wakes = 0
-
-    # -- batch windows -------------------------------------------------------------------
-    def _schedule(self, now: float) -> None:
-        super()._schedule(now)
-        wake = self.core.wake_at
-        if wake is not None and wake > now and wake not in self._wakes:
-            self._wakes.add(wake)
-            self._push(wake, CALL, self._woken)
-
-    def _woken(self) -> bool:
-        self.wakes += 1
-        return True
 
     # -- resources held ------------------------------------------------------------------
     def _share(self, job_id: str) -> float | None:

@@ -274,3 +274,16 @@ def test_prediction_error_changes_what_the_policy_sees_not_the_truth() -> None:
     assert min(ratios) > 0.2 and max(ratios) < 5
     # FIFO does not read iterations, and the truth uses the real ones: same replay.
     assert [r.end for r in base.records] == [r.end for r in erred.records]
+
+
+def test_the_base_engine_runs_a_pass_when_the_policy_asks_for_one() -> None:
+    """A policy's wake_at (Liquid's batch window closing) runs a pass in every replay, as
+    the master's timer does: a lone job waits for the window, not for another event."""
+    from masterd.core.policies.liquid import LiquidPolicy
+
+    # A multi-task job (two GPUs: two workers and a parameter server) is batched; alone,
+    # nothing but the window's close can start it.
+    workload = Workload("window", [known_job("a", 0.0, 100.0, gpus=2)], one_node(gpus=4))
+    result = simulate(workload, LiquidPolicy(batch_window_s=15.0), EXACT)
+    [a] = result.records
+    assert a.first_start == 15.0 and a.end == 115.0
