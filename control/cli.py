@@ -186,93 +186,11 @@ def _events(p: argparse.ArgumentParser, _: Any) -> None:
 
 
 def _submit(p: argparse.ArgumentParser, _: Any) -> None:
-    p.add_argument("-f", "--file", help="job description (TOML or JSON); a [[jobs]] list (or "
-                                        "a JSON list) submits them all at once")
-    p.add_argument("--array", metavar="SPEC",
-                   help="one job per index, Slurm's syntax: 0-999, 1,3,5-7, 0-99:2; each sees "
-                        "its index in $TRELLIS_ARRAY_INDEX and its name (and --id) ends in "
-                        "_INDEX")
-    p.add_argument("--name", "-J", "--job-name", dest="name")
-    p.add_argument("--id", help="job id to use (makes retries idempotent)")
-    p.add_argument("--kind", choices=("training", "inference", "cpu"))
-    p.add_argument("--gpus", type=int)
-    p.add_argument("--gpu-milli", type=int, metavar="N",
-                   help="a share of one GPU in thousandths (1-999, with --gpus 1): the job may "
-                        "share its GPU with others (Liquid)")
-    p.add_argument("--cpus", type=int)
-    p.add_argument("--memory-mib", type=int)
-    p.add_argument("--gpu-model")
-    p.add_argument("--user", help="Unix user the job runs as (default: you)")
-    p.add_argument("-A", "--account", "--tenant", dest="tenant", metavar="ACCOUNT",
-                   help="the account the job is charged to (Slurm's --account; default: "
-                        "the user's default account)")
-    p.add_argument("--qos", choices=("urgent", "prior", "normal"))
-    p.add_argument("--model-type")
-    p.add_argument("--model-family", help="e.g. cnn, rnn: finds a similar profiled model")
-    p.add_argument("--model-params-m", type=float, help="millions of parameters")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--iterations", type=int)
-    p.add_argument("--deadline", help="seconds from now (600, 90s, 10m, 2h, 1d) or an ISO "
-                                      "time (2030-01-31T18:00, local unless it has a zone)")
-    p.add_argument("--max-nodes", type=int, help="most nodes the job may span")
-    _time_arguments(p)
-    p.add_argument("--workdir")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--image", metavar="REF",
-                   help="run in this OCI image (registry/name:tag), pulled by the node "
-                        "(docs/containers.md)")
-    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]",
-                   help="bind a host path into the job's container (under the node's "
-                        "[containers] allowed_mounts)")
-    p.add_argument("-d", "--after", "--dependency", dest="after", metavar="DEPENDENCY",
-                   help="start only after other jobs, Slurm's syntax: afterok:ID[:ID...] "
-                        "(and afterany, afternotok, aftercorr for arrays); terms separated "
-                        "by ',' must all hold. An array's id means the whole array")
-    p.add_argument("--priority", type=int,
-                   help="order among otherwise equal jobs, higher first (default 0; only "
-                        "admins may go above 0)")
-    _requeue_arguments(p)
-    _script_arguments(p)
-    p.add_argument("job_command", nargs=argparse.REMAINDER,
-                   help="-- followed by the command to run, or a batch script (a file "
-                        "starting with #!) and its arguments: docs/slurm.md")
+    """``trellisctl submit``'s options: control/options.py holds each, with its Slurm
+    spellings."""
+    from control.options import add_submit_arguments
 
-
-def _script_arguments(p: argparse.ArgumentParser) -> None:
-    """Batch scripts' options (docs/slurm.md): output files, unsupported #SBATCH lines."""
-    p.add_argument("--stdout", metavar="PATTERN",
-                   help="also write the job's output to this file on its node (relative to "
-                        "the workdir; %%j %%x %%A %%a %%u %%N %%%%), sbatch's --output")
-    p.add_argument("--stderr", metavar="PATTERN",
-                   help="write the job's stderr to this file instead (sbatch's --error)")
-    p.add_argument("--ignore-unsupported", action="store_true",
-                   help="a batch script's #SBATCH options Trellis does not support are "
-                        "reported and ignored instead of refusing the submission")
-
-
-def _requeue_arguments(p: argparse.ArgumentParser) -> None:
-    """Slurm's --requeue/--no-requeue (docs/jobs.md: when a node is lost)."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--requeue", dest="requeue", action="store_const", const=True,
-                   help="if its node is lost or a GPU of it fails, queue the job again in "
-                        "its place (it sees $TRELLIS_RESTART_COUNT; default: the master's "
-                        "requeue_default)")
-    g.add_argument("--no-requeue", dest="requeue", action="store_const", const=False,
-                   help="if its node is lost or a GPU of it fails, end the job node_lost")
-
-
-def _time_arguments(p: argparse.ArgumentParser) -> None:
-    """Slurm's --time, --signal and a --grace of its own (docs/configuration.md)."""
-    p.add_argument("-t", "--time", metavar="TIME",
-                   help="time limit, Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
-                        "D-HH:MM:SS; at the limit the job is stopped and ends 'timeout' "
-                        "(default: the master's default_time_limit_s)")
-    p.add_argument("--signal", metavar="[B:]SIG[@SECONDS]",
-                   help="send SIG (USR1, SIGUSR1 or a number) SECONDS (default 60) before the "
-                        "time limit; B: only to the job's leader process, not its children")
-    p.add_argument("--grace", type=float, metavar="SECONDS",
-                   help="SIGTERM-to-SIGKILL grace when the job is stopped (capped by the "
-                        "master's max_grace_s; default its stop_grace_s)")
+    add_submit_arguments(p)
 
 
 def _run(p: argparse.ArgumentParser, command: Any) -> None:

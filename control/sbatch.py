@@ -16,38 +16,21 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from control.options import CPU, NODE, OPTIONS, QOS_CLASSES, TASK, Option, Spelling, spellings
 from control.usage import UsageError
 
 PREFIXES = ("#SBATCH", "#TRELLIS")
 MAX_SCRIPT_BYTES = 1 << 20  # LaunchSpec.script's bound
-QOS_CLASSES = ("urgent", "prior", "normal")
 # Names a path given to ``submit`` without ``--`` has when it is a batch script although it
 # does not exist (so that a typo is an error here, not a job that fails on its node).
 SCRIPT_SUFFIXES = (".sh", ".bash", ".sbatch", ".slurm", ".job", ".batch")
 DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's default output file, in the working directory
 DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 
-# sbatch's spellings: long name -> (short letter or "", takes a value).
-SBATCH_OPTIONS: dict[str, tuple[str, bool]] = {
-    "job-name": ("J", True), "time": ("t", True), "cpus-per-task": ("c", True),
-    "mem": ("", True), "mem-per-cpu": ("", True), "gpus-per-task": ("", True),
-    "gres": ("", True), "gpus": ("G", True), "nodes": ("N", True),
-    "gpus-per-node": ("", True), "ntasks": ("n", True), "ntasks-per-node": ("", True),
-    "output": ("o", True), "error": ("e", True), "array": ("a", True),
-    "dependency": ("d", True), "qos": ("q", True), "account": ("A", True),
-    "requeue": ("", False), "no-requeue": ("", False), "signal": ("", True),
-    "container-image": ("", True), "chdir": ("D", True), "export": ("", True),
-}
-# What #TRELLIS lines may give beside sbatch's spellings: trellisctl submit's own options.
-TRELLIS_OPTIONS: dict[str, tuple[str, bool]] = {
-    "name": ("", True), "gpu-model": ("", True), "priority": ("", True),
-    "grace": ("", True), "kind": ("", True), "gpu-milli": ("", True), "max-nodes": ("", True),
-    "memory-mib": ("", True), "cpus": ("", True), "tenant": ("", True), "after": ("", True),
-    "deadline": ("", True), "env": ("", True), "stdout": ("", True), "stderr": ("", True),
-}
 _SIZE = re.compile(r"(\d+)([KMGT]?)B?", re.IGNORECASE)
 _MIB_PER = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
 
@@ -161,7 +144,7 @@ def _tokens(rest: str, where: str, number: int) -> list[str]:
 
 
 def _options(rest: str, prefix: str, number: int, where: str) -> list[Directive | str]:
-    table = SBATCH_OPTIONS if prefix == "#SBATCH" else {**SBATCH_OPTIONS, **TRELLIS_OPTIONS}
+    table = spellings(prefix)
     shorts = {short: name for name, (short, _) in table.items() if short}
     words = _tokens(rest, where, number)
     out: list[Directive | str] = []
@@ -203,8 +186,10 @@ def _options(rest: str, prefix: str, number: int, where: str) -> list[Directive 
     return out
 
 
-def parse_script(text: str, where: str) -> ScriptOptions:
-    """The options a script's directives give, checked, with #TRELLIS lines winning."""
+def parse_script(text: str, where: str, environ: Mapping[str, str] | None = None
+                 ) -> ScriptOptions:
+    """The options a script's directives give, checked, with #TRELLIS lines winning, and
+    sbatch's input variables in ``environ`` (``SBATCH_TIMELIMIT``, ...) over both."""
     found, unknown, warnings = directives(text, where)
     ordered = [d for d in found if d.prefix == "#SBATCH"] + \
         [d for d in found if d.prefix == "#TRELLIS"]
@@ -221,12 +206,17 @@ def parse_script(text: str, where: str) -> ScriptOptions:
             chosen.pop("requeue", None)
             chosen.pop("no-requeue", None)
         chosen[d.option] = d
-    _resolve(chosen, result, where)
+    ctx = _resolve(chosen, result, where)
+    from_env = environment_directives(environ or {})
+    if from_env:  # per-node amounts still count the script's nodes
+        _resolve(from_env, result, where, ctx)
     return result
 
 
 def _bad(where: str, d: Directive, why: str) -> UsageError:
     shown = f"{d.spelled}={d.value}" if d.value is not None else d.spelled
+    if d.prefix == "env":
+        return UsageError(f"{shown} in the environment: {why}")
     return UsageError(f"{where} line {d.line}: {shown}: {why}")
 
 
@@ -267,111 +257,184 @@ def _mem_mib(where: str, d: Directive) -> int:
     return max(1, int(mib)) if mib else 0  # --mem=0: all of the node's, i.e. no limit
 
 
-def _resolve(chosen: dict[str, Directive], out: ScriptOptions, where: str) -> None:
-    from control.submit import dependency_wire, parse_array
-    from shared.outputpattern import check_pattern
-    from shared.slurmtime import parse_signal, parse_time_limit
+class _Context:
+    """What a script's values are multiplied up by: its nodes, and CPUs per task."""
 
-    values, launch = out.values, out.launch
-    get = chosen.get
-    nodes = None
-    if (d := get("nodes")) is not None:
-        low, dash, high = (d.value or "").partition("-")
-        if dash and low != high:
-            raise _bad(where, d, "a range of node counts is not supported; give one count")
-        nodes = _count(where, Directive(d.line, d.prefix, d.option, low, d.spelled))
-        values["max_nodes"] = nodes
-    per_node = nodes or 1
-    for option, dest in (("job-name", "name"), ("name", "name")):
-        if (d := get(option)) is not None:
-            values[dest] = d.value
-    if (d := get("time")) is not None:
+    def __init__(self, nodes: int | None = None, cpus_per_task: int | None = None) -> None:
+        self.nodes = nodes
+        self.cpus_per_task = cpus_per_task
+
+    @property
+    def per_node(self) -> int:
+        return self.nodes or 1
+
+
+def _checked(check: Any, where: str, d: Directive, partition: bool = False) -> str | None:
+    """``d``'s value once ``check`` accepts it (its refusal, one sentence with the line)."""
+    try:
+        check(d.value or "")
+    except (ValueError, UsageError) as exc:
+        why = str(exc)
+        if partition:  # the command line's parser names its option first: drop it
+            why = why.partition(": ")[2] or why
+        raise _bad(where, d, why) from None
+    return d.value
+
+
+def _converted(convert: Any) -> Any:
+    def parse(where: str, d: Directive, ctx: _Context) -> Any:
         try:
-            parse_time_limit(d.value or "")
-        except ValueError as exc:
-            raise _bad(where, d, str(exc)) from None
-        values["time"] = d.value
-    if (d := get("signal")) is not None:
-        try:
-            parse_signal(d.value or "")
-        except ValueError as exc:
-            raise _bad(where, d, str(exc)) from None
-        values["signal"] = d.value
-    for option in ("dependency", "after"):
-        if (d := get(option)) is not None:
-            try:
-                dependency_wire(d.value or "", d.spelled)
-            except UsageError as exc:
-                raise _bad(where, d, str(exc).partition(": ")[2] or str(exc)) from None
-            values["after"] = d.value
-    if (d := get("array")) is not None:
-        try:
-            parse_array(d.value or "")
-        except UsageError as exc:
-            raise _bad(where, d, str(exc).partition(": ")[2] or str(exc)) from None
-        values["array"] = d.value
-    if (d := get("qos")) is not None:
-        if d.value not in QOS_CLASSES:
-            raise _bad(where, d, f"Trellis' QoS classes are {', '.join(QOS_CLASSES)}")
-        values["qos"] = d.value
-    for option in ("account", "tenant"):
-        if (d := get(option)) is not None:
-            values["tenant"] = d.value
-    if "requeue" in chosen or "no-requeue" in chosen:
-        values["requeue"] = "requeue" in chosen
-    for option in ("chdir",):
-        if (d := get(option)) is not None:
-            values["workdir"] = d.value
-    if (d := get("export")) is not None and (d.value or "").upper() != "NONE":
+            return convert(d.value or "")
+        except ValueError:
+            raise _bad(where, d, f"expected {convert.__name__}") from None
+    return parse
+
+
+def _nodes(where: str, d: Directive, ctx: _Context) -> int:
+    low, dash, high = (d.value or "").partition("-")
+    if dash and low != high:
+        raise _bad(where, d, "a range of node counts is not supported; give one count")
+    return _count(where, Directive(d.line, d.prefix, d.option, low, d.spelled))
+
+
+def _time(where: str, d: Directive, ctx: _Context) -> str | None:
+    from shared.slurmtime import parse_time_limit
+
+    return _checked(parse_time_limit, where, d)
+
+
+def _signal(where: str, d: Directive, ctx: _Context) -> str | None:
+    from shared.slurmtime import parse_signal
+
+    return _checked(parse_signal, where, d)
+
+
+def _dependency(where: str, d: Directive, ctx: _Context) -> str | None:
+    from control.values import dependency_wire
+
+    return _checked(lambda text: dependency_wire(text, d.spelled), where, d, partition=True)
+
+
+def _array(where: str, d: Directive, ctx: _Context) -> str | None:
+    from control.values import parse_array
+
+    return _checked(parse_array, where, d, partition=True)
+
+
+def _qos(where: str, d: Directive, ctx: _Context) -> str | None:
+    if d.value not in QOS_CLASSES:
+        raise _bad(where, d, f"Trellis' QoS classes are {', '.join(QOS_CLASSES)}")
+    return d.value
+
+
+def _pattern(key: str) -> Any:
+    def parse(where: str, d: Directive, ctx: _Context) -> str | None:
+        from shared.outputpattern import check_pattern
+
+        return _checked(lambda text: check_pattern(text, key), where, d)
+    return parse
+
+
+def _image(where: str, d: Directive, ctx: _Context) -> str | None:
+    if not d.value:
+        raise _bad(where, d, "names no image")
+    return d.value
+
+
+def _ntasks(where: str, d: Directive, ctx: _Context) -> None:
+    if _count(where, d) != ctx.per_node:
+        raise _bad(where, d, f"Trellis runs one task per node and this job has "
+                             f"{ctx.per_node} node(s); ask for -N {d.value} instead")
+
+
+def _ntasks_per_node(where: str, d: Directive, ctx: _Context) -> None:
+    if _count(where, d) != 1:
+        raise _bad(where, d, "Trellis runs one task per node")
+
+
+def _export(where: str, d: Directive, ctx: _Context) -> None:
+    if (d.value or "").upper() != "NONE":
         raise _bad(where, d, "Trellis does not pass the submitting shell's environment on "
                              "(as --export=NONE); give variables with #TRELLIS --env KEY=VALUE")
-    # Resources: sbatch's are per task and per node; Trellis' spec holds totals.
-    cpus_per_task = _count(where, d) if (d := get("cpus-per-task")) is not None else None
-    if cpus_per_task is not None:
-        values["cpus"] = cpus_per_task * per_node
-    if (d := get("ntasks")) is not None and _count(where, d) != per_node:
-        raise _bad(where, d, f"Trellis runs one task per node and this job has {per_node} "
-                             f"node(s); ask for -N {d.value} instead")
-    if (d := get("ntasks-per-node")) is not None and _count(where, d) != 1:
-        raise _bad(where, d, "Trellis runs one task per node")
-    if (d := get("mem")) is not None:
-        values["memory_mib"] = _mem_mib(where, d) * per_node
-    elif (d := get("mem-per-cpu")) is not None:
-        values["memory_mib"] = _mem_mib(where, d) * (cpus_per_task or 1) * per_node
-    gpu_model: str | None = None
-    if (d := get("gpus")) is not None:
-        gpu_model, values["gpus"] = _gpu_count(where, d)
-    elif (d := get("gpus-per-node") or get("gpus-per-task")) is not None:
-        gpu_model, count = _gpu_count(where, d)  # one task per node: the same thing
-        values["gpus"] = count * per_node
-    elif (d := get("gres")) is not None:
-        gpu_model, count = _gres(where, d)
-        values["gpus"] = count * per_node
-    if gpu_model is not None:
-        values["gpu_model"] = gpu_model
-    # Trellis' own spellings (#TRELLIS), which win over what sbatch's gave above.
-    for option, dest, convert in (("cpus", "cpus", int), ("memory-mib", "memory_mib", int),
-                                  ("gpu-model", "gpu_model", str), ("priority", "priority", int),
-                                  ("grace", "grace", float), ("kind", "kind", str),
-                                  ("gpu-milli", "gpu_milli", int),
-                                  ("max-nodes", "max_nodes", int), ("deadline", "deadline", str)):
-        if (d := get(option)) is not None:
-            try:
-                values[dest] = convert(d.value or "")
-            except ValueError:
-                raise _bad(where, d, f"expected {convert.__name__}") from None
-    for option, key in (("output", "stdout"), ("stdout", "stdout"), ("error", "stderr"),
-                        ("stderr", "stderr")):
-        if (d := get(option)) is not None:
-            try:
-                check_pattern(d.value or "", key)
-            except ValueError as exc:
-                raise _bad(where, d, str(exc)) from None
-            launch[key] = d.value
-    if (d := get("container-image")) is not None:
-        if not d.value:
-            raise _bad(where, d, "names no image")
-        launch["image"] = d.value
+
+
+# How each spelling's value reads (control.options.Spelling.parse names one).
+PARSERS: dict[str, Any] = {
+    "text": lambda where, d, ctx: d.value,
+    "str": _converted(str), "int": _converted(int), "float": _converted(float),
+    "count": lambda where, d, ctx: _count(where, d),
+    "gpu_count": lambda where, d, ctx: _gpu_count(where, d),
+    "gres": lambda where, d, ctx: _gres(where, d),
+    "mem": lambda where, d, ctx: _mem_mib(where, d),
+    "nodes": _nodes, "time": _time, "signal": _signal, "dependency": _dependency,
+    "array": _array, "qos": _qos, "image": _image,
+    "yes": lambda where, d, ctx: True, "no": lambda where, d, ctx: False,
+    "ntasks": _ntasks, "ntasks_per_node": _ntasks_per_node, "export": _export,
+}
+
+
+def _parse(where: str, option: Option, s: Spelling, d: Directive, ctx: _Context) -> Any:
+    if s.parse == "pattern":
+        return _pattern(option.field.rpartition(".")[2])(where, d, ctx)
+    return PARSERS[s.parse](where, d, ctx)
+
+
+def _total(value: int, s: Spelling, ctx: _Context) -> int:
+    """A per-node, per-task or per-CPU amount as the job's total (one task per node)."""
+    if s.per in (NODE, TASK):
+        return value * ctx.per_node
+    if s.per == CPU:
+        return value * (ctx.cpus_per_task or 1) * ctx.per_node
+    return value
+
+
+def _resolve(chosen: dict[str, Directive], out: ScriptOptions, where: str,
+             ctx: _Context | None = None) -> _Context:
+    """Turn the chosen directives into submit's values, option by option (the table's
+    order); every directive given is checked, and for each option the first of its
+    spellings given wins (a #TRELLIS name over sbatch's, a total over a per-node count).
+    Returns what per-node amounts were multiplied by (the script's nodes and CPUs)."""
+    if ctx is None:
+        ctx = _Context()
+        if (d := chosen.get("nodes")) is not None:
+            ctx.nodes = _nodes(where, d, ctx)
+        if (d := chosen.get("cpus-per-task")) is not None:
+            ctx.cpus_per_task = _count(where, d)
+    values, launch = out.values, out.launch
+    for option in OPTIONS:
+        given = [(s, chosen[s.name]) for s in option.script if s.name in chosen]
+        if not given or option.dest == "env":  # variables: parse_script gathers them all
+            continue
+        parsed = [(s, _parse(where, option, s, d, ctx)) for s, d in given]
+        if option.dest is None:
+            continue  # checks only
+        s, value = parsed[0]
+        if s.parse in ("gpu_count", "gres"):
+            model, count = value
+            values[option.dest] = _total(count, s, ctx)
+            if model is not None:
+                values["gpu_model"] = model
+        elif option.field.startswith("launch."):
+            launch[option.field.partition(".")[2]] = value
+        elif isinstance(value, int) and not isinstance(value, bool):
+            values[option.dest] = _total(value, s, ctx)
+        else:
+            values[option.dest] = value
+    return ctx
+
+
+def environment_directives(environ: Mapping[str, str]) -> dict[str, Directive]:
+    """sbatch's input variables (``SBATCH_TIMELIMIT``, ...) set in ``environ``, as the
+    directives they stand for; they win over the script's lines (sbatch's order: command
+    line, then environment, then script)."""
+    found: dict[str, Directive] = {}
+    for option in OPTIONS:
+        for s in option.script:
+            if s.env and s.env in environ:
+                found[s.name] = Directive(0, "env", s.name, environ[s.env], s.env)
+    if "requeue" in found and "no-requeue" in found:
+        del found["requeue"]  # sbatch: --no-requeue wins over --requeue
+    return found
 
 
 def script_job(args: Any) -> dict[str, Any] | None:
@@ -387,7 +450,7 @@ def script_job(args: Any) -> dict[str, Any] | None:
         raise UsageError(f"a batch script ({path}) and -f {args.file} cannot be combined")
     text = read_script(path)
     where = path
-    parsed = parse_script(text, where)
+    parsed = parse_script(text, where, os.environ)
     import sys
 
     for warning in parsed.warnings:

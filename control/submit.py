@@ -13,52 +13,17 @@ import argparse
 import os
 import time
 
+from control.options import SPEC_OPTIONS
 from control.usage import UsageError
+from control.values import dependency_wire, parse_array
 
 # Not `from typing import TYPE_CHECKING`: typing stays off trellisctl's start-up path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-# Options that set a JobSpec field of the same name.
-SPEC_OPTIONS = ("name", "kind", "gpus", "cpus", "memory_mib", "gpu_model", "user", "tenant",
-                "qos", "model_type", "model_family", "model_params_m", "batch", "iterations",
-                "workdir", "max_nodes", "gpu_milli", "priority")
-MAX_ARRAY = 10_000  # jobs in one submission (Slurm's default MaxArraySize is 1001)
-MAX_INDEX = 4_000_000
 ARRAY_INDEX_ENV = "TRELLIS_ARRAY_INDEX"
 ARRAY_COUNT_ENV = "TRELLIS_ARRAY_COUNT"
-
-
-def parse_array(text: str) -> list[int]:
-    """Slurm's ``--array`` indices: ``0-999``, ``1,3,5-7``, ``0-99:2``; sorted, no repeats."""
-    spec = text.strip()
-    if "%" in spec:
-        raise UsageError(f"--array {text!r}: a %N limit on jobs running at once is not "
-                         "supported (Trellis has no per-array run limit); drop the %N")
-    indices: set[int] = set()
-    for part in spec.split(","):
-        span, colon, step_text = part.strip().partition(":")
-        first_text, dash, last_text = span.partition("-")
-        try:
-            first = int(first_text)
-            last = int(last_text) if dash else first
-            step = int(step_text) if colon else 1
-        except ValueError:
-            raise UsageError(f"--array {text!r}: {part.strip()!r} is not N, N-M or N-M:STEP "
-                             "(non-negative integers)") from None
-        if colon and not dash:
-            raise UsageError(f"--array {text!r}: a step needs a range ({part.strip()!r})")
-        if first < 0 or last > MAX_INDEX:
-            raise UsageError(f"--array {text!r}: indices must be 0 to {MAX_INDEX}")
-        if last < first:
-            raise UsageError(f"--array {text!r}: range {span!r} ends before it starts")
-        if step < 1:
-            raise UsageError(f"--array {text!r}: step {step} must be at least 1")
-        if (last - first) // step + 1 + len(indices) > MAX_ARRAY:
-            raise UsageError(f"--array {text!r}: more than {MAX_ARRAY} jobs in one array")
-        indices.update(range(first, last + 1, step))
-    return sorted(indices)
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -234,17 +199,6 @@ def _layered(*layers: dict[str, Any]) -> dict[str, Any]:
             else:
                 job[key] = value
     return job
-
-
-def dependency_wire(text: str, where: str = "--after") -> list[dict[str, Any]]:
-    """Slurm's ``--dependency`` syntax as the job spec's ``after`` list."""
-    from shared.dependency import DependencyError, parse_dependency
-
-    try:
-        terms = parse_dependency(text)
-    except DependencyError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-    return [{"type": t.type, "jobs": list(t.jobs)} for t in terms]
 
 
 def _env_items(items: list[str]) -> dict[str, str]:

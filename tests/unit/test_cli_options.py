@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from control.cli import build_parser, command_word
-from control.submit import ARRAY_INDEX_ENV, jobs_from_args, parse_array
+from control.submit import ARRAY_INDEX_ENV, jobs_from_args
 from control.usage import UsageError
+from control.values import parse_array
 from control.views import show_job
 from control.yamlout import dump
 from shared.model import JobSpec, StopRules

@@ -326,3 +326,50 @@ def test_shim_fails_the_job_naming_a_file_it_cannot_open(tmp_path: Path) -> None
     result, _ = _shim(tmp_path, "echo never", stdout_file=str(tmp_path / "no" / "o.txt"))
     assert result["exit_code"] == 127
     assert result["error"].startswith(f"cannot open the output file {tmp_path}/no/o.txt")
+
+
+# -- sbatch's input variables and the one options table ------------------------------------
+def test_sbatch_input_variables_win_over_the_script_and_lose_to_the_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "20")
+    monkeypatch.setenv("SBATCH_JOB_NAME", "fromenv")
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "a100:2")
+    monkeypatch.setenv("SBATCH_NO_REQUEUE", "1")
+    (job,), _ = submit_args(tmp_path, "#SBATCH -J fromscript -t 10 -N 2 --requeue\n"
+                                      "#SBATCH --qos=prior\n", "-t", "0:30")
+    assert job["name"] == "fromenv"  # the environment over the script
+    assert job["time_limit_s"] == 30  # the command line over the environment
+    assert job["gpus"] == 4 and job["gpu_model"] == "a100"  # per node, the script's 2 nodes
+    assert job["stop"]["requeue"] is False and job["qos"] == "prior"
+
+
+def test_a_bad_sbatch_input_variable_is_one_sentence_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "soon")
+    with pytest.raises(UsageError, match=r"^SBATCH_TIMELIMIT=soon in the environment: 'soon' "
+                                         r"is not one of Slurm's time forms"):
+        submit_args(tmp_path, "#SBATCH -t 10\n")
+
+
+def test_every_option_is_spelled_once_and_each_front_end_reads_the_table() -> None:
+    import ast
+
+    from control.options import OPTIONS, spellings
+
+    submit = build_parser().parse_args(["submit", "--", "true"])
+    names: list[str] = []
+    for option in OPTIONS:
+        if option.flags:
+            assert hasattr(submit, option.dest), option.dest  # trellisctl has it
+        for s in option.script:
+            names.append(s.name)
+            assert s.name in spellings("#TRELLIS")
+            assert (s.name in spellings("#SBATCH")) == s.sbatch
+            if s.short:
+                assert spellings("#SBATCH")[s.name][0] == s.short
+    assert len(names) == len(set(names)), "a script spelling belongs to two options"
+    # The batch-script reader and the command line no longer import each other.
+    sbatch = Path(__file__).resolve().parents[2] / "control" / "sbatch.py"
+    imported = {n.module for n in ast.walk(ast.parse(sbatch.read_text()))
+                if isinstance(n, ast.ImportFrom)}
+    assert "control.submit" not in imported
