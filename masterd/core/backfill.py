@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from masterd.core.cluster import ClusterSnapshot
 from masterd.core.consolidate import ShrinkingPlacer, place
+from masterd.core.eligibility import eligible
 from masterd.core.placement import FreePool
 from masterd.core.policy import Decision, Start
 from masterd.core.timelimits import end_by_limit
@@ -127,7 +128,7 @@ def shadow(spec: JobSpec, snapshot: ClusterSnapshot, decisions: list[Decision],
     # Cheap necessary condition before each placement try: enough GPUs (cores for a CPU
     # job) free on the job's nodes, kept as a running sum.
     def counted(node: str) -> bool:
-        return spec.gpus == 0 or spec.gpu_model is None or views[node].gpu_model == spec.gpu_model
+        return eligible(spec, views[node].gpu_model)
 
     want = spec.gpus or spec.cpus
     free = sum(len(future.gpus[n]) if spec.gpus else len(future.cpus[n])

@@ -48,6 +48,7 @@ from typing import Any
 
 from masterd.core.arrays import ArrayPolicy
 from masterd.core.cluster import ClusterSnapshot, NodeView
+from masterd.core.eligibility import model_fits
 from masterd.core.placement import choose_cpus, choose_gpus
 from masterd.core.policy import Policy, Preempt
 from shared.model import Job, JobKind, NodeAllocation, Placement, check_name
@@ -665,7 +666,7 @@ class InferencePlacer:
         def fits(name: str) -> bool:
             view = free.views[name]
             return (
-                (profile.gpu_model is None or view.gpu_model == profile.gpu_model)
+                model_fits(profile.gpu_model, view.gpu_model)
                 and free.gpu_node(name)
                 and bool(free.gpus[name])
                 and len(free.gpu_room(name)) >= profile.gpu_replica_cpus
@@ -803,8 +804,8 @@ class InferencePlacer:
             if memory < profile.memory_mib:
                 continue
             if kind is ReplicaKind.GPU:
-                model_ok = (profile.gpu_model is None or view.gpu_model == profile.gpu_model
-                            ) and free.gpu_node(alloc.node)
+                model_ok = (model_fits(profile.gpu_model, view.gpu_model)
+                            and free.gpu_node(alloc.node))
                 gpus = len(free.gpus[alloc.node]) + len(alloc.gpus)
                 cpus = len(free.gpu_room(alloc.node, alloc.cpus))
                 if model_ok and gpus >= 1 and cpus >= profile.gpu_replica_cpus:

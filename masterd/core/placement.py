@@ -18,6 +18,7 @@ from itertools import chain, islice
 from typing import Any, TypeVar
 
 from masterd.core.cluster import ANY_MODEL, ClusterSnapshot, FreeIndex, ModelScope, NodeView
+from masterd.core.eligibility import eligible
 from shared.model import JobSpec, NodeAllocation, Placement
 
 V = TypeVar("V")
@@ -158,7 +159,7 @@ class FreePool:
         """Nodes whose GPU model matches the job (any node for CPU-only jobs)."""
         if spec.gpus == 0 or spec.gpu_model is None:
             return list(self.views)
-        return [n for n, v in self.views.items() if v.gpu_model == spec.gpu_model]
+        return [n for n, v in self.views.items() if eligible(spec, v.gpu_model)]
 
     def ranked(
         self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int
@@ -318,7 +319,7 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     """Why a job can never run on this cluster as it is, or None if an empty cluster fits it."""
     nodes = [
         v for v in snapshot.nodes.values()
-        if spec.gpus == 0 or spec.gpu_model is None or v.gpu_model == spec.gpu_model
+        if eligible(spec, v.gpu_model)
     ]
     if not nodes:
         model = f" of model {spec.gpu_model}" if spec.gpu_model else ""

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from masterd.core.arrays.policy import PassResult
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import eligible
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.placement import FreePool, pack, realise
 from masterd.core.policy import Decision, Policy, Start
@@ -104,7 +105,7 @@ def _exact(job: Job, pool: FreePool) -> Placement | None:
     d_node, d_gpn = run_shape(job)
     names = [
         n for n, v in pool.views.items()
-        if job.spec.gpu_model is None or v.gpu_model == job.spec.gpu_model
+        if eligible(job.spec, v.gpu_model)
     ]
     return realise(job.spec, pool, d_node, d_gpn, names)
 

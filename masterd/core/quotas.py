@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import eligible
 from masterd.core.placement import FreePool, model_scope, realise, shapes
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import Reorder
@@ -637,7 +638,6 @@ class QuotaAdmission:
         if shape is None:
             return []
         d_node, d_gpn = shape
-        model = spec.gpu_model if spec.gpus else None
         # Nodes that hold the owner's share already (the free index, no scan of all nodes).
         ok = set(pool.index.ranked(model_scope(spec), d_gpn, 0))
         ledger = self.ledger
@@ -653,7 +653,7 @@ class QuotaAdmission:
             if not any(ledger.borrowing(a, freed) for a in lineage if a not in mine):
                 continue
             nodes = [a.node for a in job.placement.allocations if a.node in pool.views
-                     and (model is None or pool.views[a.node].gpu_model == model)]
+                     and eligible(spec, pool.views[a.node].gpu_model)]
             if not nodes:
                 continue
             need = demand(job.spec)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import eligible
 from masterd.core.liquid.bestfit import best_fit, similar_groups
 from masterd.core.liquid.demand import Demand, Task, demand_of, has_ps
 from masterd.core.liquid.ga import GaSettings, grouping_ga
@@ -104,8 +105,8 @@ class LiquidPass:
         found = self._by_model.get(key)
         if found is None:
             found = [c for c in self.caps.values()
-                     if spec.gpus == 0 or (c.total_gpus > 0 and (
-                         spec.gpu_model is None or c.inventory.gpu_model == spec.gpu_model))]
+                     if spec.gpus == 0 or (c.total_gpus > 0
+                                           and eligible(spec, c.inventory.gpu_model))]
             self._by_model[key] = found
             self._groups[key] = similar_groups(found)
         return found
