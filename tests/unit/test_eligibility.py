@@ -7,13 +7,15 @@ import re
 from pathlib import Path
 
 from masterd.core.eligibility import eligible, model_fits
-from shared.model import JobSpec
+from shared.model import JobKind, JobSpec
 
 CORE = Path(__file__).resolve().parents[2] / "masterd" / "core"
 
 
 def spec(gpus: int, model: str | None) -> JobSpec:
-    return JobSpec(name="j", command=("x",), user="u", gpus=gpus, cpus=1, gpu_model=model)
+    kind = JobKind.TRAINING if gpus else JobKind.CPU
+    return JobSpec(name="j", command=("x",), user="u", kind=kind, gpus=gpus, cpus=1,
+                   gpu_model=model)
 
 
 def test_the_rule() -> None:
