@@ -454,7 +454,9 @@ class SchedulingCore:
 
         A job asked to end while its launch was in flight (cancelled, timed out) ends so: the
         failed launch is its stop, never a reason to run it elsewhere. One asked to be
-        requeued (its node lost, a GPU failed) is requeued as that asked, restarts + 1.
+        requeued (its node lost, a GPU failed) is requeued as that asked, restarts + 1. One
+        preempted meanwhile goes back to the queue as a preempted job does: its node dropping
+        the part the preemption stopped is no failure of its start.
 
         ``counted`` False: the refusal was no fault of the job's (its node held the GPUs for
         a part the master did not own, now accounted for), so it does not bring the job
@@ -462,7 +464,7 @@ class SchedulingCore:
         job = self._active.get(job_id)
         if job is None:
             return None
-        if job.end_as:
+        if job.end_as or (job.stopping and job.reason.startswith("preempted")):
             # No part runs (the launch failed): every part counts as exited.
             job.node_states = dict.fromkeys(job.node_states, "exited")
             return self._finish(job, now)

@@ -618,9 +618,10 @@ class Master:
                 await self._abort_launch(job, str((permanent or failures)[0]),
                                          permanent=bool(permanent), counted=not explained)
                 return
-            if job.end_as:
-                # Cancelled (or asked to end) while the nodes prepared: never start it. The
-                # failed launch ends it as asked (SchedulingCore.start_failed).
+            if job.end_as or job.stopping:
+                # Cancelled (or asked to end, or preempted) while the nodes prepared: never
+                # start it. The failed launch ends it as asked, or queues the preempted job
+                # again (SchedulingCore.start_failed).
                 await self._abort_launch(job, f"{job.reason} during its launch")
                 return
             rank0 = placement.allocations[0].node

@@ -78,6 +78,12 @@ def kinds(master: Master, job_id: str) -> list[str]:
     return [e.kind for e in master.store.events(job_id, 0, 10_000)]
 
 
+def queued_reasons(master: Master, job_id: str) -> list[str]:
+    """Why the job went back to the queue, each time."""
+    return [e.detail.get("reason", "") for e in master.store.events(job_id, 0, 10_000)
+            if e.kind == "queued"]
+
+
 async def placed_on(master: Master, sessions: dict[str, HeldSession], job: Job,
                     command: str) -> HeldSession:
     """The node the job was placed on, once ``command`` is waiting there."""
@@ -346,5 +352,47 @@ async def test_an_unanswered_start_keeps_the_job_off_other_nodes_until_its_part_
         await exited(master, node.name, job.id, code=None, signal=15)
         await until("the relaunch", lambda: job.restarts == 1
                     and sum(len(s.commands("prepare_job")) for s in sessions.values()) == 2)
+    finally:
+        await master.close()
+
+
+async def test_a_job_preempted_while_its_prepare_is_in_flight_is_queued_again_unstarted(
+        tmp_path: Path) -> None:
+    """Quota reclaim (or SODA's placer) preempts a job its master is still launching: it
+    is never started, and it goes back to the queue as a preempted job, not as a failed
+    start (three of those in the chaos soak, seed 1, failed it for good)."""
+    from masterd.core.policy import Preempt
+
+    master, sessions = held_master(tmp_path, {"prepare_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "prepare_job")
+        assert master.preempt(Preempt(job.id, "reclaimed: the owner needs its quota"))
+        node.answer("prepare_job", {"port": 29500})
+        await until("the job queued again", lambda: job.state is JobState.QUEUED
+                    or len(node.commands("prepare_job")) > 1)
+        assert not any(s.commands("start_job") for s in sessions.values())
+        assert job.start_failures == 0
+        assert queued_reasons(master, job.id) == ["preempted: reclaimed: the owner needs its quota"]
+    finally:
+        await master.close()
+
+
+async def test_a_start_refused_because_a_preemption_dropped_the_part_is_no_failure(
+        tmp_path: Path) -> None:
+    from masterd.core.policy import Preempt
+
+    master, sessions = held_master(tmp_path, {"start_job"})
+    try:
+        job = await master.submit(spec())
+        node = await placed_on(master, sessions, job, "start_job")
+        assert master.preempt(Preempt(job.id, "reclaimed: the owner needs its quota"))
+        # The preemption's stop reached the prepared part first: the node dropped it.
+        node.answer("start_job", CommandFailed(node.name, "start_job", "not_prepared",
+                                               f"job {job.id} was not prepared"))
+        await until("the job queued again", lambda: job.state is JobState.QUEUED
+                    or len(node.commands("prepare_job")) > 1)
+        assert job.start_failures == 0
+        assert queued_reasons(master, job.id) == ["preempted: reclaimed: the owner needs its quota"]
     finally:
         await master.close()
