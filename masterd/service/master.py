@@ -574,6 +574,9 @@ class Master:
     async def _launch(self, job: Job) -> None:
         """Two-phase start: every node prepares (checks user, GPUs, creates its cgroup), then
         every node starts. A job spanning nodes runs on all of them or on none."""
+        # A failed launch may requeue the job, and a pass launch it again, before this one
+        # has returned: the markers below are then the newer launch's, not this one's.
+        attempt = job.attempts
         try:
             placement = job.placement
             assert placement is not None
@@ -653,8 +656,10 @@ class Master:
             elif failed:
                 await self._abort_launch(job, str(next(iter(failed.values()))))
         finally:
-            self._launching.discard(job.id)
-            self._launches.pop(job.id, None)
+            if job.attempts == attempt:
+                self._launching.discard(job.id)
+            if self._launches.get(job.id) is asyncio.current_task():
+                del self._launches[job.id]
 
     async def _start_unknown(self, job: Job, failed: Mapping[str, BaseException],
                              unknown: Sequence[str]) -> None:

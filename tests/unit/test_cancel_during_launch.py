@@ -18,7 +18,7 @@ from masterd.core.policies import make_policy
 from masterd.core.scheduler import SchedulingCore
 from masterd.service.master import Master
 from masterd.service.sessions import CommandFailed
-from shared.messages import NODE_COMMANDS
+from shared.messages import NODE_COMMANDS, Hello
 from shared.model import Job, JobSpec, JobState
 from shared.schema import decode
 from tests.unit.helpers import inventory
@@ -364,16 +364,37 @@ async def test_a_job_preempted_while_its_prepare_is_in_flight_is_queued_again_un
     from masterd.core.policy import Preempt
 
     master, sessions = held_master(tmp_path, {"prepare_job"})
+    record = master._record
+
+    async def slow_record(transition: Any, node: str | None = None) -> None:
+        # The journal is slow: a pass runs while the requeue is being written (in the soak
+        # it placed the job again before the failed launch had returned).
+        if transition.state is JobState.QUEUED:
+            master.request_pass()
+            await asyncio.sleep(0.05)
+        await record(transition, node)
+
+    master._record = slow_record  # type: ignore[method-assign]
     try:
         job = await master.submit(spec())
         node = await placed_on(master, sessions, job, "prepare_job")
         assert master.preempt(Preempt(job.id, "reclaimed: the owner needs its quota"))
         node.answer("prepare_job", {"port": 29500})
-        await until("the job queued again", lambda: job.state is JobState.QUEUED
-                    or len(node.commands("prepare_job")) > 1)
+        await until("the requeue journalled", lambda: queued_reasons(master, job.id))
         assert not any(s.commands("start_job") for s in sessions.values())
         assert job.start_failures == 0
         assert queued_reasons(master, job.id) == ["preempted: reclaimed: the owner needs its quota"]
+        # Placed again at once: the new launch is the master's own, however the old one
+        # ended (it once cleared the new one's marker, and a hello from the node then
+        # aborted the new launch as if the master had restarted: two parts ran at once).
+        await until("the second launch", lambda: sum(
+            len(s.commands("prepare_job")) for s in sessions.values()) == 2)
+        again = await placed_on(master, sessions, job, "prepare_job")
+        await asyncio.sleep(0.05)
+        assert job.id in master._launching and job.attempts == 2
+        await master.node_hello(again, Hello(  # type: ignore[arg-type]
+            inventory=inventory(again.name, gpus=4, cpus=8, numa=1)))
+        assert job.state is JobState.STARTING and len(queued_reasons(master, job.id)) == 1
     finally:
         await master.close()
 
