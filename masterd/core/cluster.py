@@ -316,7 +316,8 @@ class ClusterState:
 
     def __init__(self) -> None:
         self._views: dict[str, NodeView] = {}
-        self._schedulable: dict[str, NodeView] = {}  # same order as _views
+        self._schedulable: dict[str, NodeView] = {}  # _views' order, unless the flag below
+        self._schedulable_unordered = False  # a node came back: reorder before it is read
         self._index = FreeIndex()
         self._index_shared = False  # a snapshot holds _index: copy it before changing it
         self._index_changes = 0  # bumped on every change, so a snapshot knows it is current
@@ -366,8 +367,10 @@ class ClusterState:
             if old is None or old.schedulable:
                 self._schedulable[name] = view  # new nodes go last in both dicts
             else:
-                # Back from drained: rebuild so the order stays that of _views (rare).
-                self._schedulable = {n: v for n, v in self._views.items() if v.schedulable}
+                # Back from drained or down: last for now; put in _views' order when a
+                # snapshot is taken (rebuilding here made a reconnect storm O(nodes^2)).
+                self._schedulable[name] = view
+                self._schedulable_unordered = True
         elif old is not None and old.schedulable:
             del self._schedulable[name]
 
@@ -637,10 +640,13 @@ class ClusterState:
     def snapshot(self, running: Mapping[str, Job]) -> ClusterSnapshot:
         nodes = MappingProxyType(dict(self._views))
         # With no node drained (the usual case) both mappings hold the same, in the same order.
-        schedulable = (
-            nodes if len(self._schedulable) == len(self._views)
-            else MappingProxyType(dict(self._schedulable))
-        )
+        if len(self._schedulable) == len(self._views):
+            schedulable = nodes
+        else:
+            if self._schedulable_unordered:  # O(nodes), as the copy below
+                self._schedulable = {n: v for n, v in self._views.items() if v.schedulable}
+                self._schedulable_unordered = False
+            schedulable = MappingProxyType(dict(self._schedulable))
         taken_at = self._index_changes
 
         def index_then() -> FreeIndex | None:

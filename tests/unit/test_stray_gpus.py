@@ -212,3 +212,19 @@ def test_jobs_on_a_node_come_from_its_own_index_in_the_order_they_took_it() -> N
     assert cluster.node("n2").free_gpus == {0}  # type: ignore[union-attr]
     cluster.release("b")
     assert cluster.jobs_on("n2") == [] and cluster.jobs_on("n9") == []
+
+
+def test_nodes_back_from_down_are_offered_in_the_clusters_order() -> None:
+    """A node returning takes its place among the schedulable ones again, as a policy sees
+    them (a storm of returns is not O(nodes) each)."""
+    cluster = ClusterState()
+    for name in ("a", "b", "c", "d"):
+        cluster.upsert_node(inventory(name, gpus=1, cpus=2, numa=1))
+    for name in ("c", "a", "b"):
+        cluster.set_schedulable(name, False)
+    cluster.set_schedulable("b", True)
+    cluster.set_schedulable("a", True)
+    assert list(cluster.snapshot({}).schedulable) == ["a", "b", "d"]
+    cluster.set_schedulable("c", True)
+    snap = cluster.snapshot({})
+    assert list(snap.schedulable) == ["a", "b", "c", "d"] == list(snap.nodes)
