@@ -5,13 +5,14 @@ what a restarted master still knows."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from masterd.api.rpc import Rpc
 from masterd.service.master import Master
 from shared.messages import GpuHealth, Hello, JobReport
-from shared.model import JobSpec, JobState, StopRules
+from shared.model import Job, JobSpec, JobState, StopRules
 from shared.protocol import ProtocolError
 from tests.unit.helpers import inventory
 from tests.unit.master_fakes import Clock, FakeSession, exited, make_master, started, until
@@ -191,23 +192,42 @@ async def test_a_restart_in_the_middle_of_a_requeue_loses_nothing(tmp_path: Path
         await again.close()
 
 
-async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
-        tmp_path: Path) -> None:
-    from masterd.journal.failures import save_down
-
-    clock = Clock()
+async def restarted_without_its_node(tmp_path: Path, clock: Clock, last_words: Any = None
+                                     ) -> tuple[Job, str, Master, dict[str, FakeSession]]:
+    """A one-node job runs; ``last_words(master, node, job)`` is the master's last act; a
+    new master restores with only the other node connected."""
     master, sessions = make_master(tmp_path, clock, NODES)
     try:
         job = await master.submit(spec("train", gpus=4, max_nodes=1))
         [node] = await running(master, sessions, job.id)
-        # The master journals the node_down row, then dies before touching the job.
-        await master.journal.call(save_down, node, clock.now,
-                                  f"node {node} lost (no contact for 20 s)",
-                                  (clock.now, None, node, "node_down", {"jobs": [job.id]}))
+        if last_words is not None:
+            await last_words(master, node, job)
     finally:
         await master.close()
     other = "g2" if node == "g1" else "g1"
     again, fresh = make_master(tmp_path, clock, {other: NODES[other]})
+    return job, node, again, fresh
+
+
+def requeue_reasons(master: Master, job_id: str) -> list[str]:
+    return [e.detail["reason"] for e in master.store.events(job_id, 0, 10_000)
+            if e.kind == "requeued"]
+
+
+async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
+        tmp_path: Path) -> None:
+    from masterd.journal.failures import save_down
+
+    async def journal_down(master: Master, node: str, job: Job) -> None:
+        # The master journals the node_down row, then dies before touching the job.
+        now = master.clock()
+        await master.journal.call(save_down, node, now,
+                                  f"node {node} lost (no contact for 20 s)",
+                                  (now, None, node, "node_down", {"jobs": [job.id]}))
+
+    clock = Clock()
+    job, node, again, fresh = await restarted_without_its_node(tmp_path, clock, journal_down)
+    [other] = fresh
     try:
         restored = again.core.jobs[job.id]
         await until("the requeue after the restart",
@@ -215,8 +235,7 @@ async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
         assert again.node_status(node) == "down"
         assert fresh[other].commands("prepare_job")[0].restarts == 1
         # The reason is why the node went down, not the new master's own silence (0 s).
-        requeued = [e for e in again.store.events(job.id, 0, 10_000) if e.kind == "requeued"]
-        assert requeued[0].detail["reason"].startswith(
+        assert requeue_reasons(again, job.id)[0].startswith(
             f"node {node} lost (no contact for 20 s); requeued")
     finally:
         await again.close()
@@ -225,19 +244,11 @@ async def test_a_restart_after_the_node_down_row_settles_the_jobs_at_once(
 async def test_a_node_silent_since_a_restart_is_lost_counting_from_the_takeover(
         tmp_path: Path) -> None:
     clock = Clock()
-    master, sessions = make_master(tmp_path, clock, NODES)
-    try:
-        job = await master.submit(spec("train", gpus=4, max_nodes=1))
-        [node] = await running(master, sessions, job.id)
-    finally:
-        await master.close()
-    other = "g2" if node == "g1" else "g1"
-    again, _ = make_master(tmp_path, clock, {other: NODES[other]})
+    job, node, again, _ = await restarted_without_its_node(tmp_path, clock)
     try:
         clock.now += 300  # the node never says hello to the new master
         await again.features.nodeloss.lose(node)
-        requeued = [e for e in again.store.events(job.id, 0, 10_000) if e.kind == "requeued"]
-        assert requeued[0].detail["reason"].startswith(
+        assert requeue_reasons(again, job.id)[0].startswith(
             f"node {node} lost (no contact in the 300 s since this master began leading); "
             "requeued")
     finally:
