@@ -929,6 +929,13 @@ class Master:
         log.info("node=%s connected gpus=%d cpus=%d jobs_reported=%d", name,
                  len(inventory.gpus), len(inventory.cpus), len(hello.jobs))
         await self._reconcile(name, hello.jobs)
+        for job in self.core.active_on(name):
+            # A claim refused above may succeed now that the hello's exits are settled
+            # (a restored journal may name two jobs on one GPU, one of them ended unseen).
+            if job.placement and self.core.cluster.allocation(job.id) != job.placement \
+                    and self.core.claim_restored(job.id) is None:
+                log.info("job=%s node=%s resources re-claimed once the node's exits were "
+                         "settled", job.id, name)
         self.events.node_ready.emit(name)
         self.request_pass()
 
@@ -1011,9 +1018,15 @@ class Master:
             job = self.core.jobs.get(report.job_id)
             judged = judge_part(job, report.job_id, node, report.restarts)
             if judged.mine:
-                if set(report.gpus) & set(gpus):
-                    log.error("node=%s job=%s holds GPUs %s the master gave another job", node,
-                              report.job_id, sorted(set(report.gpus) & set(gpus)))
+                clash = set(report.gpus) & set(gpus)
+                if clash:
+                    # The master's own part, on GPUs its ledger has free: the job's claim
+                    # failed (a restored journal gave them to two jobs). What runs there
+                    # holds them until its exit, whatever the ledger says.
+                    log.error("node=%s job=%s holds GPUs %s the master gave another job; "
+                              "held until it exits", node, report.job_id, sorted(clash))
+                    self.core.cluster.hold(node, report.job_id, report.restarts, report.gpus)
+                    found = True
                 continue
             await self._stray_part(node, report, judged)
             found = found or bool(set(report.gpus) & set(gpus))

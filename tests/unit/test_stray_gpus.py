@@ -228,3 +228,34 @@ def test_nodes_back_from_down_are_offered_in_the_clusters_order() -> None:
     cluster.set_schedulable("c", True)
     snap = cluster.snapshot({})
     assert list(snap.schedulable) == ["a", "b", "c", "d"] == list(snap.nodes)
+
+
+async def test_a_part_of_the_masters_own_on_gpus_its_ledger_has_free_is_held(
+        tmp_path: Path) -> None:
+    """A restored journal gave one GPU to two jobs: the claim of the one that runs failed,
+    and the ledger counted its GPU free. The node's refusal is explained by that part, not
+    counted against the next job, and the GPU stays out of placements until the part ends."""
+    master, _ = make_master(tmp_path, Clock(), {"n1": (1, 4)}, max_start_failures=1)
+    node = ListingSession("n1", JobReport(job_id="x", state="running"))  # set below
+    master.sessions["n1"] = node  # type: ignore[assignment]
+    try:
+        node.stray = None
+        first = await master.submit(one_gpu("first"))
+        await until("the first job started", lambda: node.commands("start_job"))
+        await started(master, "n1", first.id)
+        master.core.cluster.release(first.id)  # the ledger's divergence
+        node.stray = JobReport(job_id=first.id, state="running", gpus=(0,))
+        second = await master.submit(one_gpu("second"))
+        await until("the refusal reconciled", lambda: node.commands("list_parts"))
+        await until("the second job queued", lambda: second.state is JobState.QUEUED
+                    and "start failed" in second.reason)
+        assert second.start_failures == 0
+        await asyncio.sleep(0.05)
+        assert len(node.commands("prepare_job")) == 2  # not placed again on the held GPU
+        node.stray = None
+        await master.node_event("n1", "job_exited", JobExited(
+            job_id=first.id, exit_code=0, restarts=0))
+        await until("the second job placed again",
+                    lambda: len(node.commands("prepare_job")) == 3)
+    finally:
+        await master.close()
