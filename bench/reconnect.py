@@ -34,18 +34,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.schedule import GPUS_PER_NODE, inventory  # noqa: E402
 from masterd.service.master import Master  # noqa: E402
 from shared.config import MasterConfig  # noqa: E402
 from shared.messages import Hello, JobReport  # noqa: E402
 from shared.model import (  # noqa: E402
-    CpuCore,
-    GpuInfo,
     Job,
     JobKind,
     JobSpec,
     JobState,
     NodeAllocation,
-    NodeInventory,
     Placement,
 )
 from shared.schema import decode  # noqa: E402
@@ -67,16 +65,6 @@ class QuietSession:
         pass
 
 
-def inventory(name: str, gpus: int) -> NodeInventory:
-    return NodeInventory(
-        name=name, hostname=name, address="127.0.0.1",
-        gpus=tuple(GpuInfo(index=i, uuid=f"GPU-{name}-{i}", model="H100", memory_mib=81920,
-                           numa_node=i // 4, pcie_switch=i // 2) for i in range(gpus)),
-        cpus=tuple(CpuCore(id=c, socket=c // 16, numa_node=c // 16, core=c)
-                   for c in range(32)),
-        memory_mib=1_000_000)
-
-
 def restored_master(state: Path, nodes: int, parts: int) -> tuple[Master, list[Hello]]:
     """A master that restored ``nodes x parts`` running jobs, and the hellos that follow."""
     config = decode(MasterConfig, {"state_dir": str(state), "node_lost_s": 0}, "master")
@@ -86,8 +74,8 @@ def restored_master(state: Path, nodes: int, parts: int) -> tuple[Master, list[H
                    gpus=1, cpus=1, max_nodes=1)
     hellos = []
     for n in range(nodes):
-        name = f"n{n:05d}"
-        inv = inventory(name, parts)
+        inv = inventory(n)  # bench/schedule.py's node: 8 GPUs, one part on each
+        name = inv.name
         master.core.node_up(inv)
         reports = []
         for p in range(parts):
@@ -128,6 +116,8 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=8, help="running parts per node")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    if not 1 <= args.parts <= GPUS_PER_NODE:
+        parser.error(f"--parts must be 1 to {GPUS_PER_NODE} (one one-GPU part per GPU)")
     result: dict[str, Any] = {"parts_per_node": args.parts}
     for label, nodes in (("small", args.small), ("large", args.large)):
         best = min(asyncio.run(storm(nodes, args.parts)) for _ in range(args.repeat))
