@@ -105,6 +105,12 @@ def show_node(result: dict[str, Any], wide: bool = False) -> str:
         f"{'Cores:':<10}{n['cpus']}, {n['cpus_free']} free",
         f"{'Memory:':<10}{n['memory_mib']} MiB, {n['memory_free_mib']} MiB free",
     ]
+    # Why it takes no new work, one line each (an older master sends no conditions).
+    for condition in n.get("conditions") or ():
+        since = condition.get("since")
+        when = (" since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+                if since else "")
+        lines.append(f"{'Closed:':<10}{condition['reason']}{when}")
     rdt = result.get("rdt") or {}
     if any(rdt.values()):
         lines.append(f"{'RDT:':<10}" + " ".join(f"{k}={'yes' if v else 'no'}"

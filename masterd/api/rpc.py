@@ -328,7 +328,9 @@ class Rpc:
     @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "
              "`unreachable`, `down`), `address`, `gpu_model`, `gpus`, `gpus_free`, "
              "`gpus_unhealthy`, `cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` "
-             "(ids) and `gpu_detail` (each GPU's inventory and `utilization_pct`).")
+             "(ids), `gpu_detail` (each GPU's inventory and `utilization_pct`) and "
+             "`conditions`: why it takes no new work (`kind`: `disconnected`, `drained` or "
+             "`power`; `reason`, a sentence; `since`), empty when it is schedulable.")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
         """Every registered node with its status and free resources. A client credential
         sees the ids of the jobs it may see only (the free resources show what others hold)."""
@@ -357,6 +359,8 @@ class Rpc:
                         util[g.index].utilization_pct if g.index in util else None))
                     for g in inv.gpus
                 ],
+                "conditions": [{"kind": c.kind, "reason": c.reason, "since": c.since}
+                               for c in self.master.core.node_conditions(view.name)],
             })
         return {"nodes": out}
 

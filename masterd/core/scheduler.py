@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Protocol, overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
+from masterd.core.conditions import DISCONNECTED, DRAINED, NodeCondition, NodeConditions
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
 from masterd.core.profiling import unwrap
@@ -99,6 +100,8 @@ class SchedulingCore:
         self.policy = policy
         self.max_start_failures = max_start_failures
         self.cluster = ClusterState()
+        # Why each closed node takes no new work; a node with none is schedulable.
+        self.conditions = NodeConditions()
         self.jobs: dict[str, Job] = {}
         self._queued: dict[str, Job] = {}
         self._active: dict[str, Job] = {}  # starting or running
@@ -140,19 +143,47 @@ class SchedulingCore:
                 self.set_gate(job.id, "quota", None)
 
     # -- nodes ---------------------------------------------------------------------------
+    # A node is schedulable exactly when it has no condition (masterd/core/conditions.py):
+    # each caller sets or clears its own, and the core derives the bit the placers read.
     def node_up(self, inventory: NodeInventory) -> None:
+        """The node is connected with this inventory; its other conditions stay."""
         self.cluster.upsert_node(inventory)
-        self.cluster.set_schedulable(inventory.name, True)
+        self.conditions.clear(inventory.name, DISCONNECTED)
+        self._apply_conditions(inventory.name)
 
-    def node_down(self, name: str) -> None:
+    def update_inventory(self, inventory: NodeInventory) -> None:
+        """The node's inventory changed (a GPU's health): connected or not, as it was."""
+        self.cluster.upsert_node(inventory)
+        self._apply_conditions(inventory.name)
+
+    def node_down(self, name: str, reason: str = "the node is not connected to the master",
+                  since: float | None = None) -> None:
         """The node is unreachable: place nothing new there, keep its jobs' resources."""
         if self.cluster.node(name) is not None:
-            self.cluster.set_schedulable(name, False)
+            self.set_condition(name, DISCONNECTED, reason, since)
 
-    def set_drained(self, name: str, drained: bool) -> None:
+    def set_drained(self, name: str, drained: bool, reason: str = "",
+                    since: float | None = None) -> None:
         if self.cluster.node(name) is None:
             raise JobError("unknown_node", f"node {name!r} is not registered")
-        self.cluster.set_schedulable(name, not drained)
+        sentence = f"drained by an operator: {reason}" if reason else "drained by an operator"
+        self.set_condition(name, DRAINED, sentence if drained else None, since)
+
+    def set_condition(self, name: str, kind: str, reason: str | None,
+                      since: float | None = None) -> None:
+        """Set (a reason) or clear (None) one of a known node's conditions."""
+        if reason is None:
+            self.conditions.clear(name, kind)
+        else:
+            self.conditions.set(name, kind, reason, since)
+        self._apply_conditions(name)
+
+    def node_conditions(self, name: str) -> tuple[NodeCondition, ...]:
+        return self.conditions.of(name)
+
+    def _apply_conditions(self, name: str) -> None:
+        if self.cluster.node(name) is not None:
+            self.cluster.set_schedulable(name, self.conditions.schedulable(name))
 
     # -- jobs ----------------------------------------------------------------------------
     def unsatisfiable(self, spec: JobSpec) -> str | None:

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import Any
 
 from masterd.core.backfill import Reservation
+from masterd.core.conditions import DISCONNECTED, DRAINED, POWER
+from masterd.core.eligibility import eligible
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import SchedulingCore
@@ -103,17 +106,32 @@ class WaitExplainer:
         pool = self._pool
         why = None
         if pack(spec, pool) is None:
-            why = _sentence(spec, pool)
+            why = _sentence(spec, pool, self._closed(spec))
         self._fits[key] = why
         return why
 
 
-def _sentence(spec: JobSpec, pool: FreePool) -> str:
+    def _closed(self, spec: JobSpec) -> str:
+        """The nodes the job could use that take no new work, counted by their first
+        condition ("2 drained, 1 disconnected"), or ""."""
+        counts: Counter[str] = Counter()
+        for name, conditions in self.core.conditions.closed().items():
+            view = self.core.cluster.node(name)
+            if conditions and view is not None and eligible(spec, view.inventory.gpu_model):
+                counts[conditions[0].kind] += 1
+        return ", ".join(f"{n} {_CLOSED_WORDS[kind]}" for kind, n in counts.most_common())
+
+
+# How a count of closed nodes reads, by their first condition's kind.
+_CLOSED_WORDS = {DISCONNECTED: "not connected", DRAINED: "drained", POWER: "powered down"}
+
+
+def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     nodes = pool.nodes_for(spec)
     model = f" of {spec.gpu_model}" if spec.gpu_model else ""
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
-        return f"no node{model} is up and schedulable now"
+        return f"no node{model} is up and schedulable now" + (f" ({closed})" if closed else "")
     if spec.gpus:
         if max(len(pool.views[n].inventory.gpus) for n in nodes) < spec.gpus:
             return (f"the free GPUs{model} do not make up {spec.gpus} in a shape of the job "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from masterd.core.cluster import AllocationError
+from masterd.core.conditions import DRAINED, POWER
 from masterd.core.fencing import Judgement, judge_part
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
@@ -92,6 +93,11 @@ def prepare_wire(message: PrepareJob, spec: dict[str, Any]) -> dict[str, Any]:
             for f in fields(message)}
 
 
+def _power_sentence(state: str, reason: str) -> str:
+    """A power state as a node condition's reason ("powered_off: idle for 30 min")."""
+    return f"{state}: {reason}" if reason else state
+
+
 def _exit_of(report: JobReport) -> JobExited:
     """An exited part, as a node's hello reports it, as the event of its exit."""
     return JobExited(report.job_id, report.exit_code, report.signal, reason=report.reason,
@@ -139,8 +145,8 @@ class Master:
         self.halted = False
         self.journal = Journal(self.store)
         self.sessions: dict[str, NodeSession] = {}
-        self.drained: set[str] = set()
-        # Cluster Energy Saving: node -> (power state, since, reason); journalled.
+        # Cluster Energy Saving: node -> (power state, since, reason); journalled. Whether a
+        # node takes new work is the core's (its node conditions), never recomputed here.
         self.power: dict[str, tuple[str, float, str]] = {}
         self.unreachable: set[str] = set()
         self.gpu_util: dict[str, dict[int, GpuUtil]] = {}
@@ -205,11 +211,13 @@ class Master:
             self.core.node_up(self.events.effective_inventory(inventory))
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
-                self.drained.add(inventory.name)
+                self.core.set_drained(inventory.name, True)
         if self.config.power.enabled:  # Cluster Energy Saving's states (set_power)
             self.power = {node: (state, since, reason) for node, (state, since, reason)
                           in load_power(self.store).items()
                           if self.core.cluster.node(node) is not None}
+            for node, (state, since, reason) in self.power.items():
+                self.core.set_condition(node, POWER, _power_sentence(state, reason), since)
         # Every job still queued or placed, but only the newest ended ones: the journal holds
         # every job ever run, and loading them all made restarts and memory grow without end.
         jobs = self.store.restore_jobs(self.config.finished_jobs_in_memory)
@@ -912,10 +920,8 @@ class Master:
         inventory = self.events.effective_inventory(inventory)
         # What strays held there is reported afresh by this hello (_reconcile).
         self.core.cluster.clear_holds(name)
-        self.core.node_up(inventory)
-        if name in self.drained or name in self.power:
-            self.core.cluster.set_schedulable(name, False)
-        await self.journal.call(Store.save_node, inventory, name in self.drained,
+        self.core.node_up(inventory)  # connected: its other conditions (drained, power) stay
+        await self.journal.call(Store.save_node, inventory, self.is_drained(name),
                                 self.clock())
         # The node's inventory replaces the old one; jobs on what it no longer has are
         # stopped (the fencing feature) before their resources are claimed.
@@ -1144,10 +1150,7 @@ class Master:
             for g in view.inventory.gpus
         )
         inventory: NodeInventory = replace(view.inventory, gpus=gpus)
-        self.core.node_up(inventory)
-        if (node in self.drained or node in self.unreachable or node in self.power
-                or node not in self.sessions):
-            self.core.cluster.set_schedulable(node, False)
+        self.core.update_inventory(inventory)
         self.request_pass()
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
@@ -1169,7 +1172,7 @@ class Master:
         if self.sessions.get(name) is not session:
             return
         del self.sessions[name]
-        self.core.node_down(name)  # no session, so nothing can be started there
+        self.core.node_down(name, since=self.clock())  # no session: nothing starts there
         log.warning("node=%s disconnected; unreachable after %.0f s", name,
                     self.config.node_grace_s)
         loop = asyncio.get_running_loop()
@@ -1191,13 +1194,7 @@ class Master:
 
     # -- operator actions ----------------------------------------------------------------
     async def set_drained(self, name: str, drained: bool) -> None:
-        self.core.set_drained(name, drained)
-        if drained:
-            self.drained.add(name)
-        else:
-            self.drained.discard(name)
-            if name not in self.sessions or name in self.power:
-                self.core.node_down(name)
+        self.core.set_drained(name, drained, since=self.clock())
         view = self.core.cluster.node(name)
         assert view is not None
         await self.journal.call(Store.save_node, view.inventory, drained, self.clock())
@@ -1205,6 +1202,9 @@ class Master:
                                   "drained" if drained else "undrained", {})])
         log.info("node=%s %s", name, "drained" if drained else "undrained")
         self.request_pass()
+
+    def is_drained(self, name: str) -> bool:
+        return self.core.conditions.has(name, DRAINED)
 
     def power_state(self, name: str) -> str | None:
         entry = self.power.get(name)
@@ -1224,17 +1224,16 @@ class Master:
             if jobs:
                 raise JobError("node_busy", f"node {name} runs {len(jobs)} job(s); only an "
                                "idle node is powered down")
-            if name in self.drained:
+            if self.is_drained(name):
                 raise JobError("node_drained", f"node {name} is drained; a drained node is "
                                "never powered down")
         now = self.clock()
         if state is None:
             self.power.pop(name, None)
-            if name in self.sessions and name not in self.drained:
-                self.core.cluster.set_schedulable(name, True)
+            self.core.set_condition(name, POWER, None)
         else:
             self.power[name] = (state, now, reason)
-            self.core.cluster.set_schedulable(name, False)
+            self.core.set_condition(name, POWER, _power_sentence(state, reason), now)
         kind = f"power_{state or 'on'}"
         await self.journal.call(save_power, name, state, now, reason,
                                 (now, None, name, kind, {"reason": reason}))
@@ -1247,7 +1246,7 @@ class Master:
         if power is not None:
             return power[0]
         if name in self.sessions:
-            return "drained" if name in self.drained else "ready"
+            return "drained" if self.is_drained(name) else "ready"
         told = self.events.node_status(name)  # e.g. "down": declared lost (node loss)
         if told is not None:
             return told
