@@ -22,6 +22,10 @@ when a node is declared lost): requeued if it may be (its ``stop.requeue``, else
 parts are stopped (SIGTERM) at the same instant, and a requeued job goes back to its own
 place in the queue (``SchedulingCore.requeue``) with its restart count one higher; its work
 so far is lost. Recovery: ``core.node_up``.
+
+Dependencies (``--after``): the master's own gate (masterd/core/dependency_gate.py), which
+the master's feature wraps with its journal; a dependency that can never hold cancels the job
+at that instant.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from masterd.core.dependencies import ArrayTasks, DependencyBook, Status, resolve
+from masterd.core.dependencies import ArrayTasks, Status
+from masterd.core.dependency_gate import DependencyGate, Outcome
 from masterd.core.failures import RequeueRules, jobs_on_node, node_lost_cause, verdict
 from masterd.core.fairshare import FairShare
 from masterd.core.policy import Policy, Preempt, Start
@@ -50,7 +55,6 @@ from shared.model import (
     NodeInventory,
     Placement,
     QosClass,
-    WaitReason,
 )
 from sim.metrics import fragmentation
 from sim.truth import (
@@ -291,8 +295,8 @@ class Simulator:
         self._busy = 0  # nodes with at least one job
         self.busy_nodes: list[tuple[float, int]] = [(0.0, 0)]
         # Dependencies (JobSpec.after) by workload job id, resolved by the master's own code.
-        self.dependencies = DependencyBook()
         self._facts = _SimFacts(self)
+        self.dependencies = DependencyGate(self._facts, self.core.set_gate, self.core.jobs.get)
         self._versions = 0  # EXIT events' run versions (see _reprice)
 
     # -- event heap ----------------------------------------------------------------------
@@ -426,7 +430,7 @@ class Simulator:
         self._truth_of[job.id] = truth
         self._spec_of[job.id] = spec
         if spec.array is not None:
-            self.dependencies.add_task(job.id, spec.array)
+            self.dependencies.book.add_task(job.id, spec.array)
         reason = self.core.unsatisfiable(spec)
         if reason is not None:
             record.state = "rejected"
@@ -450,37 +454,22 @@ class Simulator:
                          annotations=dict(job.annotations)))
         self._queued.add(job.id)
         if spec.after:
-            self._resolve(job.id, first=True)
+            self._act(self.dependencies.resolve(self.core.jobs[job.id], first=True))
         return True
 
     # -- dependencies (masterd.core.dependencies, as the master's feature drives it) ------
-    def _resolve(self, job_id: str, first: bool = False) -> None:
-        """Close, open or cancel a queued job's dependency gate by its verdict now."""
-        job = self.core.jobs.get(job_id)
-        if job is None or job.state is not JobState.QUEUED:
-            self.dependencies.settle(job_id)
-            return
-        verdict = resolve(job.spec.after, job.spec.array, self._facts)
-        gate = WaitReason.DEPENDENCY.value
-        if verdict.status is Status.WAITING:
-            self.core.set_gate(job_id, gate, verdict.sentence)
-            if job_id not in self.dependencies.waiting:
-                self.dependencies.wait(job_id, job.spec.after)
-            return
-        self.dependencies.settle(job_id)
-        if verdict.status is Status.SATISFIED:
-            if not first:
-                self.core.set_gate(job_id, gate, None)
-            return
-        transition, _ = self.core.cancel(job_id, self.now, verdict.sentence)
-        self._settle(job_id, transition)
+    def _act(self, outcome: Outcome) -> None:
+        """A dependency that can never hold cancels the job, as the master's feature does."""
+        if outcome.status is Status.NEVER:
+            transition, _ = self.core.cancel(outcome.job.id, self.now, outcome.sentence)
+            self._settle(outcome.job.id, transition)
 
     def _dependency_ended(self, record_id: str, state: JobState) -> None:
         """A workload job ended for good: resolve the jobs that wait for it again."""
         spec = self._spec_of.get(record_id)
         task = spec.array if spec is not None else None
-        for dependent in self.dependencies.ended(record_id, task, state):
-            self._resolve(dependent)
+        for outcome in self.dependencies.ended(record_id, task, state):
+            self._act(outcome)
 
     def _submit(self, job: Job) -> None:
         if self.annotator is not None:
@@ -868,7 +857,7 @@ class _SimFacts:
         return JobState.QUEUED  # between attempts (resubmitted after a node failure)
 
     def array(self, array_id: str) -> ArrayTasks | None:
-        return self._sim.dependencies.arrays.get(array_id)
+        return self._sim.dependencies.book.arrays.get(array_id)
 
 
 def simulate(

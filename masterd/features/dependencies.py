@@ -25,24 +25,16 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from masterd.core.dependencies import (
-    ArrayTasks,
-    Batch,
-    DependencyBook,
-    Status,
-    Verdict,
-    refusals,
-    resolve,
-)
+from masterd.core.dependencies import ArrayTasks, Batch, Status, refusals
+from masterd.core.dependency_gate import GATE, DependencyGate, Outcome
 from masterd.core.scheduler import JobError, Transition
 from masterd.journal.dependencies import Looked, add_array_tasks, ensure_schema, look_up
 from masterd.runtime.context import FeatureContext
 from shared.dependency import format_dependency
-from shared.model import ArrayTask, Job, JobSpec, JobState, WaitReason
+from shared.model import ArrayTask, Job, JobSpec, JobState
 
 log = logging.getLogger("trellis.master.dependencies")
 
-GATE = WaitReason.DEPENDENCY.value
 # Outcomes of jobs and arrays no longer in memory kept for the checks (forgotten ones, and
 # what the journal said): they never change once ended; beyond this many the oldest go and
 # are read from the journal again when named.
@@ -87,9 +79,13 @@ class Dependencies:
     def __init__(self, ctx: FeatureContext) -> None:
         self.ctx = ctx
         ctx.journal.now(ensure_schema)  # before serving, on this thread
-        self.book = DependencyBook()
         self.outcomes = _Lru(REMEMBERED)
         self.facts = _Facts(self)
+        # The logic, shared with the simulator; this feature adds the journal and the I/O.
+        self.gate = DependencyGate(
+            self.facts, lambda job, gate, reason: ctx.jobs.set_gate(job, gate, reason),
+            lambda job_id: ctx.core.job(job_id))
+        self.book = self.gate.book
         self._rows: list[tuple[str, int, str]] = []  # array tasks to journal this turn
         self._flush_pending = False
         events = ctx.events
@@ -167,10 +163,10 @@ class Dependencies:
     def submitted(self, job: Job) -> None:
         task = job.spec.array
         if task is not None:
-            self.book.add_task(job.id, task)
             self._journal_task(task, job.id)
-        if job.spec.after:
-            self._resolve(job, self._verdict(job), first=True)
+        outcome = self.gate.submitted(job)
+        if outcome is not None:
+            self._act(outcome)
 
     def _journal_task(self, task: ArrayTask, job_id: str) -> None:
         self._rows.append((task.id, task.index, job_id))
@@ -186,39 +182,18 @@ class Dependencies:
                                  name="journal array tasks")
 
     # -- resolution --------------------------------------------------------------------------
-    def _verdict(self, job: Job) -> Verdict:
-        return resolve(job.spec.after, job.spec.array, self.facts)
-
-    def _resolve(self, job: Job, verdict: Verdict, first: bool = False,
-                 was_waiting: bool = False) -> None:
-        """Act on a queued job's verdict: wait (gate closed), go (gate open), or be
-        cancelled. ``first``: just submitted or restored (nothing journalled about it yet in
-        this run); ``was_waiting``: restored, and journalled as waiting before."""
-        waiting = job.id in self.book.waiting
-        after = format_dependency(job.spec.after)
-        if verdict.status is Status.WAITING:
-            self.ctx.jobs.set_gate(job.id, GATE, verdict.sentence)
-            if not waiting:
-                self.book.wait(job.id, job.spec.after)
-                if not was_waiting:
-                    self._event(job, after, "waiting", verdict.sentence)
-            return
-        self.book.settle(job.id)
-        if verdict.status is Status.SATISFIED:
-            if first and not was_waiting:
-                return  # held nothing back: no gate, no event
-            if was_waiting:
-                # Its row still says it waits: close and open the gate, so the core clears it.
-                self.ctx.jobs.set_gate(job.id, GATE, "resolving after a restart")
-            self.ctx.jobs.set_gate(job.id, GATE, None)
-            self._event(job, after, "satisfied", "")
+    def _act(self, outcome: Outcome) -> None:
+        """Journal what the gate did to a job and carry out a cancellation."""
+        job = outcome.job
+        if outcome.announce:
+            status = {Status.WAITING: "waiting", Status.SATISFIED: "satisfied",
+                      Status.NEVER: "never"}[outcome.status]
+            self._event(job, format_dependency(job.spec.after), status, outcome.sentence)
+        if outcome.status is Status.SATISFIED and outcome.announce:
             self.ctx.request_pass()
-            return
-        # Never satisfiable: keep it from every pass until the cancellation lands.
-        self.ctx.jobs.set_gate(job.id, GATE, verdict.sentence)
-        self._event(job, after, "never", verdict.sentence)
-        self.ctx.tasks.spawn(self._cancel(job.id, verdict.sentence),
-                             name=f"cancel {job.id}: dependency")
+        elif outcome.status is Status.NEVER:
+            self.ctx.tasks.spawn(self._cancel(job.id, outcome.sentence),
+                                 name=f"cancel {job.id}: dependency")
 
     def _event(self, job: Job, after: str, status: str, reason: str) -> None:
         detail = {"after": after, "status": status, "reason": reason}
@@ -237,24 +212,12 @@ class Dependencies:
     async def transition(self, job: Job, transition: Transition) -> None:
         """A named job moved (started, re-queued): the sentences of jobs waiting for it say
         its state, so bring them up to date. Ends are :meth:`ended`'s."""
-        if transition.state.terminal:
-            return
-        for dependent in self.book.dependents(job.id, job.spec.array):
-            waiting = self.ctx.core.job(dependent)
-            if waiting is None or waiting.state is not JobState.QUEUED:
-                continue
-            verdict = self._verdict(waiting)
-            if verdict.status is Status.WAITING:
-                self.ctx.jobs.set_gate(dependent, GATE, verdict.sentence)
+        if not transition.state.terminal:
+            self.gate.moved(job.id, job.spec.array)
 
     def ended(self, job: Job) -> None:
-        self.book.settle(job.id)
-        for dependent in self.book.ended(job.id, job.spec.array, job.state):
-            waiting = self.ctx.core.job(dependent)
-            if waiting is None or waiting.state is not JobState.QUEUED:
-                self.book.settle(dependent)
-                continue
-            self._resolve(waiting, self._verdict(waiting))
+        for outcome in self.gate.ended(job.id, job.spec.array, job.state):
+            self._act(outcome)
 
     def forgotten(self, job: Job) -> None:
         self.outcomes.put(job.id, job.state)
@@ -293,8 +256,7 @@ class Dependencies:
         if rows:  # a crash may have lost the rows of the last batch before it
             self.ctx.journal.now(add_array_tasks, rows)
         for job in waiting:
-            self._resolve(job, self._verdict(job), first=True,
-                          was_waiting=job.wait == GATE)
+            self._act(self.gate.resolve(job, first=True, was_waiting=job.wait == GATE))
         if waiting:
             log.info("dependencies restored: waiting=%d arrays=%d", len(self.book.waiting),
                      len(self.book.arrays))
