@@ -39,7 +39,7 @@ from masterd.core.placement import FreePool, model_scope, realise, shapes
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import Reorder
 from shared.accounts import AccountTree, Resources
-from shared.model import Job, JobSpec, WaitReason
+from shared.model import Job, JobSpec, Placement, WaitReason
 
 if TYPE_CHECKING:
     from masterd.core.scheduler import SchedulingCore
@@ -61,10 +61,16 @@ RETRY_PASSES = 16
 Vector = tuple[int, int, int]
 
 
-def demand(spec: JobSpec) -> Vector:
-    """What a job charges its accounts while it holds resources (GPUs in thousandths)."""
-    gpus = spec.gpu_milli if spec.gpu_milli is not None and spec.gpus == 1 \
-        else spec.gpus * 1000
+def demand(spec: JobSpec, placement: Placement | None = None) -> Vector:
+    """What a job charges its accounts while it holds resources (GPUs in thousandths).
+
+    A job asking for a share of one GPU charges its share where it is granted one (a shared
+    allocation) and the whole GPU where a policy gives it one of its own: a policy that does
+    not share (fifo, drf) once charged 0.25 for a GPU nobody else could use. Without a
+    placement (a queued job), what it asks for."""
+    share = spec.gpu_milli is not None and spec.gpus == 1 and (
+        placement is None or any(a.shared for a in placement.allocations))
+    gpus = spec.gpu_milli if share and spec.gpu_milli is not None else spec.gpus * 1000
     return (gpus, spec.cpus, spec.memory_mib)
 
 
@@ -350,7 +356,7 @@ class QuotaAdmission:
         self._core = core
         # In the order they started: reclaim takes the newest first (the ledger's order).
         for job in sorted(core.active_jobs().values(), key=_started_at):
-            self.ledger.charge(job.id, job.spec.tenant, demand(job.spec))
+            self.ledger.charge(job.id, job.spec.tenant, demand(job.spec, job.placement))
         for job in [*core.queue(), *core.blocked().values()]:
             self._file(job, demand(job.spec), GATE in job.gates)
         for key, job_id in core.queue_keys():
@@ -382,11 +388,12 @@ class QuotaAdmission:
         self._paused.discard(job.id)
         self._owner_done(job.id)
 
-    def admit(self, job: Job) -> str | None:
-        """None when a job the policy chose may start now; otherwise its gate closes and
-        the answer says why: "limit" (a cap or ceiling), "pause" (it would borrow while a
-        reclaim is pending)."""
-        need = demand(job.spec)
+    def admit(self, job: Job, placement: Placement) -> str | None:
+        """None when a job the policy chose may start now on ``placement``; otherwise its
+        gate closes and the answer says why: "limit" (a cap or ceiling), "pause" (it would
+        borrow while a reclaim is pending). The charge is the placement's (a share of a GPU
+        only where it is granted a share)."""
+        need = demand(job.spec, placement)
         why = self.ledger.refusal(job.spec.tenant, need)
         kind = "limit"
         if why is None and self.reclaiming and job.id not in self.reclaiming:
@@ -402,7 +409,7 @@ class QuotaAdmission:
     def started(self, job: Job) -> None:
         """A job took its resources (or was restored holding them)."""
         self._unfile(job)
-        self.ledger.charge(job.id, job.spec.tenant, demand(job.spec))
+        self.ledger.charge(job.id, job.spec.tenant, demand(job.spec, job.placement))
         self._touched.add(job.spec.tenant)
         self._owner_done(job.id)
 
@@ -656,7 +663,7 @@ class QuotaAdmission:
                      and eligible(spec, pool.views[a.node].gpu_model)]
             if not nodes:
                 continue
-            need = demand(job.spec)
+            need = demand(job.spec, job.placement)  # what stopping it gives back
             for a in lineage:
                 f = freed.setdefault(a, [0, 0, 0])
                 for i in range(3):

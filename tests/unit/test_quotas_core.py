@@ -4,6 +4,7 @@ borrowers for an owner within its quota, and a parent's limits bound its subtree
 
 from __future__ import annotations
 
+from masterd.core.policies import make_policy
 from masterd.core.policies.fifo import FifoPolicy
 from masterd.core.policy import Preempt, Start
 from masterd.core.quotas import QuotaAdmission
@@ -190,12 +191,34 @@ def test_cancelling_a_gated_job_and_restoring_running_ones_keeps_the_counters() 
 
 
 def test_a_shared_gpu_charges_its_share() -> None:
-    core = make([Account("a", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=0))])
+    core = SchedulingCore(make_policy("liquid"))  # a policy that shares GPUs
+    core.node_up(inventory("n0", gpus=4, cpus=16))
+    core.set_admission(QuotaAdmission(AccountTree.of(
+        [Account("a", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=0))])))
     for i in range(3):
         core.submit(job(f"s{i}", gpus=1, t=i, tenant="a", gpu_milli=400))
     # 400 + 400 fit one GPU's quota, a third share would pass it.
     assert started(core.schedule(1)) == ["s0", "s1"]
+    assert all(core.jobs[j].placement.allocations[0].shared for j in ("s0", "s1"))
     assert "would use 1.2 GPUs, over its quota + borrowing limit (1)" in core.jobs["s2"].reason
+    assert core.admission is not None and core.admission.ledger.used("a")[0] == 800
+
+
+def test_a_share_given_a_whole_gpu_charges_the_whole_gpu() -> None:
+    """fifo does not share: a 400-milli job holds a GPU nobody else may use, and its account
+    is charged that GPU (it was once charged 0.4, so five such jobs held five GPUs on a
+    quota of two)."""
+    core = make([Account("a", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=0))])
+    for i in range(3):
+        core.submit(job(f"s{i}", gpus=1, t=i, tenant="a", gpu_milli=400))
+    assert started(core.schedule(1)) == ["s0"]
+    assert not core.jobs["s0"].placement.allocations[0].shared
+    assert "would use 2 GPUs, over its quota + borrowing limit (1)" in core.jobs["s1"].reason
+    assert core.admission is not None and core.admission.ledger.used("a")[0] == 1000
+    run(core, ["s0"], 2)
+    finish(core, "s0", 3)  # its whole GPU is given back
+    assert core.admission.ledger.used("a")[0] == 0
+    assert started(core.schedule(4)) == ["s1"]
 
 
 def test_victims_not_needed_are_spared() -> None:
