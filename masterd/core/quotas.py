@@ -406,6 +406,11 @@ class QuotaAdmission:
         self._gate(job, need, why)
         return kind
 
+    def permits(self, job: Job, placement: Placement) -> str | None:
+        """Why a job that bypasses the queue (an inference replica on its given placement)
+        may not take ``placement`` now, or None; nothing is gated or filed."""
+        return self.ledger.refusal(job.spec.tenant, demand(job.spec, placement))
+
     def started(self, job: Job) -> None:
         """A job took its resources (or was restored holding them)."""
         self._unfile(job)

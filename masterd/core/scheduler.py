@@ -37,6 +37,7 @@ class Admission(Protocol):
     def ordered(self, job: Job, key: tuple[int, int, float, int]) -> None: ...
     def dequeued(self, job: Job) -> None: ...
     def admit(self, job: Job, placement: Placement) -> str | None: ...
+    def permits(self, job: Job, placement: Placement) -> str | None: ...
     def started(self, job: Job) -> None: ...
     def released(self, job: Job) -> None: ...
     def recheck(self) -> None: ...
@@ -214,6 +215,31 @@ class SchedulingCore:
             self._active[job.id] = job
             if self.admission is not None:
                 self.admission.started(job)
+
+    def start_placed(self, job: Job) -> None:
+        """Take a job that bypasses the queue and the policy (an inference replica, state
+        starting, on its given placement) — but not the node filter or the permit: each of
+        its nodes must take new work and its account must admit what the placement charges.
+        JobError names what refused it; nothing is taken then."""
+        placement = job.placement
+        assert placement is not None and job.state is JobState.STARTING
+        for node in placement.nodes:
+            if self.cluster.node(node) is None:
+                raise JobError("unknown_node", f"node {node!r} is not registered")
+            closed = self.conditions.of(node)
+            if closed:
+                raise JobError("node_closed", f"node {node} takes no new work: "
+                                              f"{closed[0].reason}")
+        if self.admission is not None:
+            refused = self.admission.permits(job, placement)
+            if refused is not None:
+                raise JobError("quota", refused)
+        try:
+            self.cluster.allocate(job.id, placement)
+        except AllocationError as exc:
+            raise JobError("conflict", f"job {job.id} cannot take its placement: {exc}"
+                           ) from None
+        self.submit(job)
 
     def restore(self, job: Job) -> None:
         """Re-enter a job loaded from the store, keeping its resources if it was placed."""

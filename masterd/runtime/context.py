@@ -139,9 +139,11 @@ class JobActions:
     # Cancel a job that waits in the queue; the change is journalled in the background.
     drop_queued: Callable[[str], None]
     # (spec, placement, id prefix, reason) -> the job: start it on exactly that placement,
-    # bypassing the queue. Its resources are taken at once, the job is journalled and launched
-    # in the background; a launch that fails ends it (it never waits in the queue). Raises
-    # ValueError or AllocationError, before anything changed, when it cannot be started.
+    # bypassing the queue and the policy but not the node filter or the quota permit. Its
+    # resources are taken at once, the job is journalled and launched in the background; a
+    # launch that fails ends it (it never waits in the queue). Raises JobError (a closed node,
+    # over its account's limits, resources taken), before anything changed, when it cannot
+    # be started.
     launch_placed: Callable[[JobSpec, Placement, str, str], Job]
     # (job, node, cpus): a running part now holds these cores there: a subset, or at launch
     # its cores plus free ones (the adaptive allocator widening it, masterd.core.widen).

@@ -18,7 +18,6 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from masterd.core.cluster import AllocationError
 from masterd.core.conditions import DRAINED, POWER
 from masterd.core.fencing import Judgement, judge_part
 from masterd.core.policies import make_policy
@@ -797,7 +796,8 @@ class Master:
 
     def launch_placed(self, spec: JobSpec, placement: Placement, id_prefix: str,
                       reason: str) -> Job:
-        """Start a job on exactly ``placement``, bypassing the queue (an inference replica).
+        """Start a job on exactly ``placement``, bypassing the queue (an inference replica)
+        but not the node filter or the permit (SchedulingCore.start_placed).
 
         Its resources are taken at once, so the next pass sees them taken; the job is
         journalled, then launched by the ordinary two-phase launch. A launch that fails ends
@@ -808,11 +808,7 @@ class Master:
         job = Job(id=job_id, spec=spec, submit_time=self.clock(), state=JobState.STARTING,
                   placement=placement, attempts=1,
                   node_states={node: "preparing" for node in placement.nodes})
-        try:
-            self.core.cluster.allocate(job_id, placement)
-        except AllocationError as exc:
-            raise ValueError(f"job {job_id} cannot take its placement: {exc}") from None
-        self.core.submit(job)
+        self.core.start_placed(job)  # the node filter and the permit; JobError if refused
         self._launching.add(job_id)
         self.tasks.spawn(self._start_placed(seq, job, reason))
         return job

@@ -87,3 +87,37 @@ def test_the_wait_explainer_counts_the_closed_nodes_the_job_could_use() -> None:
     assert explained == ("no_fit", "no node of A100 is up and schedulable now "
                                    "(2 drained, 1 not connected)")
     assert core.node_conditions("a")[0].reason == "drained by an operator: new fans"
+
+
+def test_a_job_on_a_given_placement_passes_the_node_filter_and_the_permit() -> None:
+    """Inference replicas bypass the queue and the policy, not a closed node or a quota."""
+    from masterd.core.quotas import QuotaAdmission
+    from shared.accounts import Account, AccountTree, Resources
+    from shared.model import JobState, NodeAllocation, Placement
+
+    core = SchedulingCore(FifoPolicy())
+    core.node_up(inventory("a", gpus=2, cpus=4))
+    core.node_up(inventory("b", gpus=2, cpus=4))
+    core.set_admission(QuotaAdmission(AccountTree.of(
+        [Account("svc", quota=Resources(gpus=1), borrowing_limit=Resources(gpus=0))])))
+    core.set_drained("b", True, "new fans")
+
+    def replica(job_id: str, node: str, gpu: int) -> object:
+        placed = job(job_id, gpus=1, t=0, tenant="svc")
+        placed.state = JobState.STARTING
+        placed.placement = Placement((NodeAllocation(node, (gpu,), (gpu,), 0),))
+        return placed
+
+    with pytest.raises(JobError, match="node b takes no new work: drained by an operator: "
+                                       "new fans") as closed:
+        core.start_placed(replica("r1", "b", 0))  # type: ignore[arg-type]
+    assert closed.value.code == "node_closed" and "r1" not in core.jobs
+    core.start_placed(replica("r2", "a", 0))  # type: ignore[arg-type]
+    assert core.cluster.allocation("r2") is not None and core.jobs["r2"].state is \
+        JobState.STARTING
+    with pytest.raises(JobError, match="account 'svc' would use 2 GPUs, over its quota") as over:
+        core.start_placed(replica("r3", "a", 1))  # type: ignore[arg-type]
+    assert over.value.code == "quota" and core.cluster.allocation("r3") is None
+    with pytest.raises(JobError, match="cannot take its placement"):
+        core.set_admission(None)
+        core.start_placed(replica("r4", "a", 0))  # type: ignore[arg-type]  # r2 holds GPU 0
