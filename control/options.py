@@ -97,6 +97,11 @@ OPTIONS: tuple[Option, ...] = (
     # After gpus: a #TRELLIS --gpu-model wins over the TYPE of --gpus TYPE:N.
     Option("gpu_model", ("--gpu-model",), field="spec.gpu_model",
            script=(S("gpu-model", "str", sbatch=False),)),
+    Option("constraint", ("-C", "--constraint"), field="spec.selector.features",
+           metavar="FEATURES",
+           script=(S("constraint", "constraint", short="C", env="SBATCH_CONSTRAINT"),),
+           help="only nodes with every one of these features (a100&ib; `trellisctl nodes -o "
+                "wide` lists each node's), Slurm's --constraint"),
     Option("user", ("--user",), field="spec.user",
            help="Unix user the job runs as (default: you)"),
     Option("tenant", ("-A", "--account", "--tenant"), field="spec.tenant", metavar="ACCOUNT",

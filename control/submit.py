@@ -90,6 +90,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         job["deadline"] = parse_deadline(args.deadline, time.time())
     if args.after is not None:
         job["after"] = dependency_wire(args.after)
+    if getattr(args, "constraint", None) is not None:
+        from control.values import parse_constraint
+
+        job["selector"] = {"features": parse_constraint(args.constraint)}
     job.update(time_options(args))
     stop = stop_options(args)
     if stop:

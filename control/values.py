@@ -54,3 +54,25 @@ def dependency_wire(text: str, where: str = "--after") -> list[dict[str, Any]]:
     except DependencyError as exc:
         raise UsageError(f"{where}: {exc}") from None
     return [{"type": t.type, "jobs": list(t.jobs)} for t in terms]
+
+
+def parse_constraint(text: str, where: str = "--constraint") -> list[str]:
+    """Slurm's ``--constraint`` as the node features a job needs: ``a100&ib`` (every one of
+    them on each of its nodes). Slurm's OR forms (``|``, ``[...]``, counts) are refused."""
+    import re
+
+    from shared.model import FEATURE_PATTERN
+
+    spec = text.strip()
+    for sign in ("|", "[", "]", "*", "!", "(", ")", ","):
+        if sign in spec:
+            raise UsageError(f"{where} {text!r}: only features joined by & are supported "
+                             f"(each node must have every one), not {sign!r}")
+    features = [part.strip() for part in spec.split("&")]
+    if not spec:
+        raise UsageError(f"{where}: names no feature")
+    for feature in features:
+        if not re.fullmatch(FEATURE_PATTERN, feature):
+            raise UsageError(f"{where} {text!r}: {feature!r} is not a feature name (a letter "
+                             "or digit, then letters, digits, _ . + -)")
+    return list(dict.fromkeys(features))

@@ -90,9 +90,10 @@ def show_nodes_wide(nodes: list[dict[str, Any]]) -> str:
             _util(sum(utils) / len(utils)) if utils else "-",
             f"{n['cpus'] - n['cpus_free']}/{n['cpus']}",
             f"{n['memory_mib'] - n['memory_free_mib']}/{n['memory_mib']}",
-            ",".join(map(str, n["gpus_unhealthy"])) or "-", ",".join(n["jobs"]) or "-"])
+            ",".join(map(str, n["gpus_unhealthy"])) or "-", ",".join(n["jobs"]) or "-",
+            ",".join(n.get("features") or ()) or "-"])
     return render_table(["NODE", "STATUS", "ADDRESS", "GPU MODEL", "GPUS USED", "GPU UTIL",
-                         "CPUS USED", "MEM USED MIB", "UNHEALTHY", "JOBS"], rows)
+                         "CPUS USED", "MEM USED MIB", "UNHEALTHY", "JOBS", "FEATURES"], rows)
 
 
 def show_node(result: dict[str, Any], wide: bool = False) -> str:
@@ -105,6 +106,8 @@ def show_node(result: dict[str, Any], wide: bool = False) -> str:
         f"{'Cores:':<10}{n['cpus']}, {n['cpus_free']} free",
         f"{'Memory:':<10}{n['memory_mib']} MiB, {n['memory_free_mib']} MiB free",
     ]
+    if n.get("features"):
+        lines.append(f"{'Features:':<10}{','.join(n['features'])}")
     # Why it takes no new work, one line each (an older master sends no conditions).
     for condition in n.get("conditions") or ():
         since = condition.get("since")
@@ -248,6 +251,8 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
         lines.append(f"{'Held:':<12}by {'an admin' if j['held'] == 'admin' else 'its user'}")
     if j.get("after"):
         lines.append(f"{'After:':<12}{j['after']}")
+    if j.get("constraint"):
+        lines.append(f"{'Constraint:':<12}{j['constraint']}")
     if j.get("priority"):
         lines.append(f"{'Priority:':<12}{j['priority']}")
     if j.get("array"):

@@ -260,6 +260,7 @@ class NodeDaemon:
                  else RdtCapabilities()),
             rack=self.config.rack,
             domain=self.config.domain,
+            features=self.config.features,
         )
 
     def running_parts(self) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.accounts import Account, AccountError, AccountTree
-from shared.model import NAME_PATTERN, UNIX_USER_PATTERN
+from shared.model import FEATURE_PATTERN, NAME_PATTERN, UNIX_USER_PATTERN
 from shared.nodelease import lease_problem
 from shared.schema import SchemaError, bounded, decode
 
@@ -461,6 +461,10 @@ class NodeConfig:
     # Where the node sits in the network, sent in its hello (Liquid weighs traffic by it).
     rack: str = bounded("", pattern=f"({NAME_PATTERN})?")
     domain: str = bounded("", pattern=f"({NAME_PATTERN})?")
+    # The node's features, sent in its hello: jobs select nodes by them (trellisctl submit
+    # --constraint a100&ib, Slurm's node Features), e.g. ["a100", "ib", "nvlink"].
+    features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
+                                        pattern=FEATURE_PATTERN)
     # What jobs really use (noded/usage): sampled this often, reported at exit and every
     # usage_report_s while a part runs (0: at exit only).
     usage_interval_s: float = bounded(1.0, min=0.05, max=3600)

@@ -6,6 +6,7 @@ import enum
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from shared.schema import bounded
 
@@ -14,6 +15,9 @@ from shared.schema import bounded
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}"
 UNIX_USER_PATTERN = r"[a-z_][a-z0-9_-]{0,31}"
 _NAME_RE = re.compile(NAME_PATTERN)
+
+# A node feature (a node's configured features, a job's --constraint): a100, nvlink, ib-hdr.
+FEATURE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}"
 
 LARGE_JOB_GPUS = 4  # SODA: jobs of 4 GPUs or more use the large-job array
 
@@ -137,10 +141,18 @@ class NodeInventory:
     # Liquid weighs traffic between nodes by it (1 same rack, 4 same domain, 40 otherwise).
     rack: str = bounded("", max_len=128)
     domain: str = bounded("", max_len=128)
+    # Its features (the node's configuration's node.features), which jobs select by
+    # (JobSpec.selector, Slurm's --constraint).
+    features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
+                                        pattern=FEATURE_PATTERN)
 
     @property
     def gpu_model(self) -> str | None:
         return self.gpus[0].model if self.gpus else None
+
+    @functools.cached_property
+    def feature_set(self) -> frozenset[str]:
+        return frozenset(self.features)
 
     @functools.cached_property
     def cpu_ids(self) -> frozenset[int]:
@@ -251,6 +263,36 @@ NO_LAUNCH = LaunchSpec()
 
 
 @dataclass(frozen=True)
+class CpuTraits:
+    """Traits SODA's CPU allocator uses to pick a job's starting core count (§V-B1); None:
+    not declared (the job's TRELLIS_* variables may say). A spec that gives them at its top
+    level, as specs did before they were grouped here, is still accepted."""
+
+    # The input pipeline overlaps compute (one core fewer) ...
+    pipelined_input: bool | None = None
+    # ... the model's weights are large (one core fewer) ...
+    large_weights: bool | None = None
+    # ... the input needs heavy preprocessing (one core more).
+    heavy_preprocessing: bool | None = None
+
+
+NO_TRAITS = CpuTraits()
+
+
+@dataclass(frozen=True)
+class NodeSelector:
+    """Which nodes a job may use beyond its GPU model (grouped to keep JobSpec under 30
+    attributes; most jobs share NO_SELECTOR)."""
+
+    # Every one of these node features (Slurm's --constraint=a100&nvlink).
+    features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
+                                        pattern=FEATURE_PATTERN)
+
+
+NO_SELECTOR = NodeSelector()
+
+
+@dataclass(frozen=True)
 class ArrayTask:
     """Which array a job is a task of (the array's id) and its index there."""
 
@@ -317,18 +359,15 @@ class JobSpec:
     deadline: float | None = bounded(None, min=0)
     # Nodes a multi-node job may span at most; None lets the policy choose.
     max_nodes: int | None = bounded(None, min=1, max=4096)
-    # Traits SODA's CPU allocator uses to pick a job's starting core count (§V-B1): the input
-    # pipeline overlaps compute (one core fewer) ...
-    pipelined_input: bool | None = None
-    # ... the model's weights are large (one core fewer) ...
-    large_weights: bool | None = None
-    # ... the input needs heavy preprocessing (one core more).
-    heavy_preprocessing: bool | None = None
+    # What its owner declares about its CPU side, for SODA's starting core count; see
+    # CpuTraits (grouped to keep the spec under 30 attributes).
+    traits: CpuTraits = NO_TRAITS
     # A share of one GPU in thousandths (openb's gpu_milli), for a 1-GPU job that may share its
     # GPU with others (Liquid's fine-grained sharing); None: the whole GPU.
     gpu_milli: int | None = bounded(None, min=1, max=999)
     # (Fields below are few and grouped: an instance keeps CPython's shared-key attribute
-    # table only up to 30 attributes, and a spec three times bigger is felt at 100k jobs.)
+    # table only below 30 attributes (29 at most), and a spec three times bigger is felt at
+    # 100k jobs; tests/unit/test_schema.py measures it.)
     # Time limit in seconds (Slurm's --time): at the limit the job is stopped and ends
     # `timeout`. None: the master's default_time_limit_s.
     time_limit_s: int | None = bounded(None, min=1, max=366 * 86400)
@@ -345,6 +384,14 @@ class JobSpec:
     # Its image, batch script, output files and terminal (see LaunchSpec; grouped to keep the
     # spec under 30 attributes).
     launch: LaunchSpec = NO_LAUNCH
+    # The nodes it may use beyond its GPU model (their features); see NodeSelector.
+    selector: NodeSelector = NO_SELECTOR
+
+    # Fields that moved into a group, for specs written before (journals, job files): the
+    # decoder files a top-level ``pipelined_input`` under ``traits``.
+    __moved__: ClassVar[dict[str, str]] = {
+        "pipelined_input": "traits", "large_weights": "traits",
+        "heavy_preprocessing": "traits"}
 
     def __post_init__(self) -> None:
         if not self.command:

@@ -283,9 +283,11 @@ def _dataclass_decoder(cls: type) -> Decoder:
         if depth > MAX_DEPTH:
             _depth(path, depth)
         if not data.keys() <= known:
-            unknown = [k for k in data if k not in known]
-            shown = ", ".join(repr(k) for k in unknown[:3])
-            raise SchemaError(path, f"unknown field(s) {shown}")
+            data = _relocated(cls, data)  # fields that moved into a group, if any
+            if not data.keys() <= known:
+                unknown = [k for k in data if k not in known]
+                shown = ", ".join(repr(k) for k in unknown[:3])
+                raise SchemaError(path, f"unknown field(s) {shown}")
         paths = field_paths.get(path, known)
         for name in required:
             if name not in data:
@@ -306,6 +308,31 @@ def _dataclass_decoder(cls: type) -> Decoder:
             raise SchemaError(path, str(exc)) from None
 
     return dataclass_
+
+
+def _relocated(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the fields ``cls.__moved__`` names (an old top-level field -> the group
+    it now lives in) filed under their group, so what was written before still decodes. A
+    field given both ways keeps the group's value."""
+    moved: Mapping[str, str] | None = getattr(cls, "__moved__", None)
+    if not moved or not any(k in moved for k in data):
+        return data
+    out = {k: v for k, v in data.items() if k not in moved}
+    copied: set[str] = set()
+    for key, group in moved.items():
+        if key not in data:
+            continue
+        nested = out.get(group)
+        if nested is None:
+            nested = {}
+        elif not isinstance(nested, dict):
+            continue  # the group itself is malformed: its own decoder says so
+        elif group not in copied:
+            nested = dict(nested)  # never change the caller's map
+        copied.add(group)
+        nested.setdefault(key, data[key])
+        out[group] = nested
+    return out
 
 
 def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:

@@ -68,6 +68,8 @@ class JobView:
     priority: int = 0
     # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none).
     after: str = ""
+    # The node features it selects, in Slurm's --constraint syntax ("a100&ib"; "" for none).
+    constraint: str = ""
     # The array it is a task of, and its index there.
     array: ArrayTask | None = None
     # When it was submitted (seconds since the epoch) ...

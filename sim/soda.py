@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from masterd.core.arrays import ArrayPolicy
 from masterd.core.cores import remember, start_point
+from masterd.core.eligibility import eligible
 from masterd.core.inference import (
     InferencePlacer,
     InferenceProfile,
@@ -638,7 +639,7 @@ class SodaSimulator(Simulator):
                 continue
             spec = job.spec
             nodes = [v for v in views if v.total_gpus >= spec.gpus
-                     and (spec.gpu_model is None or v.gpu_model == spec.gpu_model)]
+                     and eligible(spec, v.inventory)]
             if not nodes:
                 continue  # a multi-node job: none of the three stories is simple
             gpus_free = [v for v in nodes if len(v.free_gpus) >= spec.gpus]

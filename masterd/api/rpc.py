@@ -328,7 +328,8 @@ class Rpc:
     @returns("`nodes`: per node `name`, `status` (`ready`, `drained`, `disconnected`, "
              "`unreachable`, `down`), `address`, `gpu_model`, `gpus`, `gpus_free`, "
              "`gpus_unhealthy`, `cpus`, `cpus_free`, `memory_mib`, `memory_free_mib`, `jobs` "
-             "(ids), `gpu_detail` (each GPU's inventory and `utilization_pct`) and "
+             "(ids), `gpu_detail` (each GPU's inventory and `utilization_pct`), `features` "
+             "(the node's, which jobs select by: `--constraint`) and "
              "`conditions`: why it takes no new work (`kind`: `disconnected`, `drained` or "
              "`power`; `reason`, a sentence; `since`), empty when it is schedulable.")
     async def nodes(self, _: NoParams) -> dict[str, Any]:
@@ -359,6 +360,7 @@ class Rpc:
                         util[g.index].utilization_pct if g.index in util else None))
                     for g in inv.gpus
                 ],
+                "features": list(inv.features),
                 "conditions": [{"kind": c.kind, "reason": c.reason, "since": c.since}
                                for c in self.master.core.node_conditions(view.name)],
             })

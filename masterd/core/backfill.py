@@ -128,7 +128,7 @@ def shadow(spec: JobSpec, snapshot: ClusterSnapshot, decisions: list[Decision],
     # Cheap necessary condition before each placement try: enough GPUs (cores for a CPU
     # job) free on the job's nodes, kept as a running sum.
     def counted(node: str) -> bool:
-        return eligible(spec, views[node].gpu_model)
+        return eligible(spec, views[node].inventory)
 
     want = spec.gpus or spec.cpus
     free = sum(len(future.gpus[n]) if spec.gpus else len(future.cpus[n])

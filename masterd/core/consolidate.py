@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from itertools import islice
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import placement_key
 from masterd.core.placement import (
     FreePool,
     choose_cpus,
@@ -63,7 +64,7 @@ def consolidate(spec: JobSpec, pool: FreePool) -> Placement | None:
     cpus = _share(spec.cpus, per_node, spec.gpus)
     memory = _share(spec.memory_mib, per_node, spec.gpus)
     # Nodes with a whole node's GPUs free: the index yields only those with >= per_node free.
-    free_nodes = [n for n in pool.ranked(scope, per_node, cpus, memory)
+    free_nodes = [n for n in pool.ranked(scope, per_node, cpus, memory, spec)
                   if len(pool.gpus[n]) == pool.views[n].total_gpus]
     chosen = list(islice(free_nodes, whole))
     if len(chosen) < whole:
@@ -80,7 +81,7 @@ def _fullest(spec: JobSpec, pool: FreePool, gpus: int, taken: list[str] | tuple[
     cores and memory), other than ``taken``."""
     cpus = _share(spec.cpus, gpus, spec.gpus)
     memory = _share(spec.memory_mib, gpus, spec.gpus)
-    for name in pool.ranked(model_scope(spec), gpus, cpus, memory):
+    for name in pool.ranked(model_scope(spec), gpus, cpus, memory, spec):
         if name not in taken:
             return name
     return None
@@ -125,8 +126,7 @@ class ShrinkingPlacer:
 
     @staticmethod
     def shape(spec: JobSpec) -> tuple[object, ...]:
-        return (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes,
-                spec.gpu_milli)
+        return (*placement_key(spec), spec.gpu_milli)
 
     def __call__(self, spec: JobSpec) -> Placement | None:
         shape = self.shape(spec)

@@ -7,8 +7,8 @@ weights, +1 for heavy preprocessing between iterations. The result is clamped to
 ``[1, available]``. ``noded.policy.tuner.CoreTuner`` then searches from there.
 
 The three traits are read by :func:`declared_traits`, the one adapter between the job's
-description and this module: JobSpec attributes ``pipelined_input`` / ``large_weights`` /
-``heavy_preprocessing`` when the data model has them, else the job's environment variables
+description and this module: the spec's ``traits`` (``pipelined_input`` / ``large_weights`` /
+``heavy_preprocessing``) where the job declares them, else its environment variables
 ``TRELLIS_PIPELINED_INPUT`` / ``TRELLIS_LARGE_WEIGHTS`` / ``TRELLIS_HEAVY_PREPROCESSING``.
 """
 
@@ -110,17 +110,17 @@ _NONE_DECLARED = JobTraits()
 
 
 def declared_traits(spec: JobSpec) -> JobTraits:
-    """The adapter: read the three traits from JobSpec fields if present, else from env."""
+    """The three traits from the spec's ``traits`` where declared, else from its env."""
     env = spec.env
     if not env:
         for name in TRAIT_ENV:
-            if getattr(spec, name) is not None:
+            if getattr(spec.traits, name) is not None:
                 break
         else:
             return _NONE_DECLARED  # the usual case, read at every submission
     values: dict[str, bool] = {}
     for name, env_key in TRAIT_ENV.items():
-        field_value = getattr(spec, name, None)
+        field_value = getattr(spec.traits, name)
         if field_value is not None:
             values[name] = _flag(field_value, f"job {spec.name}: {name}")
         elif env_key in env:

@@ -1,14 +1,20 @@
 """May this request use this node: the one answer every placer asks for.
 
-A job that asks for no GPU may use any node; one that asks for GPUs without naming a model
-may use any node's; one that names a model only nodes of that model. The placers (packing,
-EASY backfill's shadow, quota reclaim, the profiler, Liquid's candidates, the inference
-planner) all ask here, so a new condition (a node's labels, a flavor) is added once.
+A job that asks for no GPU may use any node's cores; one that asks for GPUs without naming a
+model may use any node's; one that names a model only nodes of that model. A job that selects
+features (``JobSpec.selector``, Slurm's ``--constraint``) only nodes that have every one of
+them. The placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
+candidates, SWAF's and SCHED²'s searches, the inference planner) all ask here, and the
+scheduling core checks every start a policy decides against it, so a new condition (a
+flavor, a partition) is added once.
+
+:func:`placement_key` is the one key of a placement cache: the fields a placement depends
+on, so no cache can hand one job's placement to a job that may not use its nodes.
 """
 
 from __future__ import annotations
 
-from shared.model import JobSpec
+from shared.model import JobSpec, NodeInventory
 
 
 def model_fits(wanted: str | None, model: str | None) -> bool:
@@ -16,6 +22,34 @@ def model_fits(wanted: str | None, model: str | None) -> bool:
     return wanted is None or model == wanted
 
 
-def eligible(spec: JobSpec, model: str | None) -> bool:
-    """The job may run on a node whose GPUs are ``model``."""
-    return spec.gpus == 0 or spec.gpu_model is None or model == spec.gpu_model
+def eligible(spec: JobSpec, node: NodeInventory) -> bool:
+    """The job may run on this node."""
+    if spec.gpus and spec.gpu_model is not None and node.gpu_model != spec.gpu_model:
+        return False
+    wanted = spec.selector.features
+    return not wanted or node.feature_set.issuperset(wanted)
+
+
+def selects(spec: JobSpec) -> bool:
+    """The job restricts its nodes beyond their GPU model (a search over a model's nodes
+    must then ask :func:`eligible` of each)."""
+    return bool(spec.selector.features)
+
+
+PlacementKey = tuple[int, "str | None", int, int, "int | None", tuple[str, ...]]
+
+
+def placement_key(spec: JobSpec) -> PlacementKey:
+    """What a placement of ``spec`` depends on: two specs with one key place alike."""
+    return (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes,
+            spec.selector.features)
+
+
+def missing_features(spec: JobSpec, nodes: list[NodeInventory]) -> str:
+    """The features the job selects that no node of ``nodes`` has, as a sentence part, or ""
+    (each is somewhere, just not all on one node)."""
+    have: set[str] = set()
+    for node in nodes:
+        have.update(node.features)
+    absent = [f for f in spec.selector.features if f not in have]
+    return ", ".join(absent)

@@ -18,7 +18,7 @@ from itertools import chain, islice
 from typing import Any, TypeVar
 
 from masterd.core.cluster import ANY_MODEL, ClusterSnapshot, FreeIndex, ModelScope, NodeView
-from masterd.core.eligibility import eligible
+from masterd.core.eligibility import eligible, missing_features, selects
 from shared.model import JobSpec, NodeAllocation, Placement
 
 V = TypeVar("V")
@@ -156,19 +156,24 @@ class FreePool:
         return len(self.gpus[node])
 
     def nodes_for(self, spec: JobSpec) -> list[str]:
-        """Nodes whose GPU model matches the job (any node for CPU-only jobs)."""
-        if spec.gpus == 0 or spec.gpu_model is None:
+        """Nodes the job may use (masterd.core.eligibility)."""
+        if not selects(spec) and (spec.gpus == 0 or spec.gpu_model is None):
             return list(self.views)
-        return [n for n, v in self.views.items() if eligible(spec, v.gpu_model)]
+        return [n for n, v in self.views.items() if eligible(spec, v.inventory)]
 
     def ranked(
-        self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int
+        self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int,
+        spec: JobSpec | None = None,
     ) -> Iterator[str]:
         """Nodes of ``scope`` with enough free GPUs, cores and memory, best fit first (fewest
-        free GPUs, then fewest free cores, then name)."""
+        free GPUs, then fewest free cores, then name); only those ``spec`` may use where it
+        selects nodes beyond their model (the index is by model alone)."""
         memory = self.memory
+        views = self.views
+        check = spec if spec is not None and selects(spec) else None
         for name in self.index.ranked(scope, min_gpus, min_cpus):
-            if memory[name] >= min_memory:
+            if memory[name] >= min_memory and (
+                    check is None or eligible(check, views[name].inventory)):
                 yield name
 
 
@@ -250,8 +255,10 @@ def realise(
     cpus_per_node = per_node_share(spec.cpus, d_node)
     mem_per_node = per_node_share(spec.memory_mib, d_node)
     if candidates is None:
-        ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node)
+        ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node, spec)
     else:
+        if selects(spec):  # a caller's list is of the model's nodes, not of the job's
+            candidates = [n for n in candidates if eligible(spec, pool.views[n].inventory)]
         ranked = _rank(pool, candidates, d_gpn, cpus_per_node, mem_per_node)
     # Know that enough nodes fit before choosing GPUs and cores on any of them.
     first = list(islice(ranked, d_node))
@@ -319,14 +326,23 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     """Why a job can never run on this cluster as it is, or None if an empty cluster fits it."""
     nodes = [
         v for v in snapshot.nodes.values()
-        if eligible(spec, v.gpu_model)
+        if eligible(spec, v.inventory)
     ]
     if not nodes:
         model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
+        if selects(spec):
+            absent = missing_features(spec, [v.inventory for v in snapshot.nodes.values()])
+            if absent:
+                return f"no node has the feature{'s' if ',' in absent else ''} {absent}"
+            return (f"no node{model} has all of the features "
+                    f"{'&'.join(spec.selector.features)}")
         return f"no node{model} is registered"
     if spec.gpus:
         total = sum(v.total_gpus for v in nodes)
         if spec.gpus > total:
+            if selects(spec):
+                return (f"asks for {spec.gpus} GPUs but the nodes with the features "
+                        f"{'&'.join(spec.selector.features)} have {total}")
             return f"asks for {spec.gpus} GPUs but the cluster has {total}"
         max_gpn = max(v.total_gpus for v in nodes)
         if not shapes(spec.gpus, max_gpn, spec.max_nodes or len(nodes)):

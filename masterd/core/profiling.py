@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from masterd.core.arrays.policy import PassResult
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.eligibility import eligible
+from masterd.core.eligibility import eligible, placement_key
 from masterd.core.fairorder import FairShareOrdering
 from masterd.core.placement import FreePool, pack, realise
 from masterd.core.policy import Decision, Policy, Start
@@ -105,7 +105,7 @@ def _exact(job: Job, pool: FreePool) -> Placement | None:
     d_node, d_gpn = run_shape(job)
     names = [
         n for n, v in pool.views.items()
-        if eligible(job.spec, v.gpu_model)
+        if eligible(job.spec, v.inventory)
     ]
     return realise(job.spec, pool, d_node, d_gpn, names)
 
@@ -116,7 +116,7 @@ def _first_fitting(jobs: Iterable[Job], pool: FreePool) -> str | None:
     seen: set[tuple[object, ...]] = set()
     for job in jobs:
         s = job.spec
-        demand = (s.gpus, s.cpus, s.memory_mib, s.gpu_model, s.max_nodes)
+        demand = placement_key(s)
         if demand in seen:
             continue
         seen.add(demand)

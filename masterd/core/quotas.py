@@ -665,7 +665,7 @@ class QuotaAdmission:
             if not any(ledger.borrowing(a, freed) for a in lineage if a not in mine):
                 continue
             nodes = [a.node for a in job.placement.allocations if a.node in pool.views
-                     and eligible(spec, pool.views[a.node].gpu_model)]
+                     and eligible(spec, pool.views[a.node].inventory)]
             if not nodes:
                 continue
             need = demand(job.spec, job.placement)  # what stopping it gives back

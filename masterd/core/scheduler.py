@@ -17,6 +17,7 @@ from typing import Protocol, overload
 
 from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.conditions import DISCONNECTED, DRAINED, NodeCondition, NodeConditions
+from masterd.core.eligibility import eligible, selects
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
 from masterd.core.profiling import unwrap
@@ -193,7 +194,8 @@ class SchedulingCore:
             self._fit_cache.clear()
             self._fit_inventory = self.cluster.inventory_changes
         # Exactly the fields fits_cluster reads (cpus only matter for CPU-only jobs).
-        key = (spec.gpus, spec.gpu_model, spec.cpus if spec.gpus == 0 else 0, spec.max_nodes)
+        key = (spec.gpus, spec.gpu_model, spec.cpus if spec.gpus == 0 else 0, spec.max_nodes,
+               spec.selector.features)
         try:
             return self._fit_cache[key]
         except KeyError:
@@ -468,6 +470,8 @@ class SchedulingCore:
                 job = self._queued.get(decision.job_id)
                 if job is None:
                     continue
+                if selects(job.spec) and not self._may_use(job.spec, decision.placement):
+                    continue  # a policy that searched by model alone: it waits, never misplaced
                 if self.admission is not None:
                     refused = self.admission.admit(job, decision.placement)
                     if refused is not None:  # over its account's limits after earlier starts
@@ -492,6 +496,14 @@ class SchedulingCore:
             elif isinstance(decision, Preempt):
                 self._preempting(decision, applied)
         return held_back
+
+    def _may_use(self, spec: JobSpec, placement: Placement) -> bool:
+        """The node filter on a policy's start: every node of it is one the job may use."""
+        for node in placement.nodes:
+            view = self.cluster.node(node)
+            if view is None or not eligible(spec, view.inventory):
+                return False
+        return True
 
     def _preempting(self, decision: Preempt, applied: list[Decision]) -> None:
         """Mark a running job as being preempted (once) and note the decision as applied."""

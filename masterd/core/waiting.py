@@ -29,13 +29,11 @@ from typing import Any
 
 from masterd.core.backfill import Reservation
 from masterd.core.conditions import DISCONNECTED, DRAINED, POWER
-from masterd.core.eligibility import eligible
+from masterd.core.eligibility import PlacementKey, eligible, placement_key
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import SchedulingCore
 from shared.model import Job, JobSpec, JobState, WaitReason
-
-_Shape = tuple[int, str | None, int, int, int | None]
 
 
 class WaitExplainer:
@@ -44,7 +42,7 @@ class WaitExplainer:
         self.policy = unwrap(core.policy)
         self._positions: dict[str, int] | None = None
         self._pool: FreePool | None = None
-        self._fits: dict[_Shape, str | None] = {}
+        self._fits: dict[PlacementKey, str | None] = {}
         self._reservation = reservation_of(self.policy)
 
     def why(self, job: Job) -> tuple[str, str]:
@@ -98,7 +96,7 @@ class WaitExplainer:
         """Why no placement of the job fits the free resources now (None: one does)."""
         if spec.gpu_milli is not None:
             return None  # a share of a GPU: the policy decides who shares with whom
-        key: _Shape = (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes)
+        key = placement_key(spec)
         if key in self._fits:
             return self._fits[key]
         if self._pool is None:
@@ -117,7 +115,7 @@ class WaitExplainer:
         counts: Counter[str] = Counter()
         for name, conditions in self.core.conditions.closed().items():
             view = self.core.cluster.node(name)
-            if conditions and view is not None and eligible(spec, view.inventory.gpu_model):
+            if conditions and view is not None and eligible(spec, view.inventory):
                 counts[conditions[0].kind] += 1
         return ", ".join(f"{n} {_CLOSED_WORDS[kind]}" for kind, n in counts.most_common())
 
@@ -129,17 +127,24 @@ _CLOSED_WORDS = {DISCONNECTED: "not connected", DRAINED: "drained", POWER: "powe
 def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     nodes = pool.nodes_for(spec)
     model = f" of {spec.gpu_model}" if spec.gpu_model else ""
+    # The nodes it selects by their features: "no node with ib has 2 free GPUs now".
+    node = f"node with {'&'.join(spec.selector.features)}" if spec.selector.features \
+        else "node"
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
-        return f"no node{model} is up and schedulable now" + (f" ({closed})" if closed else "")
+        return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
+                                                                  else "")
     if spec.gpus:
         if max(len(pool.views[n].inventory.gpus) for n in nodes) < spec.gpus:
-            return (f"the free GPUs{model} do not make up {spec.gpus} in a shape of the job "
-                    "now (it spans nodes)")
+            where = f" of the nodes with {'&'.join(spec.selector.features)}" \
+                if spec.selector.features else ""
+            return (f"the free GPUs{model}{where} do not make up {spec.gpus} in a shape of "
+                    "the job now (it spans nodes)")
         if max(pool.free_gpu_count(n) for n in nodes) < spec.gpus:
-            return f"no node has {spec.gpus} free GPUs{model} now"
-        return f"no node has {spec.gpus} free GPUs{model} with {spec.cpus} free cores{memory} now"
-    return f"no node has {spec.cpus} free cores{memory} now"
+            return f"no {node} has {spec.gpus} free GPUs{model} now"
+        return (f"no {node} has {spec.gpus} free GPUs{model} with {spec.cpus} free "
+                f"cores{memory} now")
+    return f"no {node} has {spec.cpus} free cores{memory} now"
 
 
 def _when(moment: float) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from masterd.core.cores import (
     remember,
     start_point,
 )
-from shared.model import JobSpec
+from shared.model import CpuTraits, JobSpec
 
 
 def spec(**kwargs: Any) -> JobSpec:
@@ -119,19 +118,11 @@ def test_remember_keeps_the_largest_converged_count() -> None:
         remember(history, job, 0)
 
 
-@dataclass(frozen=True)
-class SpecWithTraits(JobSpec):
-    """What JobSpec looks like once the lead adds the proposed trait fields."""
-
-    pipelined_input: bool | None = None
-    large_weights: bool | None = None
-    heavy_preprocessing: bool | None = None
-
-
 def test_trait_fields_take_precedence_over_env() -> None:
-    job = SpecWithTraits(
+    job = JobSpec(
         name="job", command=("train",), user="alice", gpus=1, model_family="cv",
-        env={"TRELLIS_PIPELINED_INPUT": "1"}, pipelined_input=False, heavy_preprocessing=True,
+        env={"TRELLIS_PIPELINED_INPUT": "1"},
+        traits=CpuTraits(pipelined_input=False, heavy_preprocessing=True),
     )
     traits = declared_traits(job)
     assert (traits.pipelined_input, traits.large_weights, traits.heavy_preprocessing) == (

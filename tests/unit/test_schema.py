@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.model import JobKind, JobSpec, QosClass
-from shared.schema import SchemaError, bounded, decode
+from shared.schema import SchemaError, bounded, decode, encode
 
 
 @dataclass(frozen=True)
@@ -213,3 +213,17 @@ def test_specs_stay_compact_when_the_first_one_is_decoded() -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
                          text=True, check=True, timeout=60)
     assert float(out.stdout) < 600, out.stdout
+
+
+def test_a_spec_written_before_its_traits_were_grouped_still_decodes() -> None:
+    """Journals and job files from before: SODA's traits were top-level fields."""
+    old = {"name": "a", "command": ["x"], "user": "alice", "gpus": 1,
+           "pipelined_input": True, "heavy_preprocessing": None,
+           "traits": {"large_weights": True}}
+    spec = decode(JobSpec, old)
+    assert (spec.traits.pipelined_input, spec.traits.large_weights,
+            spec.traits.heavy_preprocessing) == (True, True, None)
+    assert old["traits"] == {"large_weights": True}  # the caller's map is left alone
+    assert decode(JobSpec, encode(spec)) == spec  # written anew in the grouped form
+    with pytest.raises(SchemaError, match=r"unknown field.*'large_weight'"):
+        decode(JobSpec, {**old, "large_weight": True})

@@ -13,12 +13,14 @@ from masterd.service.master import prepare_wire
 from shared.messages import CorePlan, PrepareJob, StopJob
 from shared.model import (
     CpuCore,
+    CpuTraits,
     GpuInfo,
     Job,
     JobKind,
     JobSpec,
     NodeAllocation,
     NodeInventory,
+    NodeSelector,
     Placement,
     QosClass,
 )
@@ -26,7 +28,8 @@ from shared.schema import decode, encode
 
 SPEC = JobSpec(name="train", command=("python", "x.py"), user="nobody", kind=JobKind.TRAINING,
                qos=QosClass.NORMAL, gpus=2, cpus=4, env={"A": "1", "B": "two"},
-               deadline=12.5, pipelined_input=True)
+               deadline=12.5, traits=CpuTraits(pipelined_input=True),
+               selector=NodeSelector(features=("a100", "ib")))
 PLACEMENT = Placement((NodeAllocation(node="n1", gpus=(0, 1), cpus=(2, 3), memory_mib=64),
                        NodeAllocation(node="n2", gpus=(3,), cpus=())))
 

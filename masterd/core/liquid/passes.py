@@ -17,7 +17,7 @@ from masterd.core.liquid.score import ScoreWeights
 from masterd.core.liquid.sharing import Holder, SharingRule, lent_eligible
 from masterd.core.placement import FreePool, choose_cpus
 from masterd.core.policy import Start
-from shared.model import Job, NodeAllocation, Placement
+from shared.model import Job, JobSpec, NodeAllocation, Placement
 
 
 @dataclass
@@ -101,20 +101,18 @@ class LiquidPass:
     # -- candidates ----------------------------------------------------------------------
     def candidates(self, job: Job) -> list[NodeCap]:
         spec = job.spec
-        key: object = "cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model)
+        key = _candidate_key(spec)
         found = self._by_model.get(key)
         if found is None:
             found = [c for c in self.caps.values()
-                     if spec.gpus == 0 or (c.total_gpus > 0
-                                           and eligible(spec, c.inventory.gpu_model))]
+                     if (spec.gpus == 0 or c.total_gpus > 0) and eligible(spec, c.inventory)]
             self._by_model[key] = found
             self._groups[key] = similar_groups(found)
         return found
 
     def groups(self, job: Job) -> list[list[tuple[int, NodeCap]]]:
         self.candidates(job)
-        spec = job.spec
-        return self._groups["cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model)]
+        return self._groups[_candidate_key(job.spec)]
 
     def demand(self, job: Job) -> Demand:
         memory = None
@@ -234,3 +232,8 @@ def _gpu_memory(gpus: Sequence[object], indices: Sequence[int]) -> int | None:
     by_index = {g.index: g for g in gpus}  # type: ignore[attr-defined]
     sizes = [by_index[i].memory_mib for i in indices if i in by_index]
     return min(sizes) if sizes else None
+
+
+def _candidate_key(spec: JobSpec) -> object:
+    """Jobs with one key may use the same nodes (masterd.core.eligibility)."""
+    return ("cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model), spec.selector.features)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import placement_key
 from masterd.core.genie.plan import Candidate
 from masterd.core.placement import FreePool, pack, per_node_share, realise
 from masterd.core.policy import Decision, Start
@@ -24,7 +25,7 @@ def start_packed(
     failed: set[tuple[object, ...]] = set()
     for job in jobs:
         s = job.spec
-        demand = (s.gpus, s.gpu_model, s.max_nodes, s.cpus, s.memory_mib)
+        demand = placement_key(s)
         if demand in failed:
             continue
         placement = pack(s, pool)
@@ -52,7 +53,7 @@ def start_shapes(
     for job, c in choices:
         s = job.spec
         demand = (c.gpu_model, c.d_node, c.d_gpn, per_node_share(s.cpus, c.d_node),
-                  per_node_share(s.memory_mib, c.d_node))
+                  per_node_share(s.memory_mib, c.d_node), s.selector.features)
         if demand in failed:
             continue
         placement = realise(s, pool, c.d_node, c.d_gpn, by_model.get(c.gpu_model, []))

@@ -24,6 +24,7 @@ import numpy as np
 
 from masterd.core.arrays.policy import PassResult
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import placement_key
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.options import load_modeldb
 from masterd.core.placement import FreePool
@@ -147,7 +148,7 @@ class Sched2Selection:
                 out.append(NO_PLACEMENT)
                 continue
             s = w.job.spec
-            demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+            demand = placement_key(s)
             if demand not in placements:  # packing depends on the demand, not the job
                 placements[demand] = pack(s, pool, models.names)
             placement = placements[demand]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import placement_key
 from masterd.core.genie.modeldb import ModelDB
 from masterd.core.genie.options import load_modeldb
 from masterd.core.placement import FreePool
@@ -69,7 +70,7 @@ def start_in_order(jobs: Sequence[Job], pool: FreePool, models: GpuModels) -> li
     failed: set[tuple[object, ...]] = set()
     for job in jobs:
         s = job.spec
-        demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+        demand = placement_key(s)
         if demand in failed:
             continue
         placement = pack(s, pool, models.names)
@@ -181,7 +182,7 @@ def shortest_packed(jobs: Sequence[Job], pool: FreePool, models: GpuModels,
     best: tuple[float, int, Placement] | None = None
     for i, job in enumerate(jobs):
         s = job.spec
-        demand = (s.gpus, s.gpu_model, s.cpus, s.memory_mib)
+        demand = placement_key(s)
         if demand not in placements:
             placements[demand] = pack(s, pool, models.names)
         placement = placements[demand]

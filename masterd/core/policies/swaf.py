@@ -67,8 +67,9 @@ from shared.model import Job
 
 log = logging.getLogger("trellis.genie")
 
-# (gpu model, d_node, d_gpn, cores per node, MiB per node): jobs with one demand fit alike.
-DemandKey = tuple[str, int, int, int, int]
+# (gpu model, d_node, d_gpn, cores per node, MiB per node, selected node features): jobs
+# with one demand fit alike.
+DemandKey = tuple[str, int, int, int, int, tuple[str, ...]]
 # (late, e − l, −requeue priority, submit time, job id): the SWAF order, unique per job;
 # ``late`` is 1 only for a deferred job (``late_tasks="defer"``), else 0.
 OrderItem = tuple[int, float, int, float, str]
@@ -292,6 +293,7 @@ class SwafPolicy:
             c.d_gpn,
             per_node_share(spec.cpus, c.d_node),
             per_node_share(spec.memory_mib, c.d_node),
+            spec.selector.features,
         )
         late = int(
             self.late_tasks == "defer" and state == len(plan.records) and not plan.asap
@@ -402,9 +404,9 @@ class SwafPolicy:
         decisions: list[Decision] = []
         if self._groups:
             self._launch_gpu_jobs(pool, platform, decisions)
-        dead: set[tuple[int, int]] = set()
+        dead: set[tuple[int, int, tuple[str, ...]]] = set()
         for job in cpu_jobs:
-            demand = (job.spec.cpus, job.spec.memory_mib)
+            demand = (job.spec.cpus, job.spec.memory_mib, job.spec.selector.features)
             if demand in dead:
                 continue
             placement = pack(job.spec, pool)
@@ -423,12 +425,12 @@ class SwafPolicy:
         entries = self._entries
         while heads:
             item, key, position = heapq.heappop(heads)
-            gpu_model, d_node, d_gpn, cpus_per_node, mem_per_node = key
+            gpu_model, d_node, d_gpn, cpus_per_node, mem_per_node, _ = key
+            job = entries[item[4]].job  # its group's features are every member's
             names = list(itertools.islice(
-                pool.ranked(gpu_model, d_gpn, cpus_per_node, mem_per_node), d_node))
+                pool.ranked(gpu_model, d_gpn, cpus_per_node, mem_per_node, job.spec), d_node))
             if len(names) < d_node:
                 continue  # the whole group stays out for this pass
-            job = entries[item[4]].job
             placement = realise(job.spec, pool, d_node, d_gpn, names)
             if placement is None:
                 continue

@@ -35,7 +35,7 @@ def _fitting(spec: JobSpec, pool: FreePool, model: str, need: int,
     """The server with the fewest free GPUs that holds ``need`` more GPUs, if any."""
     g = spec.gpus
     for node in pool.ranked(model, need, _share(spec.cpus, need, g),
-                            _share(spec.memory_mib, need, g)):
+                            _share(spec.memory_mib, need, g), spec):
         if node not in used:
             return node
     return None
@@ -49,7 +49,7 @@ def _emptiest(spec: JobSpec, pool: FreePool, model: str, need: int,
         # ranked() yields servers with at least ``free`` free GPUs, fewest first: the first
         # unused one has exactly ``free`` once every larger count has been tried.
         for node in pool.ranked(model, free, _share(spec.cpus, free, g),
-                                _share(spec.memory_mib, free, g)):
+                                _share(spec.memory_mib, free, g), spec):
             if node not in used:
                 return node, free
     return None
