@@ -234,6 +234,12 @@ def _node_name(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("node", help="node name")
 
 
+def _drain(p: argparse.ArgumentParser, _: Any) -> None:
+    p.add_argument("node", help="node name")
+    p.add_argument("--reason", default="", help="why, shown with the node's state (Slurm's "
+                                                "scontrol ... Reason=)")
+
+
 def _completion(p: argparse.ArgumentParser, _: Any) -> None:
     p.add_argument("what", choices=("bash", "words"), help="bash script, or words")
     p.add_argument("source", nargs="?", choices=("jobs", "nodes"),
@@ -297,7 +303,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "port-forward": ("relay a local port to a TCP port of a running job (JOB LOCAL[:REMOTE])",
                      _port_forward),
     "logs": ("a job's output (stdout and stderr), from every node it ran on", _logs),
-    "drain": ("stop placing jobs on a node", _node_name),
+    "drain": ("stop placing jobs on a node (running ones stay): drain NODE --reason TEXT",
+              _drain),
     "gpu": ("return a GPU that is out of service to service (gpu reset NODE INDEX)",
             lambda p, c: _failures().add_gpu(p, c)),
     "undrain": ("place jobs on a node again", _node_name),
@@ -555,7 +562,10 @@ def run(args: argparse.Namespace) -> int:
 
             text = "" if structured(args.output) else show_job(result)
     elif cmd in ("drain", "undrain"):
-        result = client.call(cmd, {"node": args.node})
+        params = {"node": args.node}
+        if cmd == "drain" and args.reason:
+            params["reason"] = args.reason
+        result = client.call(cmd, params)
         text = f"node {result['node']} is {result['status']}"
     elif cmd == "gpu":
         result, text = _failures().run_gpu(client, args)

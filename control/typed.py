@@ -136,8 +136,9 @@ class Calls:
         return RpcCall("node", {"node": name}, _view("NodeDetail"))
 
     @staticmethod
-    def drain(name: str) -> RpcCall[str]:
-        return RpcCall("drain", {"node": name}, lambda r: str(_field(r, "status")))
+    def drain(name: str, reason: str = "") -> RpcCall[str]:
+        params = {"node": name, "reason": reason} if reason else {"node": name}
+        return RpcCall("drain", params, lambda r: str(_field(r, "status")))
 
     @staticmethod
     def undrain(name: str) -> RpcCall[str]:
@@ -222,9 +223,9 @@ class TypedCalls:
         """One node with the job parts placed there."""
         return self._run(Calls.node(name))
 
-    def drain(self, name: str) -> str:
-        """Stop placing jobs on a node; returns its status."""
-        return self._run(Calls.drain(name))
+    def drain(self, name: str, reason: str = "") -> str:
+        """Stop placing jobs on a node (with why); returns its status."""
+        return self._run(Calls.drain(name, reason))
 
     def undrain(self, name: str) -> str:
         """Place jobs on a drained node again; returns its status."""
@@ -307,8 +308,8 @@ class AsyncTypedCalls:
     async def node(self, name: str) -> NodeDetail:
         return await self._run(Calls.node(name))
 
-    async def drain(self, name: str) -> str:
-        return await self._run(Calls.drain(name))
+    async def drain(self, name: str, reason: str = "") -> str:
+        return await self._run(Calls.drain(name, reason))
 
     async def undrain(self, name: str) -> str:
         return await self._run(Calls.undrain(name))

@@ -91,9 +91,12 @@ def show_nodes_wide(nodes: list[dict[str, Any]]) -> str:
             f"{n['cpus'] - n['cpus_free']}/{n['cpus']}",
             f"{n['memory_mib'] - n['memory_free_mib']}/{n['memory_mib']}",
             ",".join(map(str, n["gpus_unhealthy"])) or "-", ",".join(n["jobs"]) or "-",
-            ",".join(n.get("features") or ()) or "-"])
+            ",".join(n.get("features") or ()) or "-",
+            # Why it takes no new work (its first condition), as sinfo -R says.
+            next((c["reason"] for c in n.get("conditions") or ()), "-")])
     return render_table(["NODE", "STATUS", "ADDRESS", "GPU MODEL", "GPUS USED", "GPU UTIL",
-                         "CPUS USED", "MEM USED MIB", "UNHEALTHY", "JOBS", "FEATURES"], rows)
+                         "CPUS USED", "MEM USED MIB", "UNHEALTHY", "JOBS", "FEATURES",
+                         "REASON"], rows)
 
 
 def show_node(result: dict[str, Any], wide: bool = False) -> str:

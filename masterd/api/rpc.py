@@ -63,6 +63,13 @@ class NodeParams:
 
 
 @dataclass(frozen=True)
+class DrainParams:
+    node: str = bounded(max_len=256)
+    # Why (shown with the node's state everywhere, kept across restarts); "" for none.
+    reason: str = bounded("", max_len=256)
+
+
+@dataclass(frozen=True)
 class JobsParams:
     state: str | None = bounded(None, pattern="|".join(s.value for s in JobState) + "|active")
     tenant: str | None = bounded(None, pattern=NAME_PATTERN)
@@ -141,7 +148,7 @@ class Rpc:
             "jobs": (JobsParams, self.jobs),
             "job": (JobIdParams, self.job),
             "nodes": (NoParams, self.nodes),
-            "drain": (NodeParams, self.drain),
+            "drain": (DrainParams, self.drain),
             "undrain": (NodeParams, self.undrain),
             "node": (NodeParams, self.node),
             "events": (EventsParams, self.events),
@@ -368,9 +375,9 @@ class Rpc:
 
     @returns("`node` and its `status` (`drained`): running jobs stay, nothing new starts.",
              ("unknown_node",))
-    async def drain(self, p: NodeParams) -> dict[str, Any]:
-        """Stop placing jobs on a node."""
-        await self.master.set_drained(p.node, True)
+    async def drain(self, p: DrainParams) -> dict[str, Any]:
+        """Stop placing jobs on a node, with a reason for its users and other operators."""
+        await self.master.set_drained(p.node, True, " ".join(p.reason.split()))
         return {"node": p.node, "status": self.master.node_status(p.node)}
 
     @returns("`node` and its `status`.", ("unknown_node",))

@@ -24,6 +24,7 @@ from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
 from masterd.core.timelimits import grace_for
+from masterd.journal.drains import load_drains, save_drain
 from masterd.journal.epochs import take_next_epoch
 from masterd.journal.helios import load_power, save_power
 from masterd.journal.journal import Journal
@@ -206,11 +207,13 @@ class Master:
             # SQLite: each start is a new epoch (PostgreSQL's comes from the lease).
             self.leadership.epoch = take_next_epoch(self.store, self.clock())
             log.info("epoch=%d (this start of the master)", self.leadership.epoch)
+        drains = load_drains(self.store)  # why each drained node is (since, reason)
         for inventory, drained, _ in self.store.load_nodes():
             self.core.node_up(self.events.effective_inventory(inventory))
             self.core.node_down(inventory.name)  # until it reconnects
             if drained:
-                self.core.set_drained(inventory.name, True)
+                since, reason = drains.get(inventory.name, (None, ""))
+                self.core.set_drained(inventory.name, True, reason, since)
         if self.config.power.enabled:  # Cluster Energy Saving's states (set_power)
             self.power = {node: (state, since, reason) for node, (state, since, reason)
                           in load_power(self.store).items()
@@ -1189,14 +1192,19 @@ class Master:
                     else "until it returns")
 
     # -- operator actions ----------------------------------------------------------------
-    async def set_drained(self, name: str, drained: bool) -> None:
-        self.core.set_drained(name, drained, since=self.clock())
+    async def set_drained(self, name: str, drained: bool, reason: str = "") -> None:
+        """Drain (with the operator's reason) or undrain a node; journalled before it
+        returns, so a restarted master still says why."""
+        now = self.clock()
+        self.core.set_drained(name, drained, reason, since=now)
         view = self.core.cluster.node(name)
         assert view is not None
-        await self.journal.call(Store.save_node, view.inventory, drained, self.clock())
-        await self._persist([], [(self.clock(), None, name,
-                                  "drained" if drained else "undrained", {})])
-        log.info("node=%s %s", name, "drained" if drained else "undrained")
+        await self.journal.call(Store.save_node, view.inventory, drained, now)
+        detail = {"reason": reason} if drained and reason else {}
+        await self.journal.call(save_drain, name, drained, now, reason, (
+            now, None, name, "drained" if drained else "undrained", detail))
+        log.info("node=%s %s%s", name, "drained" if drained else "undrained",
+                 f" reason={reason!r}" if drained and reason else "")
         self.request_pass()
 
     def is_drained(self, name: str) -> bool:

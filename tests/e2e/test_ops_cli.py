@@ -157,8 +157,11 @@ def test_submit_show_cancel_drain_undrain_json(cluster: LocalCluster) -> None:
     assert code == 0 and out["job"]["id"] == "cli-c1", err
     assert wait_state(cluster, "cli-c1", {"cancelled"})["signal"] == signal.SIGTERM
     node = cluster.node_name(2)
-    code, out, err = ctl(cluster, "drain", node)
+    code, out, err = ctl(cluster, "drain", node, "--reason", "fan 3 replaced")
     assert (code, out) == (0, {"node": node, "status": "drained"}), err
+    code, out, err = ctl(cluster, "node", node)
+    assert code == 0 and [(c["kind"], c["reason"]) for c in out["node"]["conditions"]] == [
+        ("drained", "drained by an operator: fan 3 replaced")], err
     code, out, err = ctl(cluster, "undrain", node)
     assert (code, out) == (0, {"node": node, "status": "ready"}), err
 
