@@ -100,8 +100,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("constraint", ("-C", "--constraint"), field="spec.selector.features",
            metavar="FEATURES",
            script=(S("constraint", "constraint", short="C", env="SBATCH_CONSTRAINT"),),
-           help="only nodes with every one of these features (a100&ib; `trellisctl nodes -o "
-                "wide` lists each node's), Slurm's --constraint"),
+           help="only nodes with every one of these features (a100&ib) or with any of them "
+                "(a100|h100); `trellisctl nodes -o wide` lists each node's. Slurm's "
+                "--constraint"),
+    Option("exclude", ("-x", "--exclude"), field="spec.selector.exclude", metavar="NODES",
+           script=(S("exclude", "hostlist", short="x", env="SBATCH_EXCLUDE"),),
+           help="never these nodes: gpu01,gpu07 or gpu[01-04,07] (Slurm's --exclude)"),
     Option("user", ("--user",), field="spec.user",
            help="Unix user the job runs as (default: you)"),
     Option("tenant", ("-A", "--account", "--tenant"), field="spec.tenant", metavar="ACCOUNT",

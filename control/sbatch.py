@@ -321,6 +321,12 @@ def _constraint(where: str, d: Directive, ctx: _Context) -> str | None:
     return _checked(lambda text: parse_constraint(text, d.spelled), where, d, partition=True)
 
 
+def _hostlist(where: str, d: Directive, ctx: _Context) -> str | None:
+    from control.values import parse_hostlist
+
+    return _checked(lambda text: parse_hostlist(text, d.spelled), where, d, partition=True)
+
+
 def _array(where: str, d: Directive, ctx: _Context) -> str | None:
     from control.values import parse_array
 
@@ -374,6 +380,7 @@ PARSERS: dict[str, Any] = {
     "mem": lambda where, d, ctx: _mem_mib(where, d),
     "nodes": _nodes, "time": _time, "signal": _signal, "dependency": _dependency,
     "array": _array, "qos": _qos, "image": _image, "constraint": _constraint,
+    "hostlist": _hostlist,
     "yes": lambda where, d, ctx: True, "no": lambda where, d, ctx: False,
     "ntasks": _ntasks, "ntasks_per_node": _ntasks_per_node, "export": _export,
 }

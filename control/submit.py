@@ -90,10 +90,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         job["deadline"] = parse_deadline(args.deadline, time.time())
     if args.after is not None:
         job["after"] = dependency_wire(args.after)
-    if getattr(args, "constraint", None) is not None:
-        from control.values import parse_constraint
-
-        job["selector"] = {"features": parse_constraint(args.constraint)}
+    selector = selector_options(args)
+    if selector:
+        job["selector"] = selector
     job.update(time_options(args))
     stop = stop_options(args)
     if stop:
@@ -113,6 +112,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if launch:
         job["launch"] = launch
     return job
+
+
+def selector_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--constraint and --exclude as the spec's selector (only what the command line gives)."""
+    from control.values import parse_constraint, parse_hostlist
+
+    selector: dict[str, Any] = {}
+    if getattr(args, "constraint", None) is not None:
+        selector.update(parse_constraint(args.constraint))
+    if getattr(args, "exclude", None) is not None:
+        selector["exclude"] = parse_hostlist(args.exclude)
+    return selector
 
 
 def parse_mount(text: str) -> dict[str, Any]:

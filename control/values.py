@@ -56,23 +56,76 @@ def dependency_wire(text: str, where: str = "--after") -> list[dict[str, Any]]:
     return [{"type": t.type, "jobs": list(t.jobs)} for t in terms]
 
 
-def parse_constraint(text: str, where: str = "--constraint") -> list[str]:
-    """Slurm's ``--constraint`` as the node features a job needs: ``a100&ib`` (every one of
-    them on each of its nodes). Slurm's OR forms (``|``, ``[...]``, counts) are refused."""
+def parse_constraint(text: str, where: str = "--constraint") -> dict[str, list[str]]:
+    """Slurm's ``--constraint`` as the spec's selector fields: ``a100&ib`` (every one of
+    them on each node: ``features``) or ``a100|h100`` (at least one on each node, nodes may
+    differ: ``any_features``). Mixing & with |, brackets and counts are refused."""
     import re
 
     from shared.model import FEATURE_PATTERN
 
     spec = text.strip()
-    for sign in ("|", "[", "]", "*", "!", "(", ")", ","):
-        if sign in spec:
-            raise UsageError(f"{where} {text!r}: only features joined by & are supported "
-                             f"(each node must have every one), not {sign!r}")
-    features = [part.strip() for part in spec.split("&")]
     if not spec:
         raise UsageError(f"{where}: names no feature")
+    for sign in ("[", "]", "*", "!", "(", ")", ","):
+        if sign in spec:
+            raise UsageError(f"{where} {text!r}: only features joined by & (all of them) or "
+                             f"by | (any of them) are supported, not {sign!r}")
+    if "&" in spec and "|" in spec:
+        raise UsageError(f"{where} {text!r}: & and | cannot be mixed; give all of the "
+                         "features (a&b) or any of them (a|b)")
+    joiner, field = ("|", "any_features") if "|" in spec else ("&", "features")
+    features = [part.strip() for part in spec.split(joiner)]
     for feature in features:
         if not re.fullmatch(FEATURE_PATTERN, feature):
             raise UsageError(f"{where} {text!r}: {feature!r} is not a feature name (a letter "
                              "or digit, then letters, digits, _ . + -)")
-    return list(dict.fromkeys(features))
+    return {field: list(dict.fromkeys(features))}
+
+
+def parse_hostlist(text: str, where: str = "--exclude") -> list[str]:
+    """Slurm's node lists: ``gpu01,gpu07`` and ranges ``gpu[01-04,07]`` (zero-padded as
+    written), in order, without repeats."""
+    import re
+
+    from shared.model import NAME_PATTERN
+
+    names: list[str] = []
+    for part in _split_outside_brackets(text.strip()):
+        if not part.strip():
+            raise UsageError(f"{where} {text!r}: an empty name between commas")
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", part)
+        if match is None:
+            names.append(part.strip())
+            continue
+        prefix, ranges, suffix = match.groups()
+        for span in ranges.split(","):
+            first, dash, last = span.partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()):
+                raise UsageError(f"{where} {text!r}: {span!r} in [...] is not N or N-M")
+            low, high = int(first), int(last) if dash else int(first)
+            if high < low or high - low >= 10_000:
+                raise UsageError(f"{where} {text!r}: range {span!r} is empty or too long")
+            width = len(first)
+            names += [f"{prefix}{i:0{width}d}{suffix}" for i in range(low, high + 1)]
+    for name in names:
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise UsageError(f"{where} {text!r}: {name!r} is not a node name")
+    if not names:
+        raise UsageError(f"{where}: names no node")
+    return list(dict.fromkeys(names))
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    """``a,b[1,2],c`` -> ``["a", "b[1,2]", "c"]``: commas inside [...] belong to a range."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts if text else []

@@ -284,9 +284,31 @@ class NodeSelector:
     """Which nodes a job may use beyond its GPU model (grouped to keep JobSpec under 30
     attributes; most jobs share NO_SELECTOR)."""
 
-    # Every one of these node features (Slurm's --constraint=a100&nvlink).
+    # Every one of these node features (Slurm's --constraint=a100&nvlink) ...
     features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
                                         pattern=FEATURE_PATTERN)
+    # ... at least one of these on each node (--constraint=a100|h100; nodes may differ) ...
+    any_features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
+                                            pattern=FEATURE_PATTERN)
+    # ... and none of these nodes (Slurm's --exclude).
+    exclude: tuple[str, ...] = bounded(default_factory=tuple, max_len=1024,
+                                       pattern=NAME_PATTERN)
+
+    def __str__(self) -> str:
+        """How people read it: "with a100&ib, not gpu-03"."""
+        parts = []
+        if self.features:
+            parts.append("with " + "&".join(self.features))
+        if self.any_features:
+            parts.append("with " + "|".join(self.any_features))
+        if self.exclude:
+            parts.append("not " + ",".join(self.exclude))
+        return ", ".join(parts)
+
+    @property
+    def constraint(self) -> str:
+        """Its features in Slurm's --constraint syntax ("a100&ib", "a100|h100", "")."""
+        return "&".join(self.features) or "|".join(self.any_features)
 
 
 NO_SELECTOR = NodeSelector()

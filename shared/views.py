@@ -70,6 +70,8 @@ class JobView:
     after: str = ""
     # The node features it selects, in Slurm's --constraint syntax ("a100&ib"; "" for none).
     constraint: str = ""
+    # The nodes it may not use (Slurm's --exclude).
+    exclude: tuple[str, ...] = ()
     # The array it is a task of, and its index there.
     array: ArrayTask | None = None
     # When it was submitted (seconds since the epoch) ...

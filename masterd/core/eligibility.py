@@ -1,9 +1,10 @@
 """May this request use this node: the one answer every placer asks for.
 
 A job that asks for no GPU may use any node's cores; one that asks for GPUs without naming a
-model may use any node's; one that names a model only nodes of that model. A job that selects
-features (``JobSpec.selector``, Slurm's ``--constraint``) only nodes that have every one of
-them. The placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
+model may use any node's; one that names a model only nodes of that model. A job's selector
+(``JobSpec.selector``) narrows that further: nodes with every feature it names (Slurm's
+``--constraint a&b``), with any of them (``a|b``), and none it excludes (``--exclude``). The
+placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
 candidates, SWAF's and SCHED²'s searches, the inference planner) all ask here, and the
 scheduling core checks every start a policy decides against it, so a new condition (a
 flavor, a partition) is added once.
@@ -14,7 +15,7 @@ on, so no cache can hand one job's placement to a job that may not use its nodes
 
 from __future__ import annotations
 
-from shared.model import JobSpec, NodeInventory
+from shared.model import NO_SELECTOR, JobSpec, NodeInventory, NodeSelector
 
 
 def model_fits(wanted: str | None, model: str | None) -> bool:
@@ -26,30 +27,40 @@ def eligible(spec: JobSpec, node: NodeInventory) -> bool:
     """The job may run on this node."""
     if spec.gpus and spec.gpu_model is not None and node.gpu_model != spec.gpu_model:
         return False
-    wanted = spec.selector.features
-    return not wanted or node.feature_set.issuperset(wanted)
+    selector = spec.selector
+    if selector is NO_SELECTOR:
+        return True
+    if selector.features and not node.feature_set.issuperset(selector.features):
+        return False
+    if selector.any_features and node.feature_set.isdisjoint(selector.any_features):
+        return False
+    return node.name not in selector.exclude
 
 
 def selects(spec: JobSpec) -> bool:
     """The job restricts its nodes beyond their GPU model (a search over a model's nodes
     must then ask :func:`eligible` of each)."""
-    return bool(spec.selector.features)
+    selector = spec.selector
+    return selector is not NO_SELECTOR and selector != NO_SELECTOR
 
 
-PlacementKey = tuple[int, "str | None", int, int, "int | None", tuple[str, ...]]
+PlacementKey = tuple[int, "str | None", int, int, "int | None", NodeSelector]
 
 
 def placement_key(spec: JobSpec) -> PlacementKey:
     """What a placement of ``spec`` depends on: two specs with one key place alike."""
     return (spec.gpus, spec.gpu_model, spec.cpus, spec.memory_mib, spec.max_nodes,
-            spec.selector.features)
+            spec.selector)
 
 
 def missing_features(spec: JobSpec, nodes: list[NodeInventory]) -> str:
-    """The features the job selects that no node of ``nodes`` has, as a sentence part, or ""
-    (each is somewhere, just not all on one node)."""
+    """The features the job needs (all of ``features``; ``any_features`` as a whole) that no
+    node of ``nodes`` has, as a sentence part, or "" (each is somewhere, just not together)."""
     have: set[str] = set()
     for node in nodes:
         have.update(node.features)
-    absent = [f for f in spec.selector.features if f not in have]
+    selector = spec.selector
+    absent = [f for f in selector.features if f not in have]
+    if selector.any_features and have.isdisjoint(selector.any_features):
+        absent.append("|".join(selector.any_features))
     return ", ".join(absent)

@@ -334,15 +334,18 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
             absent = missing_features(spec, [v.inventory for v in snapshot.nodes.values()])
             if absent:
                 return f"no node has the feature{'s' if ',' in absent else ''} {absent}"
-            return (f"no node{model} has all of the features "
-                    f"{'&'.join(spec.selector.features)}")
+            selector = spec.selector
+            if selector.features and not selector.any_features and not selector.exclude:
+                return (f"no node{model} has all of the features "
+                        f"{'&'.join(selector.features)}")
+            return f"no node{model} matches what it selects ({selector})"
         return f"no node{model} is registered"
     if spec.gpus:
         total = sum(v.total_gpus for v in nodes)
         if spec.gpus > total:
             if selects(spec):
-                return (f"asks for {spec.gpus} GPUs but the nodes with the features "
-                        f"{'&'.join(spec.selector.features)} have {total}")
+                return (f"asks for {spec.gpus} GPUs but the nodes it selects "
+                        f"({spec.selector}) have {total}")
             return f"asks for {spec.gpus} GPUs but the cluster has {total}"
         max_gpn = max(v.total_gpus for v in nodes)
         if not shapes(spec.gpus, max_gpn, spec.max_nodes or len(nodes)):

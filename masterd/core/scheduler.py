@@ -195,7 +195,7 @@ class SchedulingCore:
             self._fit_inventory = self.cluster.inventory_changes
         # Exactly the fields fits_cluster reads (cpus only matter for CPU-only jobs).
         key = (spec.gpus, spec.gpu_model, spec.cpus if spec.gpus == 0 else 0, spec.max_nodes,
-               spec.selector.features)
+               spec.selector)
         try:
             return self._fit_cache[key]
         except KeyError:

@@ -29,7 +29,7 @@ from typing import Any
 
 from masterd.core.backfill import Reservation
 from masterd.core.conditions import DISCONNECTED, DRAINED, POWER
-from masterd.core.eligibility import PlacementKey, eligible, placement_key
+from masterd.core.eligibility import PlacementKey, eligible, placement_key, selects
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import SchedulingCore
@@ -127,17 +127,17 @@ _CLOSED_WORDS = {DISCONNECTED: "not connected", DRAINED: "drained", POWER: "powe
 def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     nodes = pool.nodes_for(spec)
     model = f" of {spec.gpu_model}" if spec.gpu_model else ""
-    # The nodes it selects by their features: "no node with ib has 2 free GPUs now".
-    node = f"node with {'&'.join(spec.selector.features)}" if spec.selector.features \
-        else "node"
+    # The nodes it selects: "no node with ib has 2 free GPUs now".
+    node = f"node ({spec.selector})" if selects(spec) else "node"
+    if spec.selector.features and not spec.selector.any_features and not spec.selector.exclude:
+        node = f"node {spec.selector}"
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
         return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
                                                                   else "")
     if spec.gpus:
         if max(len(pool.views[n].inventory.gpus) for n in nodes) < spec.gpus:
-            where = f" of the nodes with {'&'.join(spec.selector.features)}" \
-                if spec.selector.features else ""
+            where = f" of the nodes it selects ({spec.selector})" if selects(spec) else ""
             return (f"the free GPUs{model}{where} do not make up {spec.gpus} in a shape of "
                     "the job now (it spans nodes)")
         if max(pool.free_gpu_count(n) for n in nodes) < spec.gpus:

@@ -47,8 +47,10 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none)
         # and the array it is a task of ({id, index}, or nil).
         "after": format_dependency(spec.after),
-        # The node features it selects, in Slurm's --constraint syntax ("a100&ib"; "").
-        "constraint": "&".join(spec.selector.features),
+        # The node features it selects, in Slurm's --constraint syntax ("a100&ib",
+        # "a100|h100"; ""), and the nodes it may not use (--exclude).
+        "constraint": spec.selector.constraint,
+        "exclude": list(spec.selector.exclude),
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
     }
 

@@ -26,6 +26,11 @@ def test_a_constrained_job_runs_on_the_node_with_its_features(make_cluster) -> N
     code, _, err = ctl(cluster, "submit", "--user", "nobody", "--gpus", "1", "-C", "hdr",
                        "--", "true")
     assert code == 1 and "no node has the feature hdr" in err, err
-    code, _, err = ctl(cluster, "submit", "--user", "nobody", "--gpus", "1", "-C", "a|b",
+    code, _, err = ctl(cluster, "submit", "--user", "nobody", "--gpus", "1", "-C", "a&b|c",
                        "--", "true")
-    assert code == 2 and "only features joined by & are supported" in err, err
+    assert code == 2 and "& and | cannot be mixed" in err, err
+    # Any of them, and excluded nodes: the one featured node is excluded, so it cannot run.
+    code, _, err = ctl(cluster, "submit", "--user", "nobody", "--gpus", "1", "-C", "ib|hdr",
+                       "-x", featured[0], "--", "true")
+    assert code == 1 and f"no node matches what it selects (with ib|hdr, not {featured[0]})" \
+        in err, err

@@ -42,6 +42,7 @@ def reference(job: Job) -> dict[str, Any]:
         "priority": spec.priority, "after": ",".join(
             ":".join((d.type, *d.jobs)) for d in spec.after),
         "constraint": "&".join(spec.selector.features),
+        "exclude": list(spec.selector.exclude),
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
         "nodes": [a.node for a in placement.allocations] if placement else [],
         "placement": [

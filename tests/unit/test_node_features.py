@@ -13,7 +13,7 @@ import pytest
 from control.cli import build_parser
 from control.submit import jobs_from_args
 from control.usage import UsageError
-from control.values import parse_constraint
+from control.values import parse_constraint, parse_hostlist
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Decision, Start
 from masterd.core.scheduler import JobError, SchedulingCore
@@ -76,7 +76,7 @@ def test_a_feature_no_node_has_is_refused_with_one_sentence() -> None:
     core.node_up(replace(inventory("c", gpus=4, cpus=16), features=("hdr",)))
     with pytest.raises(JobError, match="no node has all of the features ib&hdr"):
         core.check_submittable(job("x", gpus=1, selector=NodeSelector(("ib", "hdr"))).spec)
-    with pytest.raises(JobError, match="asks for 16 GPUs but the nodes with the features ib "
+    with pytest.raises(JobError, match="asks for 16 GPUs but the nodes it selects \\(with ib\\) "
                                        "have 8"):
         core.check_submittable(job("x", gpus=16, selector=IB).spec)
     core.check_submittable(job("x", gpus=8, selector=IB).spec)  # fits b when it is free
@@ -92,26 +92,57 @@ def test_a_waiting_job_is_told_which_nodes_it_waits_for() -> None:
         "no_fit", "no node with ib has 2 free GPUs now")
 
 
-def test_constraint_spellings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_constraint("a100&ib&a100") == ["a100", "ib"]
-    for text, why in (("a|b", "only features joined by & are supported"),
-                      ("[a|b]", "not '\\|'"), ("a*2", "not '\\*'"), ("a&&b", "'' is not a"),
+def test_constraint_and_exclude_spellings(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_constraint("a100&ib&a100") == {"features": ["a100", "ib"]}
+    assert parse_constraint("a100|h100") == {"any_features": ["a100", "h100"]}
+    for text, why in (("a&b|c", "& and \\| cannot be mixed"),
+                      ("[a|b]", "not '\\['"), ("a*2", "not '\\*'"), ("a&&b", "'' is not a"),
                       ("a b", "'a b' is not a feature name"), (" ", "names no feature")):
         with pytest.raises(UsageError, match=why):
             parse_constraint(text)
+    assert parse_hostlist("gpu[01-03,07],cpu1") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"]
+    for text, why in (("gpu[a-b]", "'a-b' in \\[...\\] is not N or N-M"),
+                      ("a,,b", "an empty name between commas"), ("g[3-1]", "is empty"),
+                      ("gp u", "'gp u' is not a node name"), ("", "names no node")):
+        with pytest.raises(UsageError, match=why):
+            parse_hostlist(text)
     monkeypatch.chdir(tmp_path)
-    args = build_parser().parse_args(["submit", "--user", "nobody", "-C", "a100&ib", "--gpus",
-                                      "1", "--", "true"])
+    args = build_parser().parse_args(["submit", "--user", "nobody", "-C", "a100&ib", "-x",
+                                      "n[1-2]", "--gpus", "1", "--", "true"])
     (wire,), _ = jobs_from_args(args)
-    assert wire["selector"] == {"features": ["a100", "ib"]}
+    assert wire["selector"] == {"features": ["a100", "ib"], "exclude": ["n1", "n2"]}
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n#SBATCH --constraint=nvlink&ib\n#SBATCH -G 1\ntrue\n")
+    script.write_text("#!/bin/bash\n#SBATCH --constraint=nvlink|ib\n#SBATCH -G 1\n"
+                      "#SBATCH --exclude=gpu03\ntrue\n")
     args = build_parser().parse_args(["submit", "--user", "nobody", str(script)])
     (wire,), _ = jobs_from_args(args)
-    assert wire["selector"] == {"features": ["nvlink", "ib"]}
+    assert wire["selector"] == {"any_features": ["nvlink", "ib"], "exclude": ["gpu03"]}
     spec = decode(type(job("x").spec), {**wire, "user": "nobody"})
-    assert spec.selector.features == ("nvlink", "ib")
-    script.write_text("#!/bin/bash\n#SBATCH -C a|b\ntrue\n")
+    assert spec.selector.any_features == ("nvlink", "ib") and spec.selector.exclude == ("gpu03",)
+    assert str(spec.selector) == "with nvlink|ib, not gpu03"
+    script.write_text("#!/bin/bash\n#SBATCH -C a&b|c\ntrue\n")
     args = build_parser().parse_args(["submit", "--user", "nobody", str(script)])
-    with pytest.raises(UsageError, match=r"job.sh line 2: -C=a\|b: only features joined by &"):
+    with pytest.raises(UsageError, match=r"job.sh line 2: -C=a&b\|c: & and \| cannot be mixed"):
         jobs_from_args(args)
+    monkeypatch.setenv("SBATCH_EXCLUDE", "gpu[1-2")
+    script.write_text("#!/bin/bash\n#SBATCH -G 1\ntrue\n")
+    args = build_parser().parse_args(["submit", "--user", "nobody", str(script)])
+    with pytest.raises(UsageError, match=r"SBATCH_EXCLUDE.*is not a node name"):
+        jobs_from_args(args)
+
+
+def test_any_of_features_and_excluded_nodes_select_nodes() -> None:
+    core = cluster(make_policy("fifo"))
+    core.node_up(replace(inventory("c", gpus=4, cpus=16), features=("h100",)))
+    core.submit(job("any", gpus=4, t=0, selector=NodeSelector(any_features=("h100", "ib"))))
+    core.submit(job("notb", gpus=4, t=1, selector=NodeSelector(exclude=("b",))))
+    started = {d.job_id: d.placement.nodes for d in core.schedule(1) if isinstance(d, Start)}
+    # a (4 GPUs, no feature) is everyone's best fit: "any" takes c, "notb" takes a.
+    assert started == {"any": ("c",), "notb": ("a",)}
+    with pytest.raises(JobError, match=r"no node has the feature hdr\|gpu80$"):
+        core.check_submittable(job("x", gpus=1,
+                                   selector=NodeSelector(any_features=("hdr", "gpu80"))).spec)
+    with pytest.raises(JobError, match=r"no node matches what it selects \(not a,b,c\)"):
+        core.check_submittable(job("x", gpus=1, selector=NodeSelector(exclude=("a", "b", "c"))
+                                   ).spec)

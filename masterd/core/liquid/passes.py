@@ -236,4 +236,4 @@ def _gpu_memory(gpus: Sequence[object], indices: Sequence[int]) -> int | None:
 
 def _candidate_key(spec: JobSpec) -> object:
     """Jobs with one key may use the same nodes (masterd.core.eligibility)."""
-    return ("cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model), spec.selector.features)
+    return ("cpu" if spec.gpus == 0 else ("gpu", spec.gpu_model), spec.selector)

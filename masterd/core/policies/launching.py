@@ -53,7 +53,7 @@ def start_shapes(
     for job, c in choices:
         s = job.spec
         demand = (c.gpu_model, c.d_node, c.d_gpn, per_node_share(s.cpus, c.d_node),
-                  per_node_share(s.memory_mib, c.d_node), s.selector.features)
+                  per_node_share(s.memory_mib, c.d_node), s.selector)
         if demand in failed:
             continue
         placement = realise(s, pool, c.d_node, c.d_gpn, by_model.get(c.gpu_model, []))

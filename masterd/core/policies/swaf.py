@@ -63,13 +63,13 @@ from masterd.core.genie.plan import (
 )
 from masterd.core.placement import pack, per_node_share, realise
 from masterd.core.policy import Decision, Start
-from shared.model import Job
+from shared.model import Job, NodeSelector
 
 log = logging.getLogger("trellis.genie")
 
-# (gpu model, d_node, d_gpn, cores per node, MiB per node, selected node features): jobs
+# (gpu model, d_node, d_gpn, cores per node, MiB per node, the nodes it selects): jobs
 # with one demand fit alike.
-DemandKey = tuple[str, int, int, int, int, tuple[str, ...]]
+DemandKey = tuple[str, int, int, int, int, NodeSelector]
 # (late, e − l, −requeue priority, submit time, job id): the SWAF order, unique per job;
 # ``late`` is 1 only for a deferred job (``late_tasks="defer"``), else 0.
 OrderItem = tuple[int, float, int, float, str]
@@ -293,7 +293,7 @@ class SwafPolicy:
             c.d_gpn,
             per_node_share(spec.cpus, c.d_node),
             per_node_share(spec.memory_mib, c.d_node),
-            spec.selector.features,
+            spec.selector,
         )
         late = int(
             self.late_tasks == "defer" and state == len(plan.records) and not plan.asap
@@ -404,9 +404,9 @@ class SwafPolicy:
         decisions: list[Decision] = []
         if self._groups:
             self._launch_gpu_jobs(pool, platform, decisions)
-        dead: set[tuple[int, int, tuple[str, ...]]] = set()
+        dead: set[tuple[int, int, NodeSelector]] = set()
         for job in cpu_jobs:
-            demand = (job.spec.cpus, job.spec.memory_mib, job.spec.selector.features)
+            demand = (job.spec.cpus, job.spec.memory_mib, job.spec.selector)
             if demand in dead:
                 continue
             placement = pack(job.spec, pool)
