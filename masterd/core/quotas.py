@@ -200,8 +200,25 @@ class Ledger:
         use = self.usage.get(account)
         return 0 if use is None else use[0]
 
+    def never(self, account: str, need: Vector) -> str | None:
+        """Why a job of ``account`` needing ``need`` can never be admitted under today's
+        limits (it alone is over a quota + borrowing limit along its lineage), or None."""
+        for name in self.lineage(account):
+            limit = self.limits[name]
+            if not limit.constrained:
+                continue
+            for i, r in enumerate(RESOURCES):
+                if need[i] > limit.ceiling[i]:
+                    return (f"asks for {shown(i, need[i])} {UNITS[r]}, more than account "
+                            f"{name!r} may ever use (its quota + borrowing limit is "
+                            f"{shown(i, limit.ceiling[i])})")
+        return None
+
     def refusal(self, account: str, need: Vector) -> str | None:
         """Why a job of ``account`` needing ``need`` may not be admitted now, or None."""
+        never = self.never(account, need)
+        if never is not None:  # no end of other jobs lets it in: say so, and what would
+            return f"it {never}; it runs only once that limit is raised"
         for name in self.lineage(account):
             limit = self.limits[name]
             if not limit.constrained:

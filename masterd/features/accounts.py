@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from masterd.core.quotas import RESOURCES, UNITS, QuotaAdmission, ceiling, shown
+from masterd.core.quotas import RESOURCES, UNITS, QuotaAdmission, ceiling, demand, shown
 from masterd.core.scheduler import JobError
 from masterd.journal.accounts import create_tables, read_tree, write_tree
 from masterd.runtime.caller import caller, is_admin
@@ -343,6 +343,11 @@ class Accounts:
                 raise JobError("over_cap", f"job {spec.name} asks for a time limit of "
                                f"{limit} s; account {name!r} allows {caps.time_limit_s} s "
                                "(time_limit_s)")
+        if self.admission is not None:
+            # Larger than its account may ever hold: refused now, not queued forever.
+            never = self.admission.ledger.never(account, demand(spec))
+            if never is not None:
+                raise JobError("unsatisfiable", f"job {spec.name} {never}")
 
     def screen(self, specs: Sequence[JobSpec], ids: Sequence[str | None]
                ) -> Mapping[int, JobError]:

@@ -97,3 +97,23 @@ def test_changes_are_validated_whole_journalled_and_survive_a_new_master(
 
     # The next master over the same journal, with a configuration that differs.
     run(tmp_path, second, [*ACCOUNTS, {"name": "extra"}])
+
+
+def test_a_job_larger_than_its_accounts_quota_and_borrowing_is_refused_not_queued(
+        tmp_path: Path) -> None:
+    """Honest waiting: no end of other jobs would ever let it in."""
+    accounts = [{"name": "lab", "users": ["alice"], "default_for": ["alice"],
+                 "quota": {"gpus": 2}, "borrowing_limit": {"gpus": 1}}]
+
+    async def body(master: Master, rpc: Rpc) -> None:
+        call = rpc.call
+        error = await refused(ALICE, lambda: call("submit", {"job": job(
+            gpus=4, kind="training")}))
+        assert error.code == "unsatisfiable" and error.message == (
+            "job j asks for 4 GPUs, more than account 'lab' may ever use (its quota + "
+            "borrowing limit is 3)")
+        ok = await as_(ALICE, lambda: call("submit", {"job": job(gpus=3, kind="training")}))
+        assert ok["job"]["state"] in ("queued", "starting")
+        assert len(master.core.jobs) == 1
+
+    run(tmp_path, body, accounts)

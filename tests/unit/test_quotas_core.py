@@ -255,3 +255,17 @@ def test_an_owner_goes_ahead_of_a_borrowing_fifo_head_that_blocks_it() -> None:
     assert started(core.schedule(3)) == []
     assert core.queue()[0].id == "b0"  # moved ahead of the borrowing head
     assert started(core.schedule(4)) == ["b0"]
+
+
+def test_a_queued_job_its_account_shrank_under_says_it_can_never_run_as_is() -> None:
+    core = make([Account("a", quota=Resources(gpus=4), borrowing_limit=Resources(gpus=0))])
+    core.submit(job("big", gpus=4, t=0, tenant="a"))
+    core.submit(job("run", gpus=1, t=0, tenant="a"))
+    assert core.admission is not None
+    core.admission.set_tree(AccountTree.of(
+        [Account("a", quota=Resources(gpus=2), borrowing_limit=Resources(gpus=0))]))
+    assert started(core.schedule(1)) == ["run"]
+    waiting = core.jobs["big"]
+    assert waiting.wait == "quota" and waiting.reason == (
+        "it asks for 4 GPUs, more than account 'a' may ever use (its quota + borrowing limit "
+        "is 2); it runs only once that limit is raised")
