@@ -1,9 +1,9 @@
 """Why each drained node is drained, in the master's journal (SQLite or PostgreSQL, one SQL).
 
-``node_drains``: the operator's reason and since when, one row per drained node, written with
-the ``drained`` event in one transaction and removed with the ``undrained`` one. The nodes
-table keeps its ``drained`` flag (what a restarted master closes); this table gives the
-condition its sentence back, so ``trellisctl node`` says why after a restart too.
+``node_drains``: the operator's reason and since when, one row per drained node. A drain or
+undrain is one transaction: the nodes table's ``drained`` flag (what a restarted master
+closes), this row (the condition's sentence, so ``trellisctl node`` says why after a restart
+too) and the ``drained``/``undrained`` event.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ def load_drains(store: Store) -> dict[str, tuple[float, str]]:
 
 def save_drain(store: Store, node: str, drained: bool, since: float, reason: str,
                event: tuple[Any, ...]) -> None:
-    """Record (or, undrained, remove) a node's drain with its event, in one transaction."""
+    """Drain (or undrain) a registered node: its flag, its reason and its event, in one
+    transaction."""
 
     def run() -> None:
+        store.db.execute("UPDATE nodes SET drained=? WHERE name=?", (int(drained), node))
         if drained:
             store.db.execute(
                 "INSERT INTO node_drains (node, since, reason) VALUES (?,?,?) ON CONFLICT(node) "

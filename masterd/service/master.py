@@ -1197,9 +1197,6 @@ class Master:
         returns, so a restarted master still says why."""
         now = self.clock()
         self.core.set_drained(name, drained, reason, since=now)
-        view = self.core.cluster.node(name)
-        assert view is not None
-        await self.journal.call(Store.save_node, view.inventory, drained, now)
         detail = {"reason": reason} if drained and reason else {}
         await self.journal.call(save_drain, name, drained, now, reason, (
             now, None, name, "drained" if drained else "undrained", detail))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from control.views import show_nodes_wide
 from masterd.api.app import GATE_KEY
+from masterd.journal.store import Store
 from masterd.main import MasterDaemon
 from shared.config import MasterConfig, load_config
 from tests.unit.helpers import inventory
@@ -31,7 +32,10 @@ async def test_a_drains_reason_is_shown_and_survives_a_restart(tmp_path: Path) -
     d = await started(cfg)
     try:
         assert d.master is not None
-        d.master.core.node_up(inventory("n1", gpus=4, cpus=8))
+        # Registered as a hello registers it: in the core and in the journal's nodes table.
+        node = inventory("n1", gpus=4, cpus=8)
+        d.master.core.node_up(node)
+        await d.master.journal.call(Store.save_node, node, False, 0.0)
         status, reply = await rpc(d, "drain", {"node": "n1", "reason": "  new   fans\n"})
         # No node daemon is connected here: its status says that first.
         assert status == 200 and reply["result"]["status"] == "disconnected", reply
