@@ -309,22 +309,15 @@ def _signal(where: str, d: Directive, ctx: _Context) -> str | None:
     return _checked(parse_signal, where, d)
 
 
-def _dependency(where: str, d: Directive, ctx: _Context) -> str | None:
-    from control.values import dependency_wire
+def _checked_by(name: str) -> Any:
+    """A parser that checks the value with ``control.values.NAME(text, spelling)``, the
+    command line's own check (imported when a script uses it)."""
+    def parse(where: str, d: Directive, ctx: _Context) -> str | None:
+        from control import values
 
-    return _checked(lambda text: dependency_wire(text, d.spelled), where, d, partition=True)
-
-
-def _constraint(where: str, d: Directive, ctx: _Context) -> str | None:
-    from control.values import parse_constraint
-
-    return _checked(lambda text: parse_constraint(text, d.spelled), where, d, partition=True)
-
-
-def _hostlist(where: str, d: Directive, ctx: _Context) -> str | None:
-    from control.values import parse_hostlist
-
-    return _checked(lambda text: parse_hostlist(text, d.spelled), where, d, partition=True)
+        check = getattr(values, name)
+        return _checked(lambda text: check(text, d.spelled), where, d, partition=True)
+    return parse
 
 
 def _array(where: str, d: Directive, ctx: _Context) -> str | None:
@@ -378,9 +371,10 @@ PARSERS: dict[str, Any] = {
     "gpu_count": lambda where, d, ctx: _gpu_count(where, d),
     "gres": lambda where, d, ctx: _gres(where, d),
     "mem": lambda where, d, ctx: _mem_mib(where, d),
-    "nodes": _nodes, "time": _time, "signal": _signal, "dependency": _dependency,
-    "array": _array, "qos": _qos, "image": _image, "constraint": _constraint,
-    "hostlist": _hostlist,
+    "nodes": _nodes, "time": _time, "signal": _signal,
+    "dependency": _checked_by("dependency_wire"), "constraint": _checked_by("parse_constraint"),
+    "hostlist": _checked_by("parse_hostlist"),
+    "array": _array, "qos": _qos, "image": _image,
     "yes": lambda where, d, ctx: True, "no": lambda where, d, ctx: False,
     "ntasks": _ntasks, "ntasks_per_node": _ntasks_per_node, "export": _export,
 }

@@ -306,6 +306,11 @@ class NodeSelector:
         return ", ".join(parts)
 
     @property
+    def only_features(self) -> bool:
+        """It selects by ``features`` alone ("with a100&ib" reads without brackets)."""
+        return bool(self.features) and not self.any_features and not self.exclude
+
+    @property
     def constraint(self) -> str:
         """Its features in Slurm's --constraint syntax ("a100&ib", "a100|h100", "")."""
         return "&".join(self.features) or "|".join(self.any_features)

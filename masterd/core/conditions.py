@@ -56,10 +56,6 @@ class NodeConditions:
             if not held:
                 del self._by_node[node]
 
-    def forget(self, node: str) -> None:
-        """The node left the cluster: none of its conditions matter any more."""
-        self._by_node.pop(node, None)
-
     def has(self, node: str, kind: str) -> bool:
         return kind in self._by_node.get(node, {})
 

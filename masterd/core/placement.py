@@ -334,11 +334,9 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
             absent = missing_features(spec, [v.inventory for v in snapshot.nodes.values()])
             if absent:
                 return f"no node has the feature{'s' if ',' in absent else ''} {absent}"
-            selector = spec.selector
-            if selector.features and not selector.any_features and not selector.exclude:
-                return (f"no node{model} has all of the features "
-                        f"{'&'.join(selector.features)}")
-            return f"no node{model} matches what it selects ({selector})"
+            if spec.selector.only_features:
+                return f"no node{model} has all of the features {spec.selector.constraint}"
+            return f"no node{model} matches what it selects ({spec.selector})"
         return f"no node{model} is registered"
     if spec.gpus:
         total = sum(v.total_gpus for v in nodes)

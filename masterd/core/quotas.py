@@ -68,9 +68,10 @@ def demand(spec: JobSpec, placement: Placement | None = None) -> Vector:
     allocation) and the whole GPU where a policy gives it one of its own: a policy that does
     not share (fifo, drf) once charged 0.25 for a GPU nobody else could use. Without a
     placement (a queued job), what it asks for."""
-    share = spec.gpu_milli is not None and spec.gpus == 1 and (
-        placement is None or any(a.shared for a in placement.allocations))
-    gpus = spec.gpu_milli if share and spec.gpu_milli is not None else spec.gpus * 1000
+    gpus = spec.gpus * 1000
+    if spec.gpu_milli is not None and spec.gpus == 1 and (
+            placement is None or any(a.shared for a in placement.allocations)):
+        gpus = spec.gpu_milli
     return (gpus, spec.cpus, spec.memory_mib)
 
 

@@ -33,7 +33,7 @@ from masterd.core.eligibility import PlacementKey, eligible, placement_key, sele
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
 from masterd.core.scheduler import SchedulingCore
-from shared.model import Job, JobSpec, JobState, WaitReason
+from shared.model import Job, JobSpec, JobState, NodeInventory, WaitReason
 
 
 class WaitExplainer:
@@ -43,6 +43,8 @@ class WaitExplainer:
         self._positions: dict[str, int] | None = None
         self._pool: FreePool | None = None
         self._fits: dict[PlacementKey, str | None] = {}
+        # Each closed node's inventory and first condition, read once per listing.
+        self._closed_nodes: list[tuple[NodeInventory, str]] | None = None
         self._reservation = reservation_of(self.policy)
 
     def why(self, job: Job) -> tuple[str, str]:
@@ -112,11 +114,13 @@ class WaitExplainer:
     def _closed(self, spec: JobSpec) -> str:
         """The nodes the job could use that take no new work, counted by their first
         condition ("2 drained, 1 disconnected"), or ""."""
-        counts: Counter[str] = Counter()
-        for name, conditions in self.core.conditions.closed().items():
-            view = self.core.cluster.node(name)
-            if conditions and view is not None and eligible(spec, view.inventory):
-                counts[conditions[0].kind] += 1
+        if self._closed_nodes is None:
+            self._closed_nodes = []
+            for name, conditions in self.core.conditions.closed().items():
+                view = self.core.cluster.node(name)
+                if conditions and view is not None:
+                    self._closed_nodes.append((view.inventory, conditions[0].kind))
+        counts = Counter(kind for node, kind in self._closed_nodes if eligible(spec, node))
         return ", ".join(f"{n} {_CLOSED_WORDS[kind]}" for kind, n in counts.most_common())
 
 
@@ -128,9 +132,9 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     nodes = pool.nodes_for(spec)
     model = f" of {spec.gpu_model}" if spec.gpu_model else ""
     # The nodes it selects: "no node with ib has 2 free GPUs now".
-    node = f"node ({spec.selector})" if selects(spec) else "node"
-    if spec.selector.features and not spec.selector.any_features and not spec.selector.exclude:
-        node = f"node {spec.selector}"
+    selector = spec.selector
+    node = (f"node {selector}" if selector.only_features
+            else f"node ({selector})" if selects(spec) else "node")
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
         return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
