@@ -356,6 +356,12 @@ async def test_an_unanswered_start_keeps_the_job_off_other_nodes_until_its_part_
         await master.close()
 
 
+def launches() -> list[asyncio.Task[object]]:
+    """The master's launches running now (each a Master._launch task)."""
+    return [t for t in asyncio.all_tasks()
+            if getattr(t.get_coro(), "__qualname__", "") == "Master._launch"]
+
+
 async def test_a_job_preempted_while_its_prepare_is_in_flight_is_queued_again_unstarted(
         tmp_path: Path) -> None:
     """Quota reclaim (or SODA's placer) preempts a job its master is still launching: it
@@ -378,6 +384,7 @@ async def test_a_job_preempted_while_its_prepare_is_in_flight_is_queued_again_un
     try:
         job = await master.submit(spec())
         node = await placed_on(master, sessions, job, "prepare_job")
+        [first_launch] = launches()
         assert master.preempt(Preempt(job.id, "reclaimed: the owner needs its quota"))
         node.answer("prepare_job", {"port": 29500})
         await until("the requeue journalled", lambda: queued_reasons(master, job.id))
@@ -390,7 +397,7 @@ async def test_a_job_preempted_while_its_prepare_is_in_flight_is_queued_again_un
         await until("the second launch", lambda: sum(
             len(s.commands("prepare_job")) for s in sessions.values()) == 2)
         again = await placed_on(master, sessions, job, "prepare_job")
-        await asyncio.sleep(0.05)
+        await until("the first launch returned", first_launch.done)
         assert job.id in master._launching and job.attempts == 2
         await master.node_hello(again, Hello(  # type: ignore[arg-type]
             inventory=inventory(again.name, gpus=4, cpus=8, numa=1)))

@@ -10,7 +10,6 @@ job without counting the refusal against it."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,14 @@ from shared.messages import Hello, JobExited, JobReport
 from shared.model import JobSpec, JobState, NodeAllocation, Placement
 from tests.unit.helpers import inventory
 from tests.unit.master_fakes import Clock, FakeSession, make_master, started, until
+
+
+async def a_pass_ran(master: Master) -> None:
+    """Wait for a scheduling pass that begins after now: a placement is decided (and the job
+    leaves the queue) inside it, so what it did not do it will not do later."""
+    before = master.passes
+    master.request_pass()
+    await until("a scheduling pass", lambda: master.passes > before)
 
 
 def one_gpu(name: str = "train") -> JobSpec:
@@ -92,8 +99,8 @@ async def test_a_gpus_busy_refusal_is_reconciled_and_not_counted(tmp_path: Path)
         assert (stop.job_id, stop.restarts) == ("ghost", 2)
         assert job.state is JobState.QUEUED and job.start_failures == 0
         assert "start failed" in job.reason
-        await asyncio.sleep(0.05)  # passes run meanwhile: no placement on a held GPU
-        assert len(node.commands("prepare_job")) == 1
+        await a_pass_ran(master)  # one that could place it: not on a held GPU
+        assert job.state is JobState.QUEUED and len(node.commands("prepare_job")) == 1
         assert master.core.cluster.holds("n1") == {("ghost", 2): {0}}
         # The stray's exit frees GPU 0, and the job runs there.
         await stray_exits(master, node)
@@ -139,7 +146,7 @@ async def test_a_hello_reporting_a_stray_holds_its_gpus_until_it_exits(tmp_path:
         await until("the one-GPU job placed", lambda: one.placement is not None)
         two = await master.submit(JobSpec(name="two", command=("train",), user="nobody",
                                           gpus=1, cpus=1, max_nodes=1))
-        await asyncio.sleep(0.05)  # passes run meanwhile: GPU 0 is not free
+        await a_pass_ran(master)  # one that could place it: GPU 0 is not free
         assert one.placement.allocations[0].gpus == (1,)  # type: ignore[union-attr]
         assert two.state is JobState.QUEUED and not node.commands("list_parts")
         assert [c.job_id for c in node.commands("stop_job")] == ["ghost"]
@@ -250,7 +257,8 @@ async def test_a_part_of_the_masters_own_on_gpus_its_ledger_has_free_is_held(
         await until("the second job queued", lambda: second.state is JobState.QUEUED
                     and "start failed" in second.reason)
         assert second.start_failures == 0
-        await asyncio.sleep(0.05)
+        await a_pass_ran(master)
+        assert second.state is JobState.QUEUED
         assert len(node.commands("prepare_job")) == 2  # not placed again on the held GPU
         node.stray = None
         await master.node_event("n1", "job_exited", JobExited(
