@@ -389,9 +389,13 @@ class InferenceService:
         if ran:
             self._failures.pop(service, None)
         else:
-            self._failures[service] = self._failures.get(service, 0) + 1
-            log.warning("service=%s replica job=%s failed (%s); retrying in %.0fs",
-                        service, job.id, job.reason or job.state.value, self._backoff(service))
+            self._failed(service, f"replica job={job.id} failed "
+                                  f"({job.reason or job.state.value})")
+
+    def _failed(self, service: str, what: str) -> None:
+        """One more consecutive failure of the service's replicas: the back-off doubles."""
+        self._failures[service] = self._failures.get(service, 0) + 1
+        log.warning("service=%s %s; retrying in %.0fs", service, what, self._backoff(service))
 
     def forgetting(self, job: Job) -> None:
         """The master is dropping this ended job from memory (finished_jobs_in_memory).
@@ -438,9 +442,11 @@ class InferenceService:
             job = self.ctx.jobs.launch_placed(spec, replica.placement, replica.id,
                                               f"service {reg.service}: {action.reason}")
         except (ValueError, RuntimeError) as exc:
-            log.error("service=%s replica=%s cannot be launched: %s", replica.service,
-                      replica.id, exc)
-            self.placer.replica_lost(replica.service, replica.id)
+            # Refused before it ran (a closed node, over its account's limits, resources
+            # taken): a failed replica like one whose node refused it, so it stays listed
+            # and backs off (_forget_lost) instead of being tried again at every pass.
+            self._ended[replica.id] = self.ctx.clock()
+            self._failed(replica.service, f"replica {replica.id} cannot be launched: {exc}")
             return
         self.jobs[replica.id] = job.id
         self.live.add(job.id)

@@ -231,3 +231,43 @@ async def test_measured_memory_bandwidth_steers_cpu_replicas(tmp_path: Path) -> 
         assert inference.measured_headroom() == {}
     finally:
         await master.close()
+
+
+async def a_pass(master: Any) -> None:
+    before = master.passes
+    master.request_pass()
+    await until("a pass", lambda: master.passes > before)
+
+
+async def test_a_replica_its_account_cannot_take_backs_off_like_a_refused_one(
+    tmp_path: Path,
+) -> None:
+    """The launch is refused before any job exists (the quota permit): it counts as a failed
+    replica and waits out the back-off, not one more refusal at every pass."""
+    from dataclasses import replace
+
+    clock = Clock()
+    accounts = [{"name": "serving", "users": ["nobody"], "quota": {"cpus": 0},
+                 "borrowing_limit": {"cpus": 0}}]
+    master, sessions = make_master(tmp_path, clock, {"g1": (2, 4)}, inference=INFERENCE,
+                                   accounts=accounts)
+    tries: list[str] = []
+    start_placed = master.core.start_placed
+
+    def counting(job: Any) -> None:
+        tries.append(job.id)
+        start_placed(job)
+
+    master.core.start_placed = counting  # type: ignore[method-assign]
+    try:
+        await master.features.inference.register_service(replace(SVC, tenant="serving"))
+        assert len(tries) == 1 and not replica_jobs(master)
+        for _ in range(5):  # passes come and go; no new attempt inside the back-off
+            await a_pass(master)
+        assert len(tries) == 1
+        clock.now += 2  # past the first back-off (1 s)
+        master.request_pass()
+        await until("a second attempt", lambda: len(tries) == 2)
+        assert not replica_jobs(master) and not sessions["g1"].commands("prepare_job")
+    finally:
+        await master.close()
