@@ -17,7 +17,8 @@ from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Policy
 from sim import results, studies
 from sim.cluster import ClusterConfigError, NodeGroup, build_cluster, load_cluster_file
-from sim.engine import Annotator, FailureConfig, Outage, SimConfig, SimulationError, simulate
+from sim.engine import Annotator, FailureConfig, Outage, SimConfig, SimulationError
+from sim.engines import engine_for
 from sim.oracle import oracle_modeldb
 from sim.partition import simulate_partitioned
 from sim.philly_run import (
@@ -111,6 +112,14 @@ def qssf_annotator(name: str, workload: Workload) -> Annotator | None:
     if name != "qssf" or all(ESTIMATE_KEY in j.annotations for j in workload.jobs):
         return None
     return QssfEstimator()
+
+
+def trace_dir_if_any(arg: str | None) -> Path | None:
+    """The trace directory, or None where there is none (a genie workload needs none)."""
+    try:
+        return resolve_trace(arg)
+    except UsageError:
+        return None
 
 
 def resolve_trace(arg: str | None) -> Path:
@@ -287,9 +296,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             workload = build_workload(args, seed, density, TruthModel(config.truth, seed))
             notes.setdefault("workload_notes", {})[workload.name] = workload.notes
             notes["skipped_rows"].extend(workload.skipped)
-            for name in policies:
+            built = {name: build_policy(name, with_oracle(policy_options[name], config.truth,
+                                                          workload))
+                     for name in policies}
+            # Every policy of the comparison on one engine, so that all face the same truth.
+            engine = engine_for(built.values(), trace_dir_if_any(args.trace))
+            if engine.note() is not None and engine.note() not in notes.setdefault(
+                    "engine_notes", []):
+                notes["engine_notes"].append(engine.note())
+            for name, policy in built.items():
                 options = with_oracle(policy_options[name], config.truth, workload)
-                policy = build_policy(name, options)
                 label = workload.name
                 bar = None
                 if not args.no_progress:
@@ -302,15 +318,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                         config, bar,
                         (lambda name=name, w=workload: qssf_annotator(name, w))  # type: ignore
                         if qssf_annotator(name, workload) is not None else None,
+                        engine,
                     )
                 else:
-                    result = simulate(workload, policy, config, bar,
-                                      qssf_annotator(name, workload))
+                    result = engine.replay(workload, policy, config, bar,
+                                           qssf_annotator(name, workload))
                 if bar is not None:
                     done = sum(r.state != "unfinished" for r in result.records)
                     bar.close(result.end_time, done, len(result.records))
                 runs.append(make_run(label, density, result))
     print(comparison_table(runs))
+    for note in notes.get("engine_notes", []):
+        print(f"engine: {note}")
     idle = nothing_waited([r.summary for r in runs])
     if idle is not None:
         print(idle)

@@ -19,6 +19,7 @@ feature would.
 
 from __future__ import annotations
 
+from masterd.core.fairshare import FairShare
 from shared.model import Placement
 from sim.colocation import ColocationTable, Profile
 from sim.engine import Annotator, ProgressFn, SimConfig, Simulator, _Run
@@ -37,8 +38,10 @@ class LiquidSimulator(Simulator):
         *,
         colocation: ColocationTable | None = None,
         network: PsNetwork | None = None,
+        fairshare: FairShare | None = None,
     ) -> None:
-        super().__init__(workload, policy, config, progress, annotator)  # type: ignore[arg-type]
+        super().__init__(workload, policy, config, progress,  # type: ignore[arg-type]
+                         annotator, fairshare)
         self.colocation = colocation
         self.network = network
         self._gpu_jobs: dict[tuple[str, int], set[str]] = {}

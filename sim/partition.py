@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from masterd.core.policy import Policy
-from sim.engine import Annotator, Sample, SimConfig, SimResult, simulate
+from sim.engine import Annotator, Sample, SimConfig, SimResult
+from sim.engines import Engine, engine_for
 from sim.workloads.base import Workload
 
 ProgressFn = Callable[[float, int, int], None]
@@ -66,6 +67,7 @@ def simulate_partitioned(
     config: SimConfig,
     progress: ProgressFn | None = None,
     make_annotator: Callable[[], Annotator] | None = None,
+    engine: Engine | None = None,
 ) -> SimResult:
     """Replay each partition with its own core and policy instance (and annotator, if any:
     an estimator learns from its own partition's jobs, as a per-VC scheduler would); merge
@@ -88,7 +90,9 @@ def simulate_partitioned(
                 progress(t, offset + done, total)
 
         annotator = make_annotator() if make_annotator is not None else None
-        results.append(simulate(part.workload, make_policy(), config, inner, annotator))
+        policy = make_policy()
+        chosen = engine if engine is not None else engine_for([policy])
+        results.append(chosen.replay(part.workload, policy, config, inner, annotator))
         gpu_nodes.append(sum(1 for n in part.workload.nodes if n.gpus))
         done_before += len(part.workload.jobs)
     return merge_results(results, gpu_nodes, workload)

@@ -47,7 +47,8 @@ from masterd.journal.history import JobHistory, read_history
 from shared.accounts import Account, AccountTree
 from shared.model import JobSpec, NodeInventory
 from shared.schema import SchemaError, decode
-from sim.engine import SimConfig, SimResult, simulate
+from sim.engine import SimConfig, SimResult
+from sim.engines import engine_for
 from sim.metrics import mean, percentile
 from sim.studies.common import pyplot, save_figure
 from sim.truth import TruthConfig, TruthParams
@@ -210,14 +211,16 @@ def replay(data: Replayable, policies: Sequence[Any], fairshare: bool = False,
     accounts = {j.id: j.account for j in data.jobs}
     from sim.cli import qssf_annotator  # the estimate a replay of a trace gets (no cycle)
 
+    # Every policy on one engine (sim/engines.py), chosen before fair share wraps them.
+    engine = engine_for(policy for _, policy in policies)
     for name, policy in policies:
         tracker = None
         if fairshare:
             tracker = FairShare(AccountTree.of(data.accounts), half_life_s=half_life_s)
             policy = FairShareOrdering(policy, tracker)
         config = SimConfig(seed=1, truth=REPLAY_TRUTH, accounts=data.accounts)
-        result = simulate(data.workload, policy, config,
-                          annotator=qssf_annotator(name, data.workload), fairshare=tracker)
+        result = engine.replay(data.workload, policy, config,
+                               annotator=qssf_annotator(name, data.workload), fairshare=tracker)
         outcomes.append(replay_outcome(name + ("+fairshare" if fairshare else ""), result,
                                        accounts))
     return outcomes

@@ -74,6 +74,12 @@ class LiquidPolicy:
         self.last = PassStats()
         self._wake: float | None = None
 
+    @property
+    def shares_gpus(self) -> bool:
+        """Declared to the simulator (sim/engines.py): this policy's jobs may share a GPU,
+        by sharing or by starting on a GPU a job saving its model lends."""
+        return self.sharing or self.prescheduling
+
     def decide(self, snapshot: ClusterSnapshot, queue: Sequence[Job],
                now: float) -> list[Decision]:
         return self.plan(snapshot, queue, now).decisions
