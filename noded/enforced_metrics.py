@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from noded.enforcer import ContentionEnforcer
-    from noded.partition import NetPartition
+    from noded.netpartition import NetPartition
     from noded.tuning import CoreTuning
 
 ACTIONS = ("mba", "cores", "restore_mba", "restore_cores")

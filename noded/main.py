@@ -43,7 +43,7 @@ from noded.membw import peak_bandwidth
 from noded.metrics import NodeMetrics, serve_metrics
 from noded.metrics_channel import MetricsChannel
 from noded.mps import open_mps
-from noded.partition import NetPartition
+from noded.netpartition import NetPartition
 from noded.rdt_setup import open_node_resctrl
 from noded.selffence import SelfFence
 from noded.tuning import CoreTuning

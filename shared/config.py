@@ -364,7 +364,7 @@ class ContentionConfig:
 class NetConfig:
     """SODA's network partition (§V-E), section ``[net]``: while a multi-node GPU job runs on
     the node, GPU jobs are guaranteed ``gpu_share`` of the data NIC and CPU jobs
-    ``cpu_share``; either may use the whole link alone (noded/partition.py)."""
+    ``cpu_share``; either may use the whole link alone (noded/netpartition.py)."""
 
     enabled: bool = False
     interface: str = bounded("", pattern=r"[^/\s:]{0,15}")  # the data NIC, e.g. "ib0"

@@ -124,7 +124,7 @@ CONTENTION_ACTIONS = r"mba|cores|restore_mba|restore_cores"
 
 
 @dataclass(frozen=True)
-class Partition:
+class NetPartitionSwitch:
     """The node's network partition (SODA §V-E) went on or off: while ``active``, GPU jobs are
     guaranteed ``gpu_share`` of ``interface`` and CPU jobs ``cpu_share``; ``jobs`` are the
     multi-node GPU jobs that call for it."""
@@ -486,7 +486,9 @@ NODE_EVENTS = {
     "gpu_health": GpuHealth,
     "contention": Contention,
     "mem_bandwidth": MemBandwidth,
-    "partition": Partition,
+    "net_partition": NetPartitionSwitch,
+    # The name before partitions of the cluster took the word: nodes not yet upgraded send it.
+    "partition": NetPartitionSwitch,
     "cores_changed": CoresChanged,
     "job_metric": JobMetric,
     "job_usage": JobUsage,

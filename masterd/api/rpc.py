@@ -390,7 +390,7 @@ class Rpc:
              "service, its `fault` (`{xid, reason, fatal, since}`); `jobs`: the "
              "job parts placed there (`id`, `state`, `tenant`, `user`, `qos`, `gpus`, "
              "`cpus`, `memory_mib`); `rdt`: `{cat, mba, mbm, mba_mbps}`; once the node "
-             "reported them, `partition` (SODA's network partition) and `memory_bandwidth` "
+             "reported them, `net_partition` (SODA's network partition) and `memory_bandwidth` "
              "(`used_gbps`, `limit_gbps`, `headroom_gbps` for inference CPU replicas, "
              "`age_s`).", ("unknown_node",))
     async def node(self, p: NodeParams) -> dict[str, Any]:
@@ -421,9 +421,9 @@ class Rpc:
         view = self.master.core.cluster.node(p.node)
         assert view is not None
         reply = {"node": found, "jobs": jobs, "rdt": dataclasses.asdict(view.inventory.rdt)}
-        partition = self.master.features.partitions.of(p.node)
+        partition = self.master.features.net_partitions.of(p.node)
         if partition is not None:  # SODA's network partition, once the node reported one
-            reply["partition"] = {k: v for k, v in partition.items() if k != "jobs"} | {
+            reply["net_partition"] = {k: v for k, v in partition.items() if k != "jobs"} | {
                 "jobs": ",".join(partition["jobs"]) or "-"}
         bandwidth = self.master.features.inference.bandwidth_of(p.node)
         if bandwidth is not None:  # the node's contention monitor measures it (MBM)

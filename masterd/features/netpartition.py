@@ -1,7 +1,7 @@
 """Nodes' network partitions (SODA §V-E), as their ``partition`` events report them.
 
 noded switches the partition of its data NIC on when a multi-node GPU job starts there and off
-when the last one ends (noded/partition.py). Each switch is journalled as a ``partition``
+when the last one ends (noded/netpartition.py). Each switch is journalled as a ``partition``
 event of the node (``trellisctl events`` lists it) and the latest state of every node is kept
 for ``trellisctl node`` (the ``node`` RPC's ``partition`` section). The state lives in memory:
 a restarted master learns it again at the node's next switch.
@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from masterd.runtime.context import FeatureContext
-from shared.messages import Partition
+from shared.messages import NetPartitionSwitch
 
 log = logging.getLogger("trellis.master.partition")
 
@@ -29,7 +29,7 @@ class NetPartitions:
         return self.state.get(node)
 
     async def on_node_event(self, node: str, event: Any) -> None:
-        if not isinstance(event, Partition):
+        if not isinstance(event, NetPartitionSwitch):
             return
         detail = {
             "active": event.active, "interface": event.interface,
@@ -40,5 +40,5 @@ class NetPartitions:
         self.state[node] = detail
         log.info("node=%s partition active=%s interface=%s jobs=%s reason=%r", node,
                  event.active, event.interface, ",".join(event.jobs) or "-", event.reason)
-        await self.ctx.journal.persist([], [(detail["since"], None, node, "partition",
+        await self.ctx.journal.persist([], [(detail["since"], None, node, "net_partition",
                                              {k: v for k, v in detail.items() if k != "since"})])

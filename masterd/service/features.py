@@ -44,7 +44,7 @@ class Features:
     adaptive: AdaptiveCpus  # SODA's adaptive CPU allocator (the master's half)
     inference: InferenceService  # SODA's hardware-aware inference placer
     arrays: ArrayPools  # SODA's multi-array pools: view and re-sizing
-    partitions: NetPartitions  # SODA's network partition, as the nodes report it
+    net_partitions: NetPartitions  # SODA's network partition, as the nodes report it
     liquid: LiquidResources  # Liquid's usage journal, resource model and post phases
     estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
@@ -97,7 +97,7 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                                                             config.fairshare.recalc_s)
     policy = ProfilingPolicy(configured, profiler.is_run, profiler.any_runs)
     features = Features(models=models, profiler=profiler, adaptive=adaptive,
-                        inference=inference, arrays=arrays, partitions=NetPartitions(ctx),
+                        inference=inference, arrays=arrays, net_partitions=NetPartitions(ctx),
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),

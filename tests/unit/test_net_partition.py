@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from noded.partition import PartitionSetupError, find_net_cls_mount, link_speed
+from noded.netpartition import PartitionSetupError, find_net_cls_mount, link_speed
 from shared.config import ConfigError, NodeConfig, load_config
 
 MOUNTINFO = (

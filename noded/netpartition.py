@@ -41,7 +41,7 @@ from noded.netshape import (
     TrafficShaper,
 )
 from shared.config import NetConfig
-from shared.messages import Partition
+from shared.messages import NetPartitionSwitch
 from shared.schema import encode
 
 log = logging.getLogger("trellis.node.partition")
@@ -191,7 +191,7 @@ class NetPartition:
                 out[part.job_id] = (kind, kind == "gpu" and part.prepare.nnodes > 1)
         return out
 
-    def sync(self, running: dict[str, tuple[str, bool]]) -> Partition | None:
+    def sync(self, running: dict[str, tuple[str, bool]]) -> NetPartitionSwitch | None:
         """Announce started and ended parts; the event to send if the partition switched.
         Runs on the worker thread."""
         known = self.partitioner.jobs()
@@ -231,7 +231,7 @@ class NetPartition:
             return False
         return True
 
-    def _switched(self, reason: str) -> Partition | None:
+    def _switched(self, reason: str) -> NetPartitionSwitch | None:
         jobs = self.partitioner.jobs()
         self.state.multi_node_jobs = tuple(sorted(j for j, n in jobs.items() if n.multi_node))
         self.state.classified = dict(self.partitioner.classifier.jobs())
@@ -242,12 +242,12 @@ class NetPartition:
         self.state.changes += 1
         log.info("partition %s interface=%s jobs=%s reason=%r", "on" if active else "off",
                  self.config.interface, ",".join(self.state.multi_node_jobs) or "-", reason)
-        return Partition(active=active, interface=self.config.interface,
+        return NetPartitionSwitch(active=active, interface=self.config.interface,
                          link_mbit=self.link_mbit, gpu_share=self.config.gpu_share,
                          cpu_share=self.config.cpu_share, jobs=self.state.multi_node_jobs,
                          reason=reason)
 
-    def close(self) -> Partition | None:
+    def close(self) -> NetPartitionSwitch | None:
         """noded is stopping: remove the partition and restore the NIC's original qdisc."""
         try:
             self.partitioner.close()
@@ -272,10 +272,10 @@ class NetPartition:
             log.debug("partition class bytes unreadable: %s", exc)
             return {}
 
-    async def _report(self, event: Partition) -> None:
+    async def _report(self, event: NetPartitionSwitch) -> None:
         if self.send is None:
             return
         try:
-            await self.send("partition", encode(event))
+            await self.send("net_partition", encode(event))
         except Exception as exc:  # the master hears the state again at the next change
             log.warning("partition event not sent active=%s error=%s", event.active, exc)

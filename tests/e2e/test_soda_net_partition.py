@@ -172,7 +172,7 @@ def test_multi_node_gpu_job_gets_75_percent_of_the_data_nic(
         assert [a["node"] for a in jobs[cpu_job]["placement"]] == [node1]
 
         def partition_on() -> dict | None:
-            found = client.call("node", {"node": node1}).get("partition")
+            found = client.call("node", {"node": node1}).get("net_partition")
             return found if found and found["active"] else None
 
         shown = cluster.wait_for("the partition reported on", partition_on, timeout=20)
@@ -209,14 +209,14 @@ def test_multi_node_gpu_job_gets_75_percent_of_the_data_nic(
 
         # The GPU job ends: the partition goes, the NIC's own root qdisc comes back.
         def partition_off() -> bool:
-            found = client.call("node", {"node": node1}).get("partition")
+            found = client.call("node", {"node": node1}).get("net_partition")
             return bool(found) and not found["active"]
 
         cluster.wait_for("the partition reported off", partition_off, timeout=30)
         assert _root_qdisc(sender_ns) == original
         kinds = [(e["node"], e["detail"]["active"])
                  for e in client.call("events", {"tail": 500})["events"]
-                 if e["kind"] == "partition"]
+                 if e["kind"] == "net_partition"]
         assert kinds == [(node1, True), (node1, False)]
     finally:
         if receiver is not None:
