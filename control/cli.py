@@ -314,6 +314,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "profile": ("profile a model type with B + N + G real runs", _profile),
     "profiles": ("list profiling campaigns, or show one", _profiles),
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
+    "partitions": ("partitions: their nodes, limits, accounts, free GPUs and jobs (sinfo)",
+                   lambda p, c: None),
     "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
                 lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
@@ -575,6 +577,11 @@ def run(args: argparse.Namespace) -> int:
         result, text = _fairshare().run_report(client, args)
     elif cmd == "account":
         result, text = _accounts().run_account(client, args)
+    elif cmd == "partitions":
+        from control.views import show_partitions
+
+        result = client.call("partitions")
+        text = show_partitions(result["partitions"])
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

@@ -106,6 +106,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("exclude", ("-x", "--exclude"), field="spec.selector.exclude", metavar="NODES",
            script=(S("exclude", "hostlist", short="x", env="SBATCH_EXCLUDE"),),
            help="never these nodes: gpu01,gpu07 or gpu[01-04,07] (Slurm's --exclude)"),
+    Option("partition", ("-p", "--partition"), field="spec.selector.partitions",
+           metavar="PARTITIONS",
+           script=(S("partition", "partitions", short="p", env="SBATCH_PARTITION"),),
+           help="the partition to run in, or several (a,b: any that admits the job); "
+                "default: the cluster's default partition. `trellisctl partitions` lists "
+                "them"),
     Option("user", ("--user",), field="spec.user",
            help="Unix user the job runs as (default: you)"),
     Option("tenant", ("-A", "--account", "--tenant"), field="spec.tenant", metavar="ACCOUNT",

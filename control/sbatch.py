@@ -53,7 +53,7 @@ class ScriptOptions:
     launch: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    unsupported: list[str] = field(default_factory=list)  # "--partition (line 3)"
+    unsupported: list[str] = field(default_factory=list)  # "--mail-type (line 3)"
 
 
 def looks_like_script(word: str) -> bool:
@@ -102,7 +102,7 @@ def read_script(path: str) -> str:
 
 def directives(text: str, where: str) -> tuple[list[Directive], list[str], list[str]]:
     """The script's directives in order, the options it names that Trellis does not know
-    (``--partition (line 3)``) and warnings (directives after the first command)."""
+    (``--mail-type (line 3)``) and warnings (directives after the first command)."""
     found: list[Directive] = []
     unknown: list[str] = []
     warnings: list[str] = []
@@ -373,7 +373,7 @@ PARSERS: dict[str, Any] = {
     "mem": lambda where, d, ctx: _mem_mib(where, d),
     "nodes": _nodes, "time": _time, "signal": _signal,
     "dependency": _checked_by("dependency_wire"), "constraint": _checked_by("parse_constraint"),
-    "hostlist": _checked_by("parse_hostlist"),
+    "hostlist": _checked_by("parse_hostlist"), "partitions": _checked_by("parse_partitions"),
     "array": _array, "qos": _qos, "image": _image,
     "yes": lambda where, d, ctx: True, "no": lambda where, d, ctx: False,
     "ntasks": _ntasks, "ntasks_per_node": _ntasks_per_node, "export": _export,

@@ -115,14 +115,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def selector_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--constraint and --exclude as the spec's selector (only what the command line gives)."""
-    from control.values import parse_constraint, parse_hostlist
+    """--constraint, --exclude and --partition as the spec's selector (only what the
+    command line gives)."""
+    from control.values import parse_constraint, parse_hostlist, parse_partitions
 
     selector: dict[str, Any] = {}
     if getattr(args, "constraint", None) is not None:
         selector.update(parse_constraint(args.constraint))
     if getattr(args, "exclude", None) is not None:
         selector["exclude"] = parse_hostlist(args.exclude)
+    if getattr(args, "partition", None) is not None:
+        selector["partitions"] = parse_partitions(args.partition)
     return selector
 
 

@@ -83,49 +83,27 @@ def parse_constraint(text: str, where: str = "--constraint") -> dict[str, list[s
     return {field: list(dict.fromkeys(features))}
 
 
-def parse_hostlist(text: str, where: str = "--exclude") -> list[str]:
-    """Slurm's node lists: ``gpu01,gpu07`` and ranges ``gpu[01-04,07]`` (zero-padded as
-    written), in order, without repeats."""
+def parse_partitions(text: str, where: str = "--partition") -> list[str]:
+    """Slurm's ``--partition a,b``: the partitions the job may run in (any that admits it)."""
     import re
 
     from shared.model import NAME_PATTERN
 
-    names: list[str] = []
-    for part in _split_outside_brackets(text.strip()):
-        if not part.strip():
-            raise UsageError(f"{where} {text!r}: an empty name between commas")
-        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", part)
-        if match is None:
-            names.append(part.strip())
-            continue
-        prefix, ranges, suffix = match.groups()
-        for span in ranges.split(","):
-            first, dash, last = span.partition("-")
-            if not first.isdigit() or (dash and not last.isdigit()):
-                raise UsageError(f"{where} {text!r}: {span!r} in [...] is not N or N-M")
-            low, high = int(first), int(last) if dash else int(first)
-            if high < low or high - low >= 10_000:
-                raise UsageError(f"{where} {text!r}: range {span!r} is empty or too long")
-            width = len(first)
-            names += [f"{prefix}{i:0{width}d}{suffix}" for i in range(low, high + 1)]
+    names = [part.strip() for part in text.split(",")]
+    if not text.strip() or not all(names):
+        raise UsageError(f"{where} {text!r}: give partition names separated by commas")
     for name in names:
         if not re.fullmatch(NAME_PATTERN, name):
-            raise UsageError(f"{where} {text!r}: {name!r} is not a node name")
-    if not names:
-        raise UsageError(f"{where}: names no node")
+            raise UsageError(f"{where} {text!r}: {name!r} is not a partition name")
     return list(dict.fromkeys(names))
 
 
-def _split_outside_brackets(text: str) -> list[str]:
-    """``a,b[1,2],c`` -> ``["a", "b[1,2]", "c"]``: commas inside [...] belong to a range."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts if text else []
+def parse_hostlist(text: str, where: str = "--exclude") -> list[str]:
+    """Slurm's node lists: ``gpu01,gpu07`` and ranges ``gpu[01-04,07]`` (zero-padded as
+    written), in order, without repeats."""
+    from shared.hostlist import HostlistError, expand
+
+    try:
+        return expand(text, where)
+    except HostlistError as exc:
+        raise UsageError(str(exc)) from None

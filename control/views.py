@@ -99,6 +99,26 @@ def show_nodes_wide(nodes: list[dict[str, Any]]) -> str:
                          "REASON"], rows)
 
 
+def show_partitions(partitions: list[dict[str, Any]]) -> str:
+    if not partitions:
+        return "this cluster has no partitions: jobs may use every node"
+    from shared.partitions import duration
+
+    def limit(seconds: float | None) -> str:
+        return "-" if seconds is None else duration(seconds)
+
+    rows = [[p["name"] + ("*" if p["default"] else ""), f"{p['schedulable']}/{p['node_count']}",
+             f"{p['free_gpus']}/{p['gpus']}", limit(p["max_time_s"]),
+             limit(p["default_time_s"]),
+             ",".join(p["allow_accounts"]) or ("not " + ",".join(p["deny_accounts"])
+                                               if p["deny_accounts"] else "all"),
+             str(p["queued"]), str(p["running"]), p["nodes"]]
+            for p in partitions]
+    # As sinfo marks it: the default partition's name ends in "*".
+    return render_table(["PARTITION", "UP/NODES", "FREE GPUS", "MAX TIME", "DEFAULT TIME",
+                         "ACCOUNTS", "QUEUED", "RUNNING", "NODELIST"], rows)
+
+
 def show_node(result: dict[str, Any], wide: bool = False) -> str:
     from control import failures
 

@@ -46,6 +46,9 @@ RELOADABLE = frozenset({"log_level", "stop_grace_s", "node_grace_s", "command_ti
 # Time limits (masterd/features/timelimits.py): a new maximum opens or closes waiting jobs'
 # time_limit gates; a new default applies to later submissions.
 RELOADABLE |= {"default_time_limit_s", "max_time_limit_s", "max_grace_s"}
+# Partitions (masterd/features/partitions.py): nodes re-labelled; a removed partition that
+# queued jobs still need stays until they are gone.
+RELOADABLE |= {"partitions"}
 DRAIN_TIMEOUT_S = 10.0
 STATUS_PERIOD_S = 5.0
 # Exit status of a master that lost the leadership (EX_TEMPFAIL): its supervisor starts it

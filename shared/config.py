@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from shared.accounts import Account, AccountError, AccountTree
 from shared.model import FEATURE_PATTERN, NAME_PATTERN, UNIX_USER_PATTERN
 from shared.nodelease import lease_problem
+from shared.partitions import Partition, PartitionError, PartitionTable
 from shared.schema import SchemaError, bounded, decode
 
 T = TypeVar("T")
@@ -217,6 +218,9 @@ class MasterConfig:
     retry_s: float = bounded(2.0, min=0.1, max=600)
     # The account tree ([[master.accounts]], docs/governance.md); empty: accounts are off.
     accounts: tuple[Account, ...] = bounded(default_factory=tuple, max_len=100_000)
+    # Partitions ([[master.partitions]], docs/partitions.md); empty: none, jobs may use every
+    # node.
+    partitions: tuple[Partition, ...] = bounded(default_factory=tuple, max_len=1024)
     # Interactive jobs (docs/interactive.md): a job run on a terminal whose client is gone
     # (dropped, or never attached) is cancelled after this long unless one attaches again.
     terminal_grace_s: float = bounded(30.0, min=0, max=86400)
@@ -227,7 +231,8 @@ class MasterConfig:
     def __post_init__(self) -> None:
         try:
             AccountTree.of(self.accounts)
-        except AccountError as exc:
+            PartitionTable.of(self.partitions)
+        except (AccountError, PartitionError) as exc:
             raise ValueError(str(exc)) from None
         if 0 < self.node_lost_s < self.node_grace_s:
             raise ValueError(f"node_lost_s ({self.node_lost_s:g}) is shorter than node_grace_s "

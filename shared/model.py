@@ -145,6 +145,10 @@ class NodeInventory:
     # (JobSpec.selector, Slurm's --constraint).
     features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
                                         pattern=FEATURE_PATTERN)
+    # The partitions the master's configuration puts it in (shared/partitions.py): set by
+    # the master on the inventory it takes, whatever a node sends.
+    partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=256,
+                                          pattern=NAME_PATTERN)
 
     @property
     def gpu_model(self) -> str | None:
@@ -153,6 +157,10 @@ class NodeInventory:
     @functools.cached_property
     def feature_set(self) -> frozenset[str]:
         return frozenset(self.features)
+
+    @functools.cached_property
+    def partition_set(self) -> frozenset[str]:
+        return frozenset(self.partitions)
 
     @functools.cached_property
     def cpu_ids(self) -> frozenset[int]:
@@ -290,9 +298,13 @@ class NodeSelector:
     # ... at least one of these on each node (--constraint=a100|h100; nodes may differ) ...
     any_features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
                                             pattern=FEATURE_PATTERN)
-    # ... and none of these nodes (Slurm's --exclude).
+    # ... and none of these nodes (Slurm's --exclude) ...
     exclude: tuple[str, ...] = bounded(default_factory=tuple, max_len=1024,
                                        pattern=NAME_PATTERN)
+    # ... of one of these partitions (--partition; the master writes the default partition
+    # into a job that names none, and keeps only those that admit it).
+    partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
+                                          pattern=NAME_PATTERN)
 
     def __str__(self) -> str:
         """How people read it: "with a100&ib, not gpu-03"."""
@@ -303,12 +315,21 @@ class NodeSelector:
             parts.append("with " + "|".join(self.any_features))
         if self.exclude:
             parts.append("not " + ",".join(self.exclude))
+        if self.partitions:
+            parts.append("in " + "|".join(self.partitions))
         return ", ".join(parts)
 
     @property
     def only_features(self) -> bool:
         """It selects by ``features`` alone ("with a100&ib" reads without brackets)."""
-        return bool(self.features) and not self.any_features and not self.exclude
+        return (bool(self.features) and not self.any_features and not self.exclude
+                and not self.partitions)
+
+    @property
+    def only_partitions(self) -> bool:
+        """It selects by ``partitions`` alone (every job of a cluster with partitions)."""
+        return (bool(self.partitions) and not self.features and not self.any_features
+                and not self.exclude)
 
     @property
     def constraint(self) -> str:

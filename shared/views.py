@@ -72,6 +72,8 @@ class JobView:
     constraint: str = ""
     # The nodes it may not use (Slurm's --exclude).
     exclude: tuple[str, ...] = ()
+    # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
+    partition: str = ""
     # The array it is a task of, and its index there.
     array: ArrayTask | None = None
     # When it was submitted (seconds since the epoch) ...

@@ -44,7 +44,9 @@ CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "
                             "account_list", "account_show",
                             # Filtered to their accounts' rows and their own jobs
                             # (masterd.api.fairshare), as sshare and sreport are for users.
-                            "share", "report"})
+                            "share", "report",
+                            # Names, nodes and limits: what --partition is chosen by.
+                            "partitions"})
 NODE_METHODS = frozenset({"ping"})
 
 

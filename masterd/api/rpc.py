@@ -19,6 +19,7 @@ from masterd.api.lifecycle import method_table as lifecycle_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
 from masterd.api.logs import method_table as logs_methods
+from masterd.api.partitions import method_table as partition_methods
 from masterd.api.visibility import check_owner, check_visible, viewer
 from masterd.core.scheduler import JobError
 from masterd.core.waiting import WaitExplainer
@@ -170,6 +171,7 @@ class Rpc:
         self.methods.update(fairshare_methods(master.features.fairshare))
         # Accounts, quotas and caps (masterd.features.accounts).
         self.methods.update(account_methods(master.features.accounts))
+        self.methods.update(partition_methods(master.features.partitions))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -215,6 +217,8 @@ class Rpc:
     @returns("`job`: the new job's [job view](#job-view), state `queued`.",
              ("unknown_user", "user_refused", "unsatisfiable", "invalid_job", "duplicate_job",
               "not_leader", "forbidden",
+              # No partition it names (or the default) admits it: shared/partitions.py.
+              "invalid_partition",
               # A dependency (`after`) naming no known job or array, closing a cycle, or an
               # aftercorr without a task to pair with (masterd.core.dependencies).
               "unknown_dependency", "dependency_cycle", "invalid_dependency"))

@@ -3,11 +3,12 @@
 A job that asks for no GPU may use any node's cores; one that asks for GPUs without naming a
 model may use any node's; one that names a model only nodes of that model. A job's selector
 (``JobSpec.selector``) narrows that further: nodes with every feature it names (Slurm's
-``--constraint a&b``), with any of them (``a|b``), and none it excludes (``--exclude``). The
+``--constraint a&b``), with any of them (``a|b``), none it excludes (``--exclude``), in one of
+its partitions (``--partition``, shared/partitions.py). The
 placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
 candidates, SWAF's and SCHED²'s searches, the inference planner) all ask here, and the
 scheduling core checks every start a policy decides against it, so a new condition (a
-flavor, a partition) is added once.
+flavor) is added once.
 
 :func:`placement_key` is the one key of a placement cache: the fields a placement depends
 on, so no cache can hand one job's placement to a job that may not use its nodes.
@@ -33,6 +34,8 @@ def eligible(spec: JobSpec, node: NodeInventory) -> bool:
     if selector.features and not node.feature_set.issuperset(selector.features):
         return False
     if selector.any_features and node.feature_set.isdisjoint(selector.any_features):
+        return False
+    if selector.partitions and node.partition_set.isdisjoint(selector.partitions):
         return False
     return node.name not in selector.exclude
 

@@ -330,6 +330,10 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     ]
     if not nodes:
         model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
+        partitions = spec.selector.partitions
+        if partitions and all(v.inventory.partition_set.isdisjoint(partitions)
+                              for v in snapshot.nodes.values()):
+            return f"no registered node is in partition {'|'.join(partitions)}"
         if selects(spec):
             absent = missing_features(spec, [v.inventory for v in snapshot.nodes.values()])
             if absent:

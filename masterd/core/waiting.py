@@ -134,6 +134,8 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     # The nodes it selects: "no node with ib has 2 free GPUs now".
     selector = spec.selector
     node = (f"node {selector}" if selector.only_features
+            else f"node in partition {'|'.join(selector.partitions)}"
+            if selector.only_partitions
             else f"node ({selector})" if selects(spec) else "node")
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:

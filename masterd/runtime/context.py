@@ -77,6 +77,10 @@ class CoreView:
     def nodes(self) -> Iterable[NodeView]:
         return self._core.cluster.views()
 
+    def unsatisfiable(self, spec: JobSpec) -> str | None:
+        """Why the cluster as registered can never run ``spec`` (None: it could, empty)."""
+        return self._core.unsatisfiable(spec)
+
     def jobs_on(self, node: str) -> list[str]:
         return self._core.cluster.jobs_on(node)
 
@@ -202,6 +206,9 @@ class NodeCommands:
     # (node, GPU index, healthy): set a GPU's health in the master's view of the node (a
     # GPU returned to service by an operator) and ask for a pass.
     gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
+    # (node): take the node's inventory through events.effective_inventory again and ask
+    # for a pass: a feature's view of the node changed (its partitions were reconfigured).
+    reinventory: Callable[[str], None] = lambda node: None
     # The leadership epoch this master commands nodes at (every command carries it).
     epoch: Callable[[], int] = lambda: 0
     # (node, frame type, body): send a frame that is not a command (no ack awaited): the

@@ -165,10 +165,6 @@ def _no_core_plan(job: Job, alloc: NodeAllocation) -> CorePlan | None:
     return None
 
 
-def _as_reported(inventory: NodeInventory) -> NodeInventory:
-    return inventory
-
-
 def _no_status(node: str) -> str | None:
     return None
 
@@ -270,10 +266,12 @@ class MasterEvents:
     # "disconnected"/"unreachable" (the node loss feature: "down"); None: the master's own.
     node_status: Provider[[str], str | None] = field(
         default_factory=lambda: Provider("node_status", _no_status))
-    # The inventory the master takes from a node (its hello, or the journal on restore): a
-    # feature may hold GPUs out of service whatever the node says (GPU faults).
-    effective_inventory: Provider[[NodeInventory], NodeInventory] = field(
-        default_factory=lambda: Provider("effective_inventory", _as_reported))
+    # The inventory the master takes from a node (its hello, the journal on restore, or
+    # NodeCommands.reinventory), each feature in turn: GPUs held out of service whatever the
+    # node says (GPU faults), the partitions the configuration puts it in. Each step must
+    # give the same inventory when applied twice.
+    effective_inventory: Chain[NodeInventory] = field(
+        default_factory=lambda: Chain("effective_inventory"))
     # A node reported a GPU's health changed, and the master applied it (node, event).
     gpu_health: AsyncSignal[[str, GpuHealth]] = field(
         default_factory=lambda: AsyncSignal("gpu_health"))

@@ -30,6 +30,7 @@ from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
+from masterd.features.partitions import Partitions
 from masterd.features.relays import Relays
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
@@ -49,6 +50,9 @@ class Features:
     estimator: DurationEstimator  # Helios' QSSF duration estimates (qssf policy)
     power: PowerManager  # Helios' Cluster Energy Saving ([master.power])
     logs: JobLogs  # jobs' output, relayed from their nodes (trellisctl logs)
+    # Partitions: node sets with their own limits and accounts; before the time limits, so
+    # a partition's default time is the one a job gets.
+    partitions: Partitions
     timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
     # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
     # a restore resolves dependencies before holds close their gates.
@@ -101,7 +105,8 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
-                        timelimits=TimeLimits(ctx), dependencies=Dependencies(ctx),
+                        partitions=Partitions(ctx), timelimits=TimeLimits(ctx),
+                        dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),
                         leases=NodeLeases(ctx), containers=Containers(ctx),

@@ -190,6 +190,7 @@ class Master:
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state,
                                gpu_health=self.set_gpu_health,
+                               reinventory=self.reinventory,
                                epoch=lambda: self.leadership.epoch, push=self._push),
             tasks=self.tasks,
             events=self.events,
@@ -285,8 +286,10 @@ class Master:
         if job_id is not None:  # a bad id is the first thing to report, whatever else is wrong
             check_name(job_id, "job id")
         self.check_user(spec.user)
-        self.core.check_submittable(spec)
+        # The features first: a partition the job names that does not exist is the mistake
+        # to report, not that no node is in it.
         self.events.submitting(spec)
+        self.core.check_submittable(spec)
 
     def _reserve(self, spec: JobSpec, job_id: str | None,
                  wire_spec: dict[str, Any] | None) -> tuple[int, Job]:
@@ -1151,6 +1154,16 @@ class Master:
         inventory: NodeInventory = replace(view.inventory, gpus=gpus)
         self.core.update_inventory(inventory)
         self.request_pass()
+
+    def reinventory(self, node: str) -> None:
+        """Take ``node``'s inventory through the features again (see NodeCommands)."""
+        view = self.core.cluster.node(node)
+        if view is None:
+            return
+        inventory = self.events.effective_inventory(view.inventory)
+        if inventory != view.inventory:
+            self.core.update_inventory(inventory)
+            self.request_pass()
 
     async def _on_gpu_health(self, node: str, event: GpuHealth) -> None:
         if self.core.cluster.node(node) is None:

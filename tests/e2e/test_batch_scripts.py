@@ -126,8 +126,8 @@ def test_default_output_file_and_a_file_the_user_cannot_write(cluster: LocalClus
 @pytest.mark.parametrize("content, words", [
     ("echo no shebang\n", "has no shebang (#!) on its first line"),
     ("#!/bin/sh\n#SBATCH -o out-%t.txt\necho\n", "line 2: -o=out-%t.txt: "),
-    ("#!/bin/sh\n#SBATCH -J a\n#SBATCH --partition=gpu --mail-user=x\n",
-     "does not support --partition (line 3), --mail-user (line 3)"),
+    ("#!/bin/sh\n#SBATCH -J a\n#SBATCH --licenses=db --mail-user=x\n",
+     "does not support --licenses (line 3), --mail-user (line 3)"),
     ("#!/bin/sh\n#SBATCH --time=soon\n", "line 2: --time=soon: "),
 ])
 def test_bad_scripts_are_refused_in_one_sentence_and_no_job_is_made(

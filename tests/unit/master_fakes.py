@@ -61,7 +61,8 @@ def make_master(state: Path, clock: Clock, nodes: dict[str, tuple[int, int]],
     master.restore()
     sessions = {}
     for name, (gpus, cpus) in nodes.items():
-        master.core.node_up(inventory(name, gpus=gpus, cpus=cpus, numa=1))
+        master.core.node_up(master.events.effective_inventory(
+            inventory(name, gpus=gpus, cpus=cpus, numa=1)))
         sessions[name] = FakeSession(name)
         master.sessions[name] = sessions[name]  # type: ignore[assignment]
     return master, sessions

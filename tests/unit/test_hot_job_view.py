@@ -43,6 +43,7 @@ def reference(job: Job) -> dict[str, Any]:
             ":".join((d.type, *d.jobs)) for d in spec.after),
         "constraint": "&".join(spec.selector.features),
         "exclude": list(spec.selector.exclude),
+        "partition": ",".join(spec.selector.partitions),
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
         "nodes": [a.node for a in placement.allocations] if placement else [],
         "placement": [

@@ -92,10 +92,14 @@ def test_trellis_lines_win_over_sbatch_lines_whatever_their_order() -> None:
 
 
 def test_unsupported_options_are_named_with_their_lines() -> None:
-    opts = parse("#SBATCH --partition gpu -J a --mail-type=END\n#SBATCH --exclusive\n")
-    assert opts.unsupported == ["--partition (line 2)", "--mail-type (line 2)",
+    opts = parse("#SBATCH --licenses db -J a --mail-type=END\n#SBATCH --exclusive\n")
+    assert opts.unsupported == ["--licenses (line 2)", "--mail-type (line 2)",
                                 "--exclusive (line 3)"]
     assert opts.values == {"name": "a"}
+    # Partitions are a Trellis option now: -p as sbatch spells it, checked at its line.
+    assert parse("#SBATCH -p gpu,debug\n").values == {"partition": "gpu,debug"}
+    with pytest.raises(UsageError, match=r"line 2: --partition=a,,b: give partition names"):
+        parse("#SBATCH --partition=a,,b\n")
     # #TRELLIS-only spellings are not sbatch's.
     assert parse("#SBATCH --priority 3\n").unsupported == ["--priority (line 2)"]
 
@@ -194,11 +198,11 @@ def test_submit_script_array_and_args(tmp_path: Path) -> None:
 
 
 def test_submit_refuses_unsupported_unless_told(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(UsageError, match=r"does not support --partition \(line 2\); remove"):
-        submit_args(tmp_path, "#SBATCH --partition=gpu\n")
-    jobs, _ = submit_args(tmp_path, "#SBATCH --partition=gpu\n", "--ignore-unsupported")
+    with pytest.raises(UsageError, match=r"does not support --licenses \(line 2\); remove"):
+        submit_args(tmp_path, "#SBATCH --licenses=db\n")
+    jobs, _ = submit_args(tmp_path, "#SBATCH --licenses=db\n", "--ignore-unsupported")
     assert len(jobs) == 1
-    assert "ignoring unsupported --partition (line 2)" in capsys.readouterr().err
+    assert "ignoring unsupported --licenses (line 2)" in capsys.readouterr().err
 
 
 def test_old_command_form_is_unchanged(tmp_path: Path) -> None:

@@ -1,0 +1,177 @@
+"""Partitions (shared/partitions.py) in the master: where a job may run, and its limits.
+
+* Every node's inventory carries the partitions the configuration puts it in
+  (``events.effective_inventory``), so the one eligibility test every placer asks
+  (masterd/core/eligibility.py) keeps a job on its partitions' nodes under every policy.
+* At submission a job naming partitions keeps those that admit it (its account, its time
+  limit); one naming none gets the default partition; a job without a time limit gets its
+  partitions' default. A job no named partition admits, or that no node of its partitions
+  could ever hold, is refused with one sentence (``invalid_partition``, ``unsatisfiable``).
+* SIGHUP re-reads ``[[master.partitions]]``: nodes are re-labelled and a pass runs. A
+  partition removed while queued jobs name only it stays until they are gone (logged), so a
+  reload never strands a job.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from masterd.core.scheduler import JobError
+from masterd.runtime.context import FeatureContext
+from shared.accounts import DEFAULT_ACCOUNT, AccountError, AccountTree
+from shared.model import JobSpec, JobState, NodeInventory
+from shared.partitions import Partition, PartitionError, PartitionTable
+
+log = logging.getLogger("trellis.master.partitions")
+
+
+class Partitions:
+    def __init__(self, ctx: FeatureContext) -> None:
+        self.ctx = ctx
+        self.table = PartitionTable.of(ctx.config().partitions)
+        self.tree = AccountTree.of(())
+        events = ctx.events
+        events.effective_inventory.provide(self.labelled)
+        events.submitting.subscribe(self.check)
+        # Before the time limit feature's and the accounts' defaults: a partition's default
+        # time is the one Slurm writes into the job.
+        events.spec_defaults.provide(self.with_partitions)
+        events.accounts_changed.subscribe(self.accounts_changed)
+        events.config_changed.subscribe(self.reconfigured)
+        events.restored.subscribe(self.restored)
+
+    # -- nodes ---------------------------------------------------------------------------
+    def labelled(self, inventory: NodeInventory) -> NodeInventory:
+        """The inventory with the partitions the configuration puts the node in."""
+        partitions = self.table.of_node(inventory.name)
+        if inventory.partitions == partitions:
+            return inventory
+        return replace(inventory, partitions=partitions)
+
+    def restored(self) -> None:
+        self._warn_unknown_nodes()
+
+    def _warn_unknown_nodes(self) -> None:
+        known = [v.inventory.name for v in self.ctx.core.nodes()]
+        if not known:
+            return  # a fresh master: no node has said hello yet
+        for name, missing in self.table.unknown_nodes(known).items():
+            log.warning("partition=%s names node(s) the master has never seen: %s", name,
+                        ",".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
+
+    # -- submissions ---------------------------------------------------------------------
+    def accounts_changed(self, tree: AccountTree) -> None:
+        self.tree = tree
+
+    def _account(self, spec: JobSpec) -> str | None:
+        """The account the job will run under (None: it cannot; the accounts feature says
+        why)."""
+        if not self.tree.enabled:
+            return spec.tenant
+        named: str | None = spec.tenant
+        if named == DEFAULT_ACCOUNT and DEFAULT_ACCOUNT not in self.tree.accounts_of(spec.user):
+            named = None  # left as it was: the user's default (as the accounts feature reads)
+        try:
+            return self.tree.account_for(spec.user, named)
+        except AccountError:
+            return None
+
+    def _placed(self, spec: JobSpec) -> JobSpec:
+        """The spec in the partitions that admit it, with their default time limit."""
+        try:
+            choice = self.table.choose(spec.selector.partitions, self._account(spec),
+                                       spec.time_limit_s)
+        except PartitionError as exc:
+            raise JobError("invalid_partition", f"job {spec.name}: {exc}") from None
+        changes: dict[str, Any] = {}
+        if choice.partitions != spec.selector.partitions:
+            changes["selector"] = replace(spec.selector, partitions=choice.partitions)
+        if choice.time_limit_s != spec.time_limit_s:
+            changes["time_limit_s"] = choice.time_limit_s
+        return replace(spec, **changes) if changes else spec
+
+    def check(self, spec: JobSpec) -> None:
+        """Refuse a job no partition it names admits, or that none of their nodes could
+        ever hold."""
+        if not self.table.enabled:
+            if spec.selector.partitions:
+                raise JobError("invalid_partition", f"job {spec.name}: this cluster has no "
+                               "partitions; submit without --partition")
+            return
+        placed = self._placed(spec)
+        reason = self.ctx.core.unsatisfiable(placed)
+        if reason is not None:
+            raise JobError("unsatisfiable", f"job {spec.name}: {reason}")
+
+    def with_partitions(self, spec: JobSpec) -> JobSpec:
+        if not self.table.enabled:
+            return spec
+        return self._placed(spec)  # checked at submission: refuses nothing here
+
+    # -- configuration -------------------------------------------------------------------
+    def reconfigured(self) -> None:
+        configured = list(self.ctx.config().partitions)
+        names = {p.name for p in configured}
+        kept: list[Partition] = []
+        for name, partition in self.table.partitions.items():
+            if name in names:
+                continue
+            waiting = [j.id for j in self.ctx.core.queue()
+                       if j.state is JobState.QUEUED and name in j.spec.selector.partitions
+                       and not names.intersection(j.spec.selector.partitions)]
+            if waiting:
+                log.warning("partition=%s removed from the configuration but queued jobs "
+                            "may run only there (%s): kept until they start or are "
+                            "cancelled or updated", name, ",".join(waiting[:10]))
+                kept.append(replace(partition, default=False))
+        try:
+            table = PartitionTable.of(configured + kept)
+        except PartitionError as exc:  # the configuration was validated: only `kept` can
+            log.error("partitions not reconfigured: %s", exc)
+            return
+        if table == self.table:
+            return
+        self.table = table
+        for view in list(self.ctx.core.nodes()):
+            self.ctx.nodes.reinventory(view.inventory.name)
+        self._warn_unknown_nodes()
+        log.info("partitions reconfigured: %s", ", ".join(table.partitions) or "none")
+        self.ctx.request_pass()
+
+    # -- the view ------------------------------------------------------------------------
+    def listing(self) -> list[dict[str, Any]]:
+        """Each partition with its nodes, GPUs and jobs now (``trellisctl partitions``)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for p in self.table.partitions.values():
+            rows[p.name] = {
+                "name": p.name, "default": p.default, "nodes": p.nodes,
+                "max_time_s": p.max_time_s, "default_time_s": p.time_for_unlimited,
+                "allow_accounts": list(p.allow_accounts),
+                "deny_accounts": list(p.deny_accounts),
+                "node_count": 0, "schedulable": 0, "gpus": 0, "free_gpus": 0,
+                "queued": 0, "running": 0,
+            }
+        for view in self.ctx.core.nodes():
+            inventory = view.inventory
+            open_ = view.schedulable
+            free = sum(1 for g in inventory.gpus if g.index in view.free_gpus and g.healthy
+                       ) if open_ else 0
+            for name in inventory.partitions:
+                row = rows.get(name)
+                if row is None:
+                    continue
+                row["node_count"] += 1
+                row["schedulable"] += open_
+                row["gpus"] += len(inventory.gpus)
+                row["free_gpus"] += free
+        for job in self.ctx.core.queue():
+            for name in job.spec.selector.partitions:
+                if name in rows:
+                    rows[name]["queued"] += 1
+        for job in self.ctx.core.active_jobs().values():
+            for name in job.spec.selector.partitions:
+                if name in rows:
+                    rows[name]["running"] += 1
+        return list(rows.values())
