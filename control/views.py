@@ -49,16 +49,16 @@ def _exit(j: dict[str, Any]) -> str:
 
 
 def show_jobs_wide(jobs: list[dict[str, Any]]) -> str:
-    rows = [[j["id"], j["name"], j["state"], j["kind"], j["tenant"], j["user"], j["qos"],
-             str(j["gpus"]), str(j["cpus"]), str(j["memory_mib"]),
+    rows = [[j["id"], j["name"], j["state"], j["kind"], j.get("partition") or "-", j["tenant"],
+             j["user"], j["qos"], str(j["gpus"]), str(j["cpus"]), str(j["memory_mib"]),
              " ".join(f"{a['node']}:g{','.join(map(str, a['gpus'])) or '-'}"
                       f":c{_cpus(a['cpus'])}" for a in j["placement"]) or "-",
              _fmt_time(j["submit_time"]), _fmt_time(j["start_time"]), _fmt_time(j["end_time"]),
              _fmt_seconds(j["queued_s"]), str(j["attempts"]), _exit(j), dash(j.get("wait")),
              j["reason"] or "-"]
             for j in jobs]
-    return render_table(["ID", "NAME", "STATE", "KIND", "TENANT", "USER", "QOS", "GPUS", "CPUS",
-                         "MEM MIB", "PLACEMENT", "SUBMITTED", "STARTED", "ENDED", "QUEUED",
+    return render_table(["ID", "NAME", "STATE", "KIND", "PARTITION", "TENANT", "USER", "QOS",
+                         "GPUS", "CPUS", "MEM MIB", "PLACEMENT", "SUBMITTED", "STARTED", "ENDED", "QUEUED",
                          "ATTEMPTS", "EXIT", "WAIT", "REASON"], rows)
 
 
@@ -274,8 +274,12 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
         lines.append(f"{'Held:':<12}by {'an admin' if j['held'] == 'admin' else 'its user'}")
     if j.get("after"):
         lines.append(f"{'After:':<12}{j['after']}")
+    if j.get("partition"):
+        lines.append(f"{'Partition:':<12}{j['partition']}")
     if j.get("constraint"):
         lines.append(f"{'Constraint:':<12}{j['constraint']}")
+    if j.get("exclude"):
+        lines.append(f"{'Excludes:':<12}{','.join(j['exclude'])}")
     if j.get("priority"):
         lines.append(f"{'Priority:':<12}{j['priority']}")
     if j.get("array"):

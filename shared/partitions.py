@@ -35,9 +35,9 @@ class Partition:
     # Jobs that name no partition run here (at most one partition is the default).
     default: bool = False
     # The longest time limit a job here may have (Slurm's MaxTime); None: no limit.
-    max_time_s: float | None = bounded(None, min=1, max=366 * 86400)
+    max_time_s: int | None = bounded(None, min=1, max=366 * 86400)
     # The limit written into a job that asks none (DefaultTime; MaxTime where unset).
-    default_time_s: float | None = bounded(None, min=1, max=366 * 86400)
+    default_time_s: int | None = bounded(None, min=1, max=366 * 86400)
     # Accounts whose jobs may run here (empty: every account) ...
     allow_accounts: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000,
                                               pattern=NAME_PATTERN)
@@ -46,11 +46,11 @@ class Partition:
                                              pattern=NAME_PATTERN)
 
     @property
-    def time_for_unlimited(self) -> float | None:
+    def time_for_unlimited(self) -> int | None:
         """The limit a job that asked none gets here."""
         return self.default_time_s if self.default_time_s is not None else self.max_time_s
 
-    def refusal(self, account: str | None, time_limit_s: float | None) -> str | None:
+    def refusal(self, account: str | None, time_limit_s: int | None) -> str | None:
         """Why this partition does not take a job of ``account`` with that limit, or None."""
         if account is not None:
             if self.allow_accounts and account not in self.allow_accounts:
@@ -71,7 +71,7 @@ class Choice:
     (its own, or the partitions' default; None: none)."""
 
     partitions: tuple[str, ...]
-    time_limit_s: float | None
+    time_limit_s: int | None
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class PartitionTable:
                 if not nodes <= have}
 
     def choose(self, named: Sequence[str], account: str | None,
-               time_limit_s: float | None) -> Choice:
+               time_limit_s: int | None) -> Choice:
         """Where a job naming ``named`` (empty: the default) of ``account`` with that limit
         runs; raises PartitionError with every reason when no partition takes it."""
         if not named:
