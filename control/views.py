@@ -58,8 +58,8 @@ def show_jobs_wide(jobs: list[dict[str, Any]]) -> str:
              j["reason"] or "-"]
             for j in jobs]
     return render_table(["ID", "NAME", "STATE", "KIND", "PARTITION", "TENANT", "USER", "QOS",
-                         "GPUS", "CPUS", "MEM MIB", "PLACEMENT", "SUBMITTED", "STARTED", "ENDED", "QUEUED",
-                         "ATTEMPTS", "EXIT", "WAIT", "REASON"], rows)
+                         "GPUS", "CPUS", "MEM MIB", "PLACEMENT", "SUBMITTED", "STARTED", "ENDED",
+                         "QUEUED", "ATTEMPTS", "EXIT", "WAIT", "REASON"], rows)
 
 
 def _cpus(cpus: list[int]) -> str:
