@@ -316,6 +316,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
     "partitions": ("partitions: their nodes, limits, accounts, free GPUs and jobs (sinfo)",
                    lambda p, c: None),
+    "priority-classes": ("priority classes: who queues first and who may preempt whom",
+                         lambda p, c: None),
     "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
                 lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
@@ -582,6 +584,11 @@ def run(args: argparse.Namespace) -> int:
 
         result = client.call("partitions")
         text = show_partitions(result["partitions"])
+    elif cmd == "priority-classes":
+        from control.views import show_priority_classes
+
+        result = client.call("priority_classes")
+        text = show_priority_classes(result["classes"])
     elif cmd in ("estimator", "power"):
         found = _helios().run_helios(client, args)
         assert found is not None

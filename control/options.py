@@ -119,6 +119,10 @@ OPTIONS: tuple[Option, ...] = (
                    S("account", "text", short="A", env="SBATCH_ACCOUNT")),
            help="the account the job is charged to (Slurm's --account; default: the user's "
                 "default account)"),
+    Option("priority_class", ("--priority-class",), field="spec.priority_class",
+           metavar="CLASS", script=(S("priority-class", "text", sbatch=False),),
+           help="its priority class: higher classes queue first and may preempt lower ones "
+                "(`trellisctl priority-classes` lists them; default: the cluster's default)"),
     Option("qos", ("--qos",), field="spec.qos", choices=QOS_CLASSES,
            script=(S("qos", "qos", short="q", env="SBATCH_QOS"),)),
     Option("model_type", ("--model-type",), field="spec.model_type"),

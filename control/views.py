@@ -119,6 +119,22 @@ def show_partitions(partitions: list[dict[str, Any]]) -> str:
                          "ACCOUNTS", "QUEUED", "RUNNING", "NODELIST"], rows)
 
 
+def show_priority_classes(classes: list[dict[str, Any]]) -> str:
+    if not classes:
+        return "this cluster has no priority classes"
+    from shared.partitions import duration
+
+    rows = [[c["name"] + ("*" if c["default"] else ""), str(c["priority"]),
+             ",".join(c["preempts"]) or "-",
+             ("own account" if c["within_account"] else "any account") if c["preempts"]
+             else "-",
+             duration(c["min_runtime_s"]) if c["min_runtime_s"] else "-",
+             duration(c["preempt_grace_s"]), str(c["queued"]), str(c["running"])]
+            for c in classes]
+    return render_table(["CLASS", "PRIORITY", "PREEMPTS", "WHOSE", "MIN RUNTIME",
+                         "GRACE IF PREEMPTED", "QUEUED", "RUNNING"], rows)
+
+
 def show_node(result: dict[str, Any], wide: bool = False) -> str:
     from control import failures
 
@@ -276,6 +292,8 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
         lines.append(f"{'After:':<12}{j['after']}")
     if j.get("partition"):
         lines.append(f"{'Partition:':<12}{j['partition']}")
+    if j.get("priority_class"):
+        lines.append(f"{'Class:':<12}{j['priority_class']}")
     if j.get("constraint"):
         lines.append(f"{'Constraint:':<12}{j['constraint']}")
     if j.get("exclude"):

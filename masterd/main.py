@@ -49,6 +49,9 @@ RELOADABLE |= {"default_time_limit_s", "max_time_limit_s", "max_grace_s"}
 # Partitions (masterd/features/partitions.py): nodes re-labelled; a removed partition that
 # queued jobs still need stays until they are gone.
 RELOADABLE |= {"partitions"}
+# Priority classes (masterd/features/priorityclasses.py): the queue re-ordered, preemption
+# by the new rules from the next pass.
+RELOADABLE |= {"priority_classes"}
 DRAIN_TIMEOUT_S = 10.0
 STATUS_PERIOD_S = 5.0
 # Exit status of a master that lost the leadership (EX_TEMPFAIL): its supervisor starts it

@@ -172,6 +172,9 @@ class NodeAgent:
         self._reads: set[asyncio.Task[None]] = set()
         # Jobs' terminals and ports, relayed through the master (noded/relays.py).
         self.relays = NodeRelays(runner, lambda type_, body: self._put(type_, body, 0))
+        # (job, reason): tell a job why it is preempted, before its warning (the metrics
+        # channel's $TRELLIS_PREEMPTED_FILE; None: no channel, only the signal).
+        self.preempted_note: Callable[[str, str], None] | None = None
 
     @property
     def url(self) -> str:
@@ -488,7 +491,9 @@ class NodeAgent:
                                                                 cmd.restarts)))
             return result
         if isinstance(cmd, StopJob):
-            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason, cmd.restarts)
+            if cmd.preempted and self.preempted_note is not None:
+                self.preempted_note(cmd.job_id, cmd.reason)
+            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason, cmd.restarts, cmd.warning)
             return {}
         if isinstance(cmd, ForgetJob):
             self.runner.forget(cmd.job_id, cmd.restarts)

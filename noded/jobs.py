@@ -465,9 +465,10 @@ class JobRunner:
         return part is not None and part.state == "running"
 
     def stop(self, job_id: str, grace_s: float, reason: str,
-             restarts: int | None = None) -> None:
+             restarts: int | None = None, warning: str | None = None) -> None:
         """Stop a part (``restarts``: only that incarnation or an older one; a newer part
-        of the job is left alone)."""
+        of the job is left alone): ``warning`` (default SIGTERM) at once, SIGKILL after
+        ``grace_s`` if it still runs."""
         part = self.parts.get(job_id)
         if part is None or part.state == "exited":
             return
@@ -489,7 +490,8 @@ class JobRunner:
             # A job on a terminal is stopped as a hung-up terminal stops a session: an
             # interactive shell ignores SIGTERM, not SIGHUP.
             self._signal(part, signal.SIGHUP)
-        self._signal(part, signal.SIGTERM)
+        # A preempted job's own --signal (e.g. SIGUSR1 to checkpoint) instead of SIGTERM.
+        self._signal(part, signal.Signals[warning] if warning else signal.SIGTERM)
         asyncio.get_running_loop().call_later(grace_s, self._kill, part)
 
     def _kill(self, part: JobPart) -> None:

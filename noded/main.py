@@ -212,6 +212,7 @@ class NodeDaemon:
                                               self.runner.is_running,
                                               config.job_metrics_interval_s)
         self.runner.env_providers.append(self.metrics_channel.job_env)
+        self.agent.preempted_note = self.metrics_channel.note_preempted
         # [gpu] health_check: GPUs out of service return when the operator's check passes.
         self.health_check: GpuHealthCheck | None = None
         if config.gpu.health_check:

@@ -5,6 +5,8 @@ Protocol (the whole of it, for people writing training scripts):
 * Every job gets ``TRELLIS_METRICS_FILE=<node state>/metrics/<job id>/metrics`` in its
   environment. The directory exists and belongs to the job's user; the file does not exist
   until the job creates it.
+* ``TRELLIS_PREEMPTED_FILE`` (beside it) appears when a priority class preempts the job: one
+  line saying why, written just before its warning signal (docs/priority-classes.md).
 * The job appends lines ``<name> <value>\\n``, e.g. ``samples_per_sec 612.5``: ``name`` is
   lower-case letters, digits and ``_`` (at most 32 characters, starting with a letter) and
   ``value`` a finite decimal number >= 0. ``samples_per_sec`` is the one Trellis's profiler
@@ -47,6 +49,10 @@ log = logging.getLogger("trellis.node.metrics")
 
 METRICS_ENV = "TRELLIS_METRICS_FILE"
 METRICS_FILE_NAME = "metrics"
+# Beside it, the other way: why the job is being preempted (a priority class took its
+# resources), written before its warning signal; absent until then.
+PREEMPTED_ENV = "TRELLIS_PREEMPTED_FILE"
+PREEMPTED_FILE_NAME = "preempted"
 MAX_LINE = 256  # bytes, newline included
 MAX_READ = 64 * 1024  # bytes read per job per poll
 MAX_NAMES = 8  # distinct metric names relayed per job
@@ -212,7 +218,26 @@ class MetricsChannel:
             if owner_uid is not None and os.geteuid() == 0:
                 os.chown(path, owner_uid, -1)
             self.tails[job_id] = JobTail(job_id, target, owner_uid)
-        return {METRICS_ENV: str(target)}
+        return {METRICS_ENV: str(target), PREEMPTED_ENV: str(path / PREEMPTED_FILE_NAME)}
+
+    def note_preempted(self, job_id: str, reason: str) -> None:
+        """Write why the job is preempted to its $TRELLIS_PREEMPTED_FILE. The directory is
+        the job's user's: the file is opened without following a link and without blocking
+        on a FIFO, and written only if it is a regular file."""
+        if not is_valid_name(job_id):
+            return
+        path = self.root / job_id / PREEMPTED_FILE_NAME
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:  # the job's directory is gone, or a link stands there
+            log.warning("job=%s preemption notice not written: %s", job_id, exc)
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, (reason.replace("\n", " ") + "\n").encode()[:1024])
+        finally:
+            os.close(fd)
 
     def adopt(self) -> None:
         """After a noded restart: keep watching the directories of jobs still running."""

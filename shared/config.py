@@ -11,6 +11,7 @@ from shared.accounts import Account, AccountError, AccountTree
 from shared.model import FEATURE_PATTERN, NAME_PATTERN, UNIX_USER_PATTERN
 from shared.nodelease import lease_problem
 from shared.partitions import Partition, PartitionError, PartitionTable
+from shared.priorityclasses import ClassTable, PriorityClass, PriorityClassError
 from shared.schema import SchemaError, bounded, decode
 
 T = TypeVar("T")
@@ -221,6 +222,8 @@ class MasterConfig:
     # Partitions ([[master.partitions]], docs/partitions.md); empty: none, jobs may use every
     # node.
     partitions: tuple[Partition, ...] = bounded(default_factory=tuple, max_len=1024)
+    # Priority classes ([[master.priority_classes]], docs/priority-classes.md); empty: none.
+    priority_classes: tuple[PriorityClass, ...] = bounded(default_factory=tuple, max_len=64)
     # Interactive jobs (docs/interactive.md): a job run on a terminal whose client is gone
     # (dropped, or never attached) is cancelled after this long unless one attaches again.
     terminal_grace_s: float = bounded(30.0, min=0, max=86400)
@@ -232,7 +235,8 @@ class MasterConfig:
         try:
             AccountTree.of(self.accounts)
             PartitionTable.of(self.partitions)
-        except (AccountError, PartitionError) as exc:
+            ClassTable.of(self.priority_classes)
+        except (AccountError, PartitionError, PriorityClassError) as exc:
             raise ValueError(str(exc)) from None
         if 0 < self.node_lost_s < self.node_grace_s:
             raise ValueError(f"node_lost_s ({self.node_lost_s:g}) is shorter than node_grace_s "

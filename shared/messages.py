@@ -260,6 +260,11 @@ class StopJob:
     reason: str = bounded("", max_len=256)
     # The incarnation to stop: a newer part of the job is left alone. None: whichever runs.
     restarts: int | None = bounded(None, min=0, max=MAX_RESTARTS)
+    # The signal the part gets first (None: SIGTERM); SIGKILL follows after grace_s.
+    warning: str | None = bounded(None, pattern="|".join(SIGNAL_NAMES))
+    # A priority class's preemption: the node writes the reason to the job's
+    # $TRELLIS_PREEMPTED_FILE before the warning.
+    preempted: bool = False
     # The master's leadership epoch (set on every command the master sends); a node that
     # has seen a newer one refuses the command with ``stale_epoch``.
     epoch: int = bounded(0, min=0, max=MAX_EPOCH)

@@ -427,6 +427,9 @@ class JobSpec:
     # Order among otherwise equal jobs: higher first. A user may only lower it; admins may
     # raise it.
     priority: int = bounded(0, min=-1_000_000, max=1_000_000)
+    # Its priority class (shared/priorityclasses.py: who queues first, who may preempt
+    # whom); the master writes the default class into a job that names none.
+    priority_class: str | None = bounded(None, pattern=NAME_PATTERN)
     # The array the job is a task of, and its index there (trellisctl submit --array).
     array: ArrayTask | None = None
     # Its image, batch script, output files and terminal (see LaunchSpec; grouped to keep the

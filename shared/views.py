@@ -74,6 +74,8 @@ class JobView:
     exclude: tuple[str, ...] = ()
     # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
     partition: str = ""
+    # Its priority class (None where the cluster has none).
+    priority_class: str | None = None
     # The array it is a task of, and its index there.
     array: ArrayTask | None = None
     # When it was submitted (seconds since the epoch) ...

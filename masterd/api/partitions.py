@@ -1,6 +1,7 @@
-"""The RPC of partitions (``trellisctl partitions``), served by the partitions feature
-(``masterd.features.partitions``). Open to every caller: a partition's name, nodes and
-limits are what a user needs to choose ``--partition``."""
+"""The RPC of partitions and priority classes (``trellisctl partitions``, ``trellisctl
+priority-classes``), served by their features (``masterd.features.partitions``,
+``masterd.features.priorityclasses``). Open to every caller: names, nodes, limits and rules
+are what a user needs to choose ``--partition`` and to know who may preempt them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from masterd.features.partitions import Partitions
+from masterd.features.priorityclasses import PriorityClasses
 from shared.rpcdoc import returns
 
 
@@ -25,7 +27,16 @@ PARTITION_VIEW = (
     "(free on schedulable nodes), `queued` and `running` (jobs that may run there)")
 
 
-def method_table(partitions: Partitions) -> Mapping[str, tuple[type, Any]]:
+CLASS_VIEW = (
+    "a priority class view: `name`, `priority` (higher queues first), `default`, `preempts` "
+    "(the classes whose running jobs its waiting ones may preempt), `within_account`, "
+    "`min_runtime_s` (its jobs run at least this long before they may be preempted), "
+    "`preempt_grace_s` (a preempted job's time from its warning to its kill), and now: "
+    "`queued`, `running`")
+
+
+def method_table(partitions: Partitions, classes: PriorityClasses
+                 ) -> Mapping[str, tuple[type, Any]]:
     """The entries for :class:`masterd.api.rpc.Rpc`'s method table."""
 
     @returns(f"`partitions`: one {PARTITION_VIEW} per partition, in configuration order; "
@@ -34,4 +45,11 @@ def method_table(partitions: Partitions) -> Mapping[str, tuple[type, Any]]:
         """The cluster's partitions with their limits and what they hold now."""
         return {"partitions": partitions.listing()}
 
-    return {"partitions": (NoParams, partitions_list)}
+    @returns(f"`classes`: one {CLASS_VIEW} per class, highest first; empty when the "
+             "cluster has none.")
+    async def priority_classes(_: NoParams) -> dict[str, Any]:
+        """The cluster's priority classes with their rules and jobs now."""
+        return {"classes": classes.listing()}
+
+    return {"partitions": (NoParams, partitions_list),
+            "priority_classes": (NoParams, priority_classes)}

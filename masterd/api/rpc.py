@@ -171,7 +171,8 @@ class Rpc:
         self.methods.update(fairshare_methods(master.features.fairshare))
         # Accounts, quotas and caps (masterd.features.accounts).
         self.methods.update(account_methods(master.features.accounts))
-        self.methods.update(partition_methods(master.features.partitions))
+        self.methods.update(partition_methods(master.features.partitions,
+                                              master.features.priority_classes))
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         entry = self.methods.get(method)
@@ -219,6 +220,8 @@ class Rpc:
               "not_leader", "forbidden",
               # No partition it names (or the default) admits it: shared/partitions.py.
               "invalid_partition",
+              # A priority class that does not exist (shared/priorityclasses.py).
+              "invalid_priority_class",
               # A dependency (`after`) naming no known job or array, closing a cycle, or an
               # aftercorr without a task to pair with (masterd.core.dependencies).
               "unknown_dependency", "dependency_cycle", "invalid_dependency"))

@@ -20,10 +20,16 @@ class Start:
 
 @dataclass(frozen=True)
 class Preempt:
-    """Stop a running job, free its resources and re-queue it at the head of its array."""
+    """Stop a running job, free its resources and re-queue it at the head of its array.
+
+    A priority class's preemption (masterd/core/preemption.py) instead warns the job and
+    gives it ``grace_s`` before the kill, and requeues it in its own place with ``restarts``
+    + 1 (``in_place``), as a node loss does."""
 
     job_id: str
     reason: str
+    grace_s: float | None = None  # None: the job's own stop grace
+    in_place: bool = False
 
 
 Decision = Start | Preempt

@@ -425,6 +425,13 @@ class QuotaAdmission:
         self._gate(job, need, why)
         return kind
 
+    def within_quota(self, job: Job) -> bool:
+        """Whether stopping ``job`` would take its account (or an ancestor) below what it
+        is guaranteed: none of them uses more than its quota. A priority class's preemption
+        spares such a job."""
+        lineage = self.ledger.lineage(job.spec.tenant)
+        return bool(lineage) and not any(self.ledger.borrowing(a) for a in lineage)
+
     def permits(self, job: Job, placement: Placement) -> str | None:
         """Why a job that bypasses the queue (an inference replica on its given placement)
         may not take ``placement`` now, or None; nothing is gated or filed."""

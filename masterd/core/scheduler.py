@@ -20,13 +20,15 @@ from masterd.core.conditions import DISCONNECTED, DRAINED, NodeCondition, NodeCo
 from masterd.core.eligibility import eligible, selects
 from masterd.core.placement import fits_cluster
 from masterd.core.policy import Decision, Policy, Preempt, Start
+from masterd.core.preemption import PriorityPreemption
 from masterd.core.profiling import unwrap
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
+from shared.priorityclasses import ClassTable
 
 # The order in which a job's admission gates are reported (the first one that holds it is
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
-_QueueKey = tuple[int, int, float, int]
+_QueueKey = tuple[int, int, int, float, int]
 
 
 class Admission(Protocol):
@@ -35,10 +37,11 @@ class Admission(Protocol):
 
     def bind(self, core: SchedulingCore) -> None: ...
     def queued(self, job: Job) -> None: ...
-    def ordered(self, job: Job, key: tuple[int, int, float, int]) -> None: ...
+    def ordered(self, job: Job, key: tuple[int, int, int, float, int]) -> None: ...
     def dequeued(self, job: Job) -> None: ...
     def admit(self, job: Job, placement: Placement) -> str | None: ...
     def permits(self, job: Job, placement: Placement) -> str | None: ...
+    def within_quota(self, job: Job) -> bool: ...
     def started(self, job: Job) -> None: ...
     def released(self, job: Job) -> None: ...
     def recheck(self) -> None: ...
@@ -133,6 +136,27 @@ class SchedulingCore:
         self._last_notes: Mapping[str, str] = {}
         # When the pass asked for a follow-up pass (admission), so that one asks for none.
         self._follow_up_at: float | None = None
+        # Priority classes (shared/priorityclasses.py): the queue's first key, and the
+        # preemption stage when a class may preempt (masterd/core/preemption.py).
+        self.classes = ClassTable()
+        self.preemption: PriorityPreemption | None = None
+
+    def set_priority_classes(self, table: ClassTable) -> None:
+        """Install (or replace) the priority classes: the queue is re-ordered by them and
+        the preemption stage runs while any class may preempt; nominations carry over."""
+        self.classes = table
+        if any(c.preempts for c in table.classes.values()):
+            if self.preemption is None:
+                self.preemption = PriorityPreemption(table, self._within_quota)
+            else:
+                self.preemption.table = table
+        else:
+            self.preemption = None
+        for job_id in list(self._queued):
+            self.reorder(job_id)
+
+    def _within_quota(self, job: Job) -> bool:
+        return self.admission is not None and self.admission.within_quota(job)
 
     def set_admission(self, admission: Admission | None) -> None:
         """Attach (or detach: None) quota admission; the jobs already here are counted."""
@@ -313,8 +337,10 @@ class SchedulingCore:
             self._note_gate(job)
             return
         self._queued[job.id] = job
-        # Re-queued (preempted) jobs first, then the job's priority, then submission order.
-        key = (-job.requeue_priority, -job.spec.priority, job.submit_time, next(self._seq))
+        # Higher priority classes first, then re-queued (preempted) jobs, then the job's
+        # priority, then submission order.
+        key = (-self.classes.tier(job.spec.priority_class), -job.requeue_priority,
+               -job.spec.priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
         if self.admission is not None:
             self.admission.ordered(job, key)
@@ -416,7 +442,10 @@ class SchedulingCore:
         if not self._queued:
             return []
         applied: list[Decision] = []
-        held_back = self._decide_and_apply(now, applied)
+        held_back: set[str] = set()
+        if self.preemption is not None and self.preemption.nominations:
+            self._start_nominated(applied, held_back)
+        held_back |= self._decide_and_apply(now, applied)
         notes = self._last_notes
         if self.admission is not None:
             # Gates of accounts whose use changed, then borrowed resources reclaimed for
@@ -426,6 +455,11 @@ class SchedulingCore:
                 if isinstance(decision, Reorder):
                     self.reorder(decision.job_id)
                     continue
+                self._preempting(decision, applied)
+        if self.preemption is not None:
+            # Priority classes: running jobs of lower classes stopped for waiting ones.
+            for decision in self.preemption.plan(self.queue(), self.snapshot(), self._active,
+                                                 now):
                 self._preempting(decision, applied)
         wake = getattr(unwrap(self.policy), "wake_at", None)
         if wake is not None:
@@ -467,35 +501,61 @@ class SchedulingCore:
         self._last_notes = notes
         for decision in decisions:
             if isinstance(decision, Start):
-                job = self._queued.get(decision.job_id)
-                if job is None:
-                    continue
-                if selects(job.spec) and not self._may_use(job.spec, decision.placement):
-                    continue  # a policy that searched by model alone: it waits, never misplaced
-                if self.admission is not None:
-                    refused = self.admission.admit(job, decision.placement)
-                    if refused is not None:  # over its account's limits after earlier starts
-                        held_back.add(refused)
-                        continue
-                try:
-                    self.cluster.allocate(job.id, decision.placement)
-                except AllocationError:
-                    # A stale or conflicting decision: leave the job queued for the next pass.
-                    continue
-                self._dequeue(job.id)
-                job.state = JobState.STARTING
-                job.placement = decision.placement
-                job.attempts += 1
-                job.node_states = {n: "preparing" for n in decision.placement.nodes}
-                job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
-                job.wait = ""
-                self._active[job.id] = job
-                if self.admission is not None:
-                    self.admission.started(job)
-                applied.append(decision)
+                self._start(decision, notes, held_back, applied)
             elif isinstance(decision, Preempt):
                 self._preempting(decision, applied)
         return held_back
+
+    def _start(self, decision: Start, notes: Mapping[str, str], held_back: set[str],
+               applied: list[Decision]) -> None:
+        """Apply one start, through the node filter and the permits (nominated nodes,
+        quota admission); a start refused leaves the job queued for a later pass."""
+        job = self._queued.get(decision.job_id)
+        if job is None:
+            return
+        if selects(job.spec) and not self._may_use(job.spec, decision.placement):
+            return  # a policy that searched by model alone: it waits, never misplaced
+        if self.preemption is not None:
+            holder = self.preemption.permit(job, decision.placement)
+            if holder is not None:  # freed for a preemptor: it waits for them
+                held_back.add("nominated")
+                return
+        if self.admission is not None:
+            refused = self.admission.admit(job, decision.placement)
+            if refused is not None:  # over its account's limits after earlier starts
+                held_back.add(refused)
+                return
+        try:
+            self.cluster.allocate(job.id, decision.placement)
+        except AllocationError:
+            # A stale or conflicting decision: leave the job queued for the next pass.
+            return
+        self._dequeue(job.id)
+        job.state = JobState.STARTING
+        job.placement = decision.placement
+        job.attempts += 1
+        job.node_states = {n: "preparing" for n in decision.placement.nodes}
+        job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
+        job.wait = ""
+        self._active[job.id] = job
+        if self.admission is not None:
+            self.admission.started(job)
+        if self.preemption is not None:
+            self.preemption.forget(job.id)
+        applied.append(decision)
+
+    def _start_nominated(self, applied: list[Decision], held_back: set[str]) -> None:
+        """Preemptors whose victims have all stopped start on their nominated nodes before
+        the policy decides: whatever its order or placement rule, what was freed for them
+        goes to them (kube-scheduler's nominated node)."""
+        assert self.preemption is not None
+        for job_id in list(self.preemption.nominations):
+            job = self._queued.get(job_id)
+            if job is None:
+                continue
+            placement = self.preemption.placement(job, self.snapshot())
+            if placement is not None:
+                self._start(Start(job_id, placement), {}, held_back, applied)
 
     def _may_use(self, spec: JobSpec, placement: Placement) -> bool:
         """The node filter on a policy's start: every node of it is one the job may use."""
@@ -512,6 +572,8 @@ class SchedulingCore:
             return
         job.stopping = True
         job.reason = f"preempted: {decision.reason}"
+        if decision.in_place:  # back to its own place, restarts + 1 (see _finish)
+            job.end_as = JobState.QUEUED.value
         applied.append(decision)
 
     # -- events from nodes ---------------------------------------------------------------

@@ -44,6 +44,8 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "grace_s": stop.grace_s,
         "requeue": stop.requeue,
         "priority": spec.priority,
+        # Its priority class (None where the cluster has none).
+        "priority_class": spec.priority_class,
         # Its dependency in Slurm's syntax ("afterok:prep-3,afterany:clean"; "" for none)
         # and the array it is a task of ({id, index}, or nil).
         "after": format_dependency(spec.after),

@@ -33,6 +33,7 @@ from masterd.runtime.tasks import TaskSupervisor
 from masterd.runtime.workers import WorkerPool
 from shared.config import MasterConfig
 from shared.model import Job, JobSpec, JobState, Placement
+from shared.priorityclasses import ClassTable
 
 T = TypeVar("T")
 
@@ -184,6 +185,9 @@ class JobActions:
     # (admission or None): attach quota admission to the scheduling core, or detach it
     # (SchedulingCore.set_admission; masterd.features.accounts).
     set_admission: Callable[[QuotaAdmission | None], None] = lambda admission: None
+    # (table): install priority classes in the scheduling core: the queue's order and the
+    # preemption stage (SchedulingCore.set_priority_classes; masterd.features.priorityclasses).
+    set_priority_classes: Callable[[ClassTable], None] = lambda table: None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from masterd.features.logs import JobLogs
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
 from masterd.features.partitions import Partitions
+from masterd.features.priorityclasses import PriorityClasses
 from masterd.features.relays import Relays
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
@@ -53,6 +54,8 @@ class Features:
     # Partitions: node sets with their own limits and accounts; before the time limits, so
     # a partition's default time is the one a job gets.
     partitions: Partitions
+    # Priority classes: the queue's order and who may preempt whom.
+    priority_classes: PriorityClasses
     timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
     # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
     # a restore resolves dependencies before holds close their gates.
@@ -105,7 +108,8 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         liquid=LiquidResources(ctx),
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
-                        partitions=Partitions(ctx), timelimits=TimeLimits(ctx),
+                        partitions=Partitions(ctx),
+                        priority_classes=PriorityClasses(ctx), timelimits=TimeLimits(ctx),
                         dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),

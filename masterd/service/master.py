@@ -186,7 +186,8 @@ class Master:
                 cancel_restored=self.cancel_restored, annotate=self.annotate,
                 post_phase=self.post_phase, set_gate=self.core.set_gate, stop=self.stop,
                 reorder=self.core.reorder, lose_parts=self.lose_parts,
-                set_admission=self.core.set_admission),
+                set_admission=self.core.set_admission,
+                set_priority_classes=self.core.set_priority_classes),
             nodes=NodeCommands(send=self._command, status=self.node_status,
                                set_power=self.set_power, power_state=self.power_state,
                                gpu_health=self.set_gpu_health,
@@ -737,11 +738,16 @@ class Master:
         if job is None:  # it ended (and was forgotten) before this task ran
             return
         now = self.clock()
-        await self._persist([job], [(now, job.id, None, "preempted", {"reason": decision.reason})])
+        detail: dict[str, Any] = {"reason": decision.reason}
+        if decision.grace_s is not None:
+            detail["grace_s"] = min(decision.grace_s, self.config.max_grace_s)
+        await self._persist([job], [(now, job.id, None, "preempted", detail)])
         log.info("job=%s preempted reason=%s", job.id, decision.reason)
         for node, state in job.node_states.items():
             if state != "exited":
-                self.tasks.spawn(self._stop_part(job.id, node, decision.reason))
+                self.tasks.spawn(self._stop_part(job.id, node, decision.reason,
+                                                 grace_s=decision.grace_s,
+                                                 preempted=decision.in_place))
 
     def preempt(self, decision: Preempt) -> bool:
         """Preempt a running job outside a policy pass (the inference placer, SODA §V-D2).
@@ -858,16 +864,25 @@ class Master:
         if session is not None and not self.halted:
             await session.push(type_, body)
 
-    async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True) -> None:
+    async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True,
+                         grace_s: float | None = None, preempted: bool = False) -> None:
+        """``grace_s``: a priority class's grace instead of the job's; ``preempted``: the
+        node tells the job why, and warns it with its own --signal if it asked one."""
         job = self.core.jobs.get(job_id)
         config = self.config
         # The job's own --grace, else stop_grace_s; capped by max_grace_s.
-        grace = (grace_for(job.spec, config.stop_grace_s, config.max_grace_s) if job
-                 else min(config.stop_grace_s, config.max_grace_s))
+        if grace_s is not None:
+            grace = min(grace_s, config.max_grace_s)
+        else:
+            grace = (grace_for(job.spec, config.stop_grace_s, config.max_grace_s) if job
+                     else min(config.stop_grace_s, config.max_grace_s))
+        warning = (job.spec.stop.warning.signal if preempted and job is not None
+                   and job.spec.stop.warning is not None else None)
         try:
             await self._command(node, "stop_job", StopJob(
                 job_id=job_id, grace_s=grace, reason=reason[:256],
-                restarts=job.restarts if job else None))
+                restarts=job.restarts if job else None, warning=warning,
+                preempted=preempted))
         except CommandFailed as exc:
             # The node will report the job when it reconnects; reconciliation stops it then.
             log.warning("job=%s node=%s stop not delivered: %s", job_id, node, exc.message)

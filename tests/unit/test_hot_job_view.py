@@ -44,6 +44,7 @@ def reference(job: Job) -> dict[str, Any]:
         "constraint": "&".join(spec.selector.features),
         "exclude": list(spec.selector.exclude),
         "partition": ",".join(spec.selector.partitions),
+        "priority_class": spec.priority_class,
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
         "nodes": [a.node for a in placement.allocations] if placement else [],
         "placement": [
