@@ -20,7 +20,7 @@ after all: the next pass may preempt again).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -38,6 +38,9 @@ PREEMPTORS_PER_PASS = 4
 CANDIDATES_PER_JOB = 512
 # Passes a preemptor keeps its nodes once its victims are gone.
 NOMINATION_PASSES = 3
+# Passes before a preemptor whose search found nothing (it fits already, or no victims
+# would make it fit) is searched for again.
+RETRY_PASSES = 16
 
 
 @dataclass
@@ -58,6 +61,32 @@ class PriorityPreemption:
     protected: Callable[[Job], bool] = lambda job: False
     nominations: dict[str, Nomination] = field(default_factory=dict)
     _holder: dict[str, str] = field(default_factory=dict)  # node -> preemptor
+    _passes: int = 0
+    _retry: dict[str, int] = field(default_factory=dict)  # preemptor -> pass to try again
+    # Jobs holding resources in a class some class may preempt: the victims' pool, kept as
+    # jobs start and end so that a search does not walk every running job.
+    _exposed: dict[str, Job] = field(default_factory=dict)
+    # When the youngest spared victim comes of age (its class's min_runtime_s): preemptors
+    # that found nothing are searched for again from then, and the core wakes for it.
+    wake_at: float | None = None
+
+    # -- the victims' pool ---------------------------------------------------------------
+    def _victim_classes(self) -> set[str]:
+        return {name for c in self.table.classes.values() for name in c.preempts}
+
+    def rebuild(self, active: Iterable[Job]) -> None:
+        """The table changed: which running jobs may be victims, afresh."""
+        self._exposed = {}
+        for job in active:
+            self.started(job)
+
+    def started(self, job: Job) -> None:
+        found = self.table.of_job(job.spec.priority_class)
+        if found is not None and found.name in self._victim_classes():
+            self._exposed[job.id] = job
+
+    def released(self, job: Job) -> None:
+        self._exposed.pop(job.id, None)
 
     # -- the permit ----------------------------------------------------------------------
     def permit(self, job: Job, placement: Placement) -> str | None:
@@ -92,9 +121,10 @@ class PriorityPreemption:
         return realise(job.spec, pool, *shape, candidates=sorted(nomination.nodes))
 
     # -- the stage -----------------------------------------------------------------------
-    def plan(self, queue: Sequence[Job], snapshot: ClusterSnapshot,
+    def plan(self, queue: Sequence[Job], queued: Container[str], snapshot: ClusterSnapshot,
              active: Mapping[str, Job], now: float) -> list[Preempt]:
-        queued = {job.id for job in queue}
+        """``queue``: in order, higher classes first; ``queued``: its job ids."""
+        self._passes += 1
         for job_id, nomination in list(self.nominations.items()):
             nomination.victims.intersection_update(active)
             if job_id not in queued:
@@ -103,18 +133,37 @@ class PriorityPreemption:
                 nomination.passes_left -= 1
                 if nomination.passes_left <= 0:
                     self.forget(job_id)
+        for job_id in [j for j in self._retry if j not in queued]:
+            del self._retry[job_id]
+        if self.wake_at is not None and now >= self.wake_at:
+            # A spared victim came of age: every preemptor may search again.
+            self._retry.clear()
+            self.wake_at = None
+        # The queue is ordered by class first: below the lowest class that preempts, no
+        # job may preempt, and the walk stops.
+        floor = min((c.priority for c in self.table.classes.values() if c.preempts),
+                    default=None)
+        if floor is None:
+            return []
         decisions: list[Preempt] = []
+        candidates: list[tuple[Job, PriorityClass]] | None = None
+        taken: set[str] = set()
         tried = 0
         for job in queue:
-            if tried >= PREEMPTORS_PER_PASS:
-                break
             mine = self.table.of_job(job.spec.priority_class)
-            if mine is None or not mine.preempts or job.id in self.nominations:
+            if mine is None or mine.priority < floor or tried >= PREEMPTORS_PER_PASS:
+                break
+            if not mine.preempts or job.id in self.nominations \
+                    or self._retry.get(job.id, 0) > self._passes:
                 continue
             tried += 1
-            found = self._victims(job, mine, snapshot, now)
+            if candidates is None:  # once a pass, for every preemptor
+                candidates = self._candidates(now)
+            found = self._victims(job, mine, snapshot, candidates, taken)
             if not found:
+                self._retry[job.id] = self._passes + RETRY_PASSES
                 continue
+            self._retry.pop(job.id, None)
             victims, nodes = found
             self.nominations[job.id] = Nomination(job.id, nodes, {v.id for v in victims})
             for node in nodes:
@@ -125,32 +174,47 @@ class PriorityPreemption:
                 decisions.append(Preempt(
                     victim.id, f"for job {job.id} of priority class {mine.name}",
                     grace_s=float(theirs.preempt_grace_s), in_place=True))
+                taken.add(victim.id)  # the next preemptor of this pass looks past it
         return decisions
 
-    def _candidates(self, job: Job, mine: PriorityClass, running: Mapping[str, Job],
-                    now: float) -> Iterator[Job]:
-        """Running jobs it may preempt, fewest GPU-hours lost first."""
-        found: list[tuple[float, float, str, Job]] = []
-        for other in running.values():
-            if other.stopping or other.placement is None or other.id == job.id:
+    def _candidates(self, now: float) -> list[tuple[Job, PriorityClass]]:
+        """Running jobs some class may preempt, past their minimum run time and not
+        protected, fewest GPU-hours lost first (GPUs held × time run; then the newest).
+        Notes when the youngest spared one comes of age (``wake_at``)."""
+        found: list[tuple[float, float, str, Job, PriorityClass]] = []
+        for other in self._exposed.values():
+            if other.stopping or other.placement is None:
                 continue
             theirs = self.table.of_job(other.spec.priority_class)
-            if theirs is None or theirs.name not in mine.preempts:
+            if theirs is None:
                 continue
             ran = now - other.start_time if other.start_time is not None else 0.0
             if ran < theirs.min_runtime_s:
-                continue
-            if mine.within_account and other.spec.tenant != job.spec.tenant:
+                started = other.start_time if other.start_time is not None else now
+                of_age = started + theirs.min_runtime_s
+                self.wake_at = of_age if self.wake_at is None else min(self.wake_at, of_age)
                 continue
             if self.protected(other):
                 continue
             started = other.start_time if other.start_time is not None else now
-            found.append((other.placement.gpu_count * ran, -started, other.id, other))
+            found.append((other.placement.gpu_count * ran, -started, other.id, other, theirs))
         found.sort(key=lambda entry: entry[:3])
-        return (entry[3] for entry in found)
+        return [(entry[3], entry[4]) for entry in found]
+
+    @staticmethod
+    def _eligible_victims(job: Job, mine: PriorityClass,
+                          candidates: list[tuple[Job, PriorityClass]], taken: set[str]
+                          ) -> Iterator[Job]:
+        for other, theirs in candidates:
+            if other.id in taken or theirs.name not in mine.preempts:
+                continue
+            if mine.within_account and other.spec.tenant != job.spec.tenant:
+                continue
+            yield other
 
     def _victims(self, job: Job, mine: PriorityClass, snapshot: ClusterSnapshot,
-                 now: float) -> tuple[list[Job], frozenset[str]] | None:
+                 candidates: list[tuple[Job, PriorityClass]], taken: set[str]
+                 ) -> tuple[list[Job], frozenset[str]] | None:
         """The victims that make ``job`` fit and the nodes it would use; None: it fits
         already (the policy's order keeps it waiting) or no victims would make it fit."""
         spec = job.spec
@@ -164,7 +228,7 @@ class PriorityPreemption:
         held = {n for n, holder in self._holder.items() if holder != job.id}
         ok = {n for n in pool.ranked(model_scope(spec), d_gpn, 0, 0, spec) if n not in held}
         chosen: list[Job] = []
-        for victim in islice(self._candidates(job, mine, snapshot.running, now),
+        for victim in islice(self._eligible_victims(job, mine, candidates, taken),
                              CANDIDATES_PER_JOB):
             assert victim.placement is not None
             nodes = [a.node for a in victim.placement.allocations

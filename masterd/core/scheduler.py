@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -150,10 +151,25 @@ class SchedulingCore:
                 self.preemption = PriorityPreemption(table, self._within_quota)
             else:
                 self.preemption.table = table
+            self.preemption.rebuild(self._active.values())
         else:
             self.preemption = None
         for job_id in list(self._queued):
             self.reorder(job_id)
+
+    def _holds(self, job: Job) -> None:
+        """A job took resources (started, or restored running): what counts them hears."""
+        if self.admission is not None:
+            self.admission.started(job)
+        if self.preemption is not None:
+            self.preemption.started(job)
+
+    def _gives_back(self, job: Job) -> None:
+        """A job's resources were released."""
+        if self.admission is not None:
+            self.admission.released(job)
+        if self.preemption is not None:
+            self.preemption.released(job)
 
     def _within_quota(self, job: Job) -> bool:
         return self.admission is not None and self.admission.within_quota(job)
@@ -239,8 +255,7 @@ class SchedulingCore:
             self._enqueue(job)
         elif not job.state.terminal:
             self._active[job.id] = job
-            if self.admission is not None:
-                self.admission.started(job)
+            self._holds(job)
 
     def start_placed(self, job: Job) -> None:
         """Take a job that bypasses the queue and the policy (an inference replica, state
@@ -277,8 +292,7 @@ class SchedulingCore:
             if job.placement is not None:  # claimed when its nodes say hello
                 for node in job.placement.nodes:
                     self._unclaimed.setdefault(node, {})[job.id] = None
-            if self.admission is not None:
-                self.admission.started(job)
+            self._holds(job)
 
     def forget(self, job_id: str) -> Job:
         """Drop an ended job from memory (its journal row stays); returns it.
@@ -458,12 +472,16 @@ class SchedulingCore:
                 self._preempting(decision, applied)
         if self.preemption is not None:
             # Priority classes: running jobs of lower classes stopped for waiting ones.
-            for decision in self.preemption.plan(self.queue(), self.snapshot(), self._active,
-                                                 now):
+            for decision in self.preemption.plan(self.queue(), self._queued, self.snapshot(),
+                                                 self._active, now):
                 self._preempting(decision, applied)
         wake = getattr(unwrap(self.policy), "wake_at", None)
         if wake is not None:
             self.wake_at = wake(now)
+        if self.preemption is not None and self.preemption.wake_at is not None \
+                and self.preemption.wake_at > now and self._queued:
+            # A victim comes of age for a waiting preemptor: a pass then, event or not.
+            self.wake_at = min(self.wake_at or math.inf, self.preemption.wake_at)
         follow_up, self._follow_up_at = self._follow_up_at == now, None
         if "limit" in held_back and self._queued and not follow_up:
             # Admission held back starts the policy chose that together pass a limit:
@@ -538,8 +556,7 @@ class SchedulingCore:
         job.reason = notes.get(job.id, "")  # e.g. "borrowing 2 gpus of large:A100"
         job.wait = ""
         self._active[job.id] = job
-        if self.admission is not None:
-            self.admission.started(job)
+        self._holds(job)
         if self.preemption is not None:
             self.preemption.forget(job.id)
         applied.append(decision)
@@ -601,8 +618,7 @@ class SchedulingCore:
             return self._finish(job, now)
         del self._active[job_id]
         self.cluster.release(job_id)
-        if self.admission is not None:
-            self.admission.released(job)
+        self._gives_back(job)
         job.placement = None
         job.node_states = {}
         job.reason = f"start failed: {reason}"
@@ -658,8 +674,7 @@ class SchedulingCore:
     def _finish(self, job: Job, now: float) -> Transition:
         del self._active[job.id]
         self.cluster.release(job.id)
-        if self.admission is not None:
-            self.admission.released(job)
+        self._gives_back(job)
         stopping = job.stopping
         job.stopping = False
         if job.end_as == JobState.QUEUED.value:

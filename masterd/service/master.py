@@ -161,6 +161,10 @@ class Master:
         # ... and, for a start that went unanswered, when its node will refuse it (its
         # expires_at): a stop waits for that moment too.
         self._unsettled_starts: dict[str, float] = {}
+        # A priority class's preemption of each job being stopped so: every stop of the job
+        # (also one sent again when its start is reported late) warns it and gives it the
+        # class's grace, never the plain SIGTERM of an ordinary stop.
+        self._preemptions: dict[str, Preempt] = {}
         self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
@@ -568,6 +572,8 @@ class Master:
                 self._launching.add(job.id)
                 self.tasks.spawn(self._launch(job))
             elif isinstance(decision, Preempt):
+                if decision.in_place:
+                    self._preemptions[decision.job_id] = decision
                 self.tasks.spawn(self._preempt(decision))
 
     def _wake(self, when: float) -> None:
@@ -745,9 +751,7 @@ class Master:
         log.info("job=%s preempted reason=%s", job.id, decision.reason)
         for node, state in job.node_states.items():
             if state != "exited":
-                self.tasks.spawn(self._stop_part(job.id, node, decision.reason,
-                                                 grace_s=decision.grace_s,
-                                                 preempted=decision.in_place))
+                self.tasks.spawn(self._stop_part(job.id, node, decision.reason))
 
     def preempt(self, decision: Preempt) -> bool:
         """Preempt a running job outside a policy pass (the inference placer, SODA §V-D2).
@@ -864,16 +868,24 @@ class Master:
         if session is not None and not self.halted:
             await session.push(type_, body)
 
-    async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True,
-                         grace_s: float | None = None, preempted: bool = False) -> None:
-        """``grace_s``: a priority class's grace instead of the job's; ``preempted``: the
-        node tells the job why, and warns it with its own --signal if it asked one."""
+    async def _stop_part(self, job_id: str, node: str, reason: str, record: bool = True
+                         ) -> None:
+        """Stop one part: SIGTERM, SIGKILL after the job's grace; a job a priority class
+        preempts gets the class's grace, its own --signal as the warning and the reason
+        written for it on the node."""
         job = self.core.jobs.get(job_id)
         config = self.config
-        # The job's own --grace, else stop_grace_s; capped by max_grace_s.
-        if grace_s is not None:
-            grace = min(grace_s, config.max_grace_s)
+        preemption = self._preemptions.get(job_id)
+        # (Not once it was cancelled meanwhile: then it ends, and is stopped as any job.)
+        preempted = (preemption is not None and job is not None and job.stopping
+                     and job.end_as == JobState.QUEUED.value)
+        if preempted:
+            assert preemption is not None
+            reason = preemption.reason
+            grace = min(preemption.grace_s if preemption.grace_s is not None
+                        else config.stop_grace_s, config.max_grace_s)
         else:
+            # The job's own --grace, else stop_grace_s; capped by max_grace_s.
             grace = (grace_for(job.spec, config.stop_grace_s, config.max_grace_s) if job
                      else min(config.stop_grace_s, config.max_grace_s))
         warning = (job.spec.stop.warning.signal if preempted and job is not None
@@ -908,6 +920,7 @@ class Master:
             self.journal.wire.forget(job.id)
         if transition.state is not JobState.RUNNING:
             self._unsettled_starts.pop(job.id, None)
+            self._preemptions.pop(job.id, None)  # requeued or ended: that stop is over
         await self.events.job_transition.emit(job, transition)
         # The routine steps of a healthy job are in the journal (trellisctl events); logging
         # each at info cost a tenth of the master's time at a few hundred jobs a second.
