@@ -318,6 +318,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
                    lambda p, c: None),
     "priority-classes": ("priority classes: who queues first and who may preempt whom",
                          lambda p, c: None),
+    "maintenance": ("maintenance windows: list; admins: plan, remove",
+                    lambda p, c: _maintenance().add_maintenance(p, c)),
     "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
                 lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
@@ -341,6 +343,12 @@ def _helios() -> Any:
     from control import helios
 
     return helios
+
+
+def _maintenance() -> Any:
+    from control import maintenance
+
+    return maintenance
 
 
 def _accounts() -> Any:
@@ -584,6 +592,8 @@ def run(args: argparse.Namespace) -> int:
 
         result = client.call("partitions")
         text = show_partitions(result["partitions"])
+    elif cmd == "maintenance":
+        result, text = _maintenance().run_maintenance(client, args)
     elif cmd == "priority-classes":
         from control.views import show_priority_classes
 

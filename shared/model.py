@@ -149,6 +149,10 @@ class NodeInventory:
     # the master on the inventory it takes, whatever a node sends.
     partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=256,
                                           pattern=NAME_PATTERN)
+    # Seconds left before its next maintenance window (0: in one; None: none planned),
+    # stamped by the master (shared/maintenance.py): a job starts here only if its time
+    # limit ends before then.
+    maintenance_in_s: float | None = bounded(None, min=0)
 
     @property
     def gpu_model(self) -> str | None:

@@ -19,6 +19,7 @@ from masterd.api.lifecycle import method_table as lifecycle_methods
 from masterd.api.liquid import job_extras as liquid_job_extras
 from masterd.api.liquid import method_table as liquid_methods
 from masterd.api.logs import method_table as logs_methods
+from masterd.api.maintenance import method_table as maintenance_methods
 from masterd.api.partitions import method_table as partition_methods
 from masterd.api.visibility import check_owner, check_visible, viewer
 from masterd.core.scheduler import JobError
@@ -171,6 +172,7 @@ class Rpc:
         self.methods.update(fairshare_methods(master.features.fairshare))
         # Accounts, quotas and caps (masterd.features.accounts).
         self.methods.update(account_methods(master.features.accounts))
+        self.methods.update(maintenance_methods(master.features.maintenance))
         self.methods.update(partition_methods(master.features.partitions,
                                               master.features.priority_classes))
 

@@ -209,6 +209,7 @@ class ClusterSnapshot:
     # Gives the free index its owner keeps, or None if that has changed since (see indexed).
     _index_source: Callable[[], FreeIndex | None] | None = field(
         default=None, init=False, repr=False, compare=False)
+    _timed: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def indexed(
@@ -218,6 +219,7 @@ class ClusterSnapshot:
         schedulable: Mapping[str, NodeView],
         index_source: Callable[[], FreeIndex | None],
         sizes: NodeSizes,
+        timed: bool = False,
     ) -> ClusterSnapshot:
         """A snapshot whose derived views are already known.
 
@@ -226,10 +228,21 @@ class ClusterSnapshot:
         source has changed by then, the snapshot builds its own from ``nodes``.
         """
         snapshot = cls(nodes=nodes, running=running)
+        object.__setattr__(snapshot, "_timed", timed)
         object.__setattr__(snapshot, "_schedulable", schedulable)
         object.__setattr__(snapshot, "_index_source", index_source)
         object.__setattr__(snapshot, "_sizes", sizes)
         return snapshot
+
+    @property
+    def timed(self) -> bool:
+        """Some node has a maintenance window ahead (its eligibility depends on a job's time
+        limit, so placers ask ``eligible`` of every job, not only of jobs that select)."""
+        if self._timed is None:
+            object.__setattr__(self, "_timed", any(
+                v.inventory.maintenance_in_s is not None for v in self.nodes.values()))
+        assert self._timed is not None
+        return self._timed
 
     @property
     def schedulable(self) -> Mapping[str, NodeView]:
@@ -316,6 +329,7 @@ class ClusterState:
 
     def __init__(self) -> None:
         self._views: dict[str, NodeView] = {}
+        self._timed_nodes: set[str] = set()  # nodes with a maintenance window ahead
         self._schedulable: dict[str, NodeView] = {}  # _views' order, unless the flag below
         self._schedulable_unordered = False  # a node came back: reorder before it is read
         self._index = FreeIndex()
@@ -341,6 +355,11 @@ class ClusterState:
             self._index, self._index_shared = self._index.copy(), False
         return self._index
 
+    @property
+    def timed(self) -> bool:
+        """Some node has a maintenance window ahead (see ClusterSnapshot.timed)."""
+        return bool(self._timed_nodes)
+
     def _put(self, view: NodeView) -> None:
         """Add or replace one node's view."""
         name = view.name
@@ -348,6 +367,10 @@ class ClusterState:
         self._views[name] = view
         if old is None or old.inventory is not view.inventory:
             self.inventory_changes += 1
+            if view.inventory.maintenance_in_s is None:
+                self._timed_nodes.discard(name)
+            else:
+                self._timed_nodes.add(name)
             if old is not None:
                 _count_size(self._sizes, old, -1)
             _count_size(self._sizes, view, +1)
@@ -376,6 +399,7 @@ class ClusterState:
 
     def _drop(self, name: str) -> None:
         old = self._views.pop(name, None)
+        self._timed_nodes.discard(name)
         if old is not None:
             self.inventory_changes += 1
             _count_size(self._sizes, old, -1)
@@ -658,7 +682,8 @@ class ClusterState:
             return self._index
 
         sizes = {model: dict(by_size) for model, by_size in self._sizes.items()}  # tiny
-        return ClusterSnapshot.indexed(nodes, running, schedulable, index_then, sizes)
+        return ClusterSnapshot.indexed(nodes, running, schedulable, index_then, sizes,
+                                       bool(self._timed_nodes))
 
     def free_index(self) -> FreeIndex:
         """The live index of schedulable nodes by free GPUs (read-only; for tests)."""

@@ -21,8 +21,9 @@ from types import MappingProxyType
 # anything else; an operator's drain before the energy saver's power state.
 DISCONNECTED = "disconnected"
 DRAINED = "drained"
+MAINTENANCE = "maintenance"  # inside a planned window (shared/maintenance.py)
 POWER = "power"
-KINDS = (DISCONNECTED, DRAINED, POWER)
+KINDS = (DISCONNECTED, DRAINED, MAINTENANCE, POWER)
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
 
 

@@ -4,7 +4,8 @@ A job that asks for no GPU may use any node's cores; one that asks for GPUs with
 model may use any node's; one that names a model only nodes of that model. A job's selector
 (``JobSpec.selector``) narrows that further: nodes with every feature it names (Slurm's
 ``--constraint a&b``), with any of them (``a|b``), none it excludes (``--exclude``), in one of
-its partitions (``--partition``, shared/partitions.py). The
+its partitions (``--partition``, shared/partitions.py), and only where its time limit ends
+before the node's next maintenance window (shared/maintenance.py). The
 placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
 candidates, SWAF's and SCHED²'s searches, the inference planner) all ask here, and the
 scheduling core checks every start a policy decides against it, so a new condition (a
@@ -28,6 +29,9 @@ def eligible(spec: JobSpec, node: NodeInventory) -> bool:
     """The job may run on this node."""
     if spec.gpus and spec.gpu_model is not None and node.gpu_model != spec.gpu_model:
         return False
+    if node.maintenance_in_s is not None and (
+            spec.time_limit_s is None or spec.time_limit_s > node.maintenance_in_s):
+        return False  # it could still run when the node's maintenance window begins
     selector = spec.selector
     if selector is NO_SELECTOR:
         return True

@@ -98,6 +98,9 @@ class FreePool:
         self.gpus: _NodeValues[frozenset[int]] = _NodeValues(self.views, "free_gpus", owner)
         self.cpus: _NodeValues[frozenset[int]] = _NodeValues(self.views, "free_cpus", owner)
         self.memory: _NodeValues[int] = _NodeValues(self.views, "free_memory_mib", owner)
+        # Some node's eligibility depends on a job's time limit (a maintenance window
+        # ahead): every search asks ``eligible``, not only for jobs that select nodes.
+        self.timed = snapshot.timed
 
     @property
     def index(self) -> FreeIndex:
@@ -157,7 +160,7 @@ class FreePool:
 
     def nodes_for(self, spec: JobSpec) -> list[str]:
         """Nodes the job may use (masterd.core.eligibility)."""
-        if not selects(spec) and (spec.gpus == 0 or spec.gpu_model is None):
+        if not selects(spec) and not self.timed and (spec.gpus == 0 or spec.gpu_model is None):
             return list(self.views)
         return [n for n, v in self.views.items() if eligible(spec, v.inventory)]
 
@@ -170,7 +173,7 @@ class FreePool:
         selects nodes beyond their model (the index is by model alone)."""
         memory = self.memory
         views = self.views
-        check = spec if spec is not None and selects(spec) else None
+        check = spec if spec is not None and (self.timed or selects(spec)) else None
         for name in self.index.ranked(scope, min_gpus, min_cpus):
             if memory[name] >= min_memory and (
                     check is None or eligible(check, views[name].inventory)):
@@ -257,7 +260,7 @@ def realise(
     if candidates is None:
         ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node, spec)
     else:
-        if selects(spec):  # a caller's list is of the model's nodes, not of the job's
+        if pool.timed or selects(spec):  # a caller's list is of the model's nodes
             candidates = [n for n in candidates if eligible(spec, pool.views[n].inventory)]
         ranked = _rank(pool, candidates, d_gpn, cpus_per_node, mem_per_node)
     # Know that enough nodes fit before choosing GPUs and cores on any of them.

@@ -531,7 +531,8 @@ class SchedulingCore:
         job = self._queued.get(decision.job_id)
         if job is None:
             return
-        if selects(job.spec) and not self._may_use(job.spec, decision.placement):
+        if (self.cluster.timed or selects(job.spec)) \
+                and not self._may_use(job.spec, decision.placement):
             return  # a policy that searched by model alone: it waits, never misplaced
         if self.preemption is not None:
             holder = self.preemption.permit(job, decision.placement)

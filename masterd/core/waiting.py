@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Any
 
 from masterd.core.backfill import Reservation
-from masterd.core.conditions import DISCONNECTED, DRAINED, POWER
+from masterd.core.conditions import DISCONNECTED, DRAINED, MAINTENANCE, POWER
 from masterd.core.eligibility import PlacementKey, eligible, placement_key, selects
 from masterd.core.placement import FreePool, pack
 from masterd.core.profiling import unwrap
@@ -125,7 +125,8 @@ class WaitExplainer:
 
 
 # How a count of closed nodes reads, by their first condition's kind.
-_CLOSED_WORDS = {DISCONNECTED: "not connected", DRAINED: "drained", POWER: "powered down"}
+_CLOSED_WORDS = {DISCONNECTED: "not connected", DRAINED: "drained",
+                 MAINTENANCE: "in maintenance", POWER: "powered down"}
 
 
 def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:

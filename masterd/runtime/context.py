@@ -210,6 +210,9 @@ class NodeCommands:
     # (node, GPU index, healthy): set a GPU's health in the master's view of the node (a
     # GPU returned to service by an operator) and ask for a pass.
     gpu_health: Callable[[str, int, bool], None] = lambda node, index, healthy: None
+    # (node, kind, reason or None): set or clear one of a node's conditions (the
+    # maintenance feature's, masterd/core/conditions.py), and ask for a pass.
+    set_condition: Callable[[str, str, str | None], None] = lambda node, kind, reason: None
     # (node): take the node's inventory through events.effective_inventory again and ask
     # for a pass: a feature's view of the node changed (its partitions were reconfigured).
     reinventory: Callable[[str], None] = lambda node: None

@@ -28,6 +28,7 @@ from masterd.features.holds import JobControls
 from masterd.features.inference import InferenceService
 from masterd.features.liquid.feature import LiquidResources
 from masterd.features.logs import JobLogs
+from masterd.features.maintenance import Maintenance
 from masterd.features.netpartition import NetPartitions
 from masterd.features.nodeloss import NodeLoss
 from masterd.features.partitions import Partitions
@@ -56,6 +57,8 @@ class Features:
     partitions: Partitions
     # Priority classes: the queue's order and who may preempt whom.
     priority_classes: PriorityClasses
+    # Maintenance windows: no job starts where its limit would cross one.
+    maintenance: Maintenance
     timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
     # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
     # a restore resolves dependencies before holds close their gates.
@@ -109,7 +112,8 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         estimator=DurationEstimator(ctx, config.policy),
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         partitions=Partitions(ctx),
-                        priority_classes=PriorityClasses(ctx), timelimits=TimeLimits(ctx),
+                        priority_classes=PriorityClasses(ctx),
+                        maintenance=Maintenance(ctx), timelimits=TimeLimits(ctx),
                         dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),

@@ -18,7 +18,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from masterd.core.conditions import DRAINED, POWER
+from masterd.core.conditions import DRAINED, MAINTENANCE, POWER
 from masterd.core.fencing import Judgement, judge_part
 from masterd.core.policies import make_policy
 from masterd.core.policy import Preempt, Start
@@ -196,6 +196,7 @@ class Master:
                                set_power=self.set_power, power_state=self.power_state,
                                gpu_health=self.set_gpu_health,
                                reinventory=self.reinventory,
+                               set_condition=self.set_node_condition,
                                epoch=lambda: self.leadership.epoch, push=self._push),
             tasks=self.tasks,
             events=self.events,
@@ -1183,6 +1184,16 @@ class Master:
         self.core.update_inventory(inventory)
         self.request_pass()
 
+    def set_node_condition(self, node: str, kind: str, reason: str | None) -> None:
+        """Set or clear one of a known node's conditions (see NodeCommands)."""
+        if self.core.cluster.node(node) is None:
+            return
+        held = {c.kind: c.reason for c in self.core.node_conditions(node)}
+        if held.get(kind) == reason:
+            return
+        self.core.set_condition(node, kind, reason, self.clock() if reason else None)
+        self.request_pass()
+
     def reinventory(self, node: str) -> None:
         """Take ``node``'s inventory through the features again (see NodeCommands)."""
         view = self.core.cluster.node(node)
@@ -1288,7 +1299,9 @@ class Master:
         if power is not None:
             return power[0]
         if name in self.sessions:
-            return "drained" if self.is_drained(name) else "ready"
+            if self.is_drained(name):
+                return "drained"
+            return "maintenance" if self.core.conditions.has(name, MAINTENANCE) else "ready"
         told = self.events.node_status(name)  # e.g. "down": declared lost (node loss)
         if told is not None:
             return told
