@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.eligibility import eligible
-from masterd.core.placement import FreePool, model_scope, realise
+from masterd.core.placement import FreePool, realise
 from masterd.core.policy import Preempt
-from masterd.core.whatif import fewest_nodes_shape, fits_now, give_back, needed_victims
+from masterd.core.whatif import fewest_nodes_shape, fits_now, free_until_fits
 from shared.model import Job, Placement
 from shared.priorityclasses import ClassTable, PriorityClass
 
@@ -224,25 +223,12 @@ class PriorityPreemption:
         shape = fewest_nodes_shape(spec, pool)
         if shape is None:
             return None
-        d_node, d_gpn = shape
         held = {n for n, holder in self._holder.items() if holder != job.id}
-        ok = {n for n in pool.ranked(model_scope(spec), d_gpn, 0, 0, spec) if n not in held}
-        chosen: list[Job] = []
-        for victim in islice(self._eligible_victims(job, mine, candidates, taken),
-                             CANDIDATES_PER_JOB):
-            assert victim.placement is not None
-            nodes = [a.node for a in victim.placement.allocations
-                     if a.node in pool.views and a.node not in held
-                     and eligible(spec, pool.views[a.node].inventory)]
-            if not nodes:
-                continue
-            chosen.append(victim)
-            give_back(pool, victim)
-            ok.update(n for n in nodes if len(pool.gpus[n]) >= d_gpn)
-            if len(ok) < d_node:
-                continue
-            placement = realise(spec, pool, d_node, d_gpn, candidates=sorted(ok))
-            if placement is not None:
-                needed = needed_victims(spec, snapshot, chosen, placement.nodes, d_gpn)
-                return needed, frozenset(placement.nodes)
-        return None
+        found = free_until_fits(
+            spec, snapshot, pool, shape,
+            islice(self._eligible_victims(job, mine, candidates, taken), CANDIDATES_PER_JOB),
+            usable=lambda node: node not in held)
+        if found is None:
+            return None
+        victims, placement = found
+        return victims, frozenset(placement.nodes)

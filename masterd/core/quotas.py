@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from masterd.core.cluster import ClusterSnapshot
-from masterd.core.eligibility import eligible
-from masterd.core.placement import FreePool, model_scope, realise
+from masterd.core.placement import FreePool
 from masterd.core.policy import Preempt
 from masterd.core.scheduler import Reorder
-from masterd.core.whatif import fewest_nodes_shape, fits_now, give_back, needed_victims
+from masterd.core.whatif import fewest_nodes_shape, fits_now, free_until_fits
 from shared.accounts import AccountTree, Resources
 from shared.model import Job, JobSpec, Placement, WaitReason
 
@@ -675,40 +674,29 @@ class QuotaAdmission:
         shape = fewest_nodes_shape(spec, pool)
         if shape is None:
             return []
-        d_node, d_gpn = shape
-        # Nodes that hold the owner's share already (the free index, no scan of all nodes).
-        ok = set(pool.index.ranked(model_scope(spec), d_gpn, 0))
         ledger = self.ledger
         mine = set(ledger.lineage(spec.tenant))
         freed: dict[str, list[int]] = {}
-        chosen: list[Job] = []
-        for job in self._candidates(owner, snapshot.running):
-            if job.stopping or job.placement is None:
-                continue
-            lineage = ledger.lineage(job.spec.tenant)
-            # Only while it (or an ancestor the owner does not share) still borrows once
-            # earlier victims are gone: an account is never pushed below its own quota.
-            if not any(ledger.borrowing(a, freed) for a in lineage if a not in mine):
-                continue
-            nodes = [a.node for a in job.placement.allocations if a.node in pool.views
-                     and eligible(spec, pool.views[a.node].inventory)]
-            if not nodes:
-                continue
+
+        def borrowers() -> Iterator[Job]:
+            for job in self._candidates(owner, snapshot.running):
+                if job.stopping or job.placement is None:
+                    continue
+                # Only while it (or an ancestor the owner does not share) still borrows once
+                # earlier victims are gone: an account is never pushed below its own quota.
+                if any(ledger.borrowing(a, freed) for a in ledger.lineage(job.spec.tenant)
+                       if a not in mine):
+                    yield job
+
+        def given_back(job: Job) -> None:
             need = demand(job.spec, job.placement)  # what stopping it gives back
-            for a in lineage:
+            for a in ledger.lineage(job.spec.tenant):
                 f = freed.setdefault(a, [0, 0, 0])
                 for i in range(3):
                     f[i] += need[i]
-            chosen.append(job)
-            give_back(pool, job)
-            ok.update(n for n in nodes if len(pool.gpus[n]) >= d_gpn)
-            if len(ok) < d_node:
-                continue
-            placement = realise(spec, pool, d_node, d_gpn, candidates=sorted(ok))
-            if placement is not None:
-                return [j.id for j in needed_victims(spec, snapshot, chosen, placement.nodes,
-                                              d_gpn)]
-        return []
+
+        found = free_until_fits(spec, snapshot, pool, shape, borrowers(), chosen=given_back)
+        return [] if found is None else [j.id for j in found[0]]
 
 
 def _started_at(job: Job) -> tuple[float, str]:

@@ -7,9 +7,12 @@ accepts: the job's fewest-nodes shape, one node when one can hold it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from masterd.core.cluster import ClusterSnapshot
+from masterd.core.eligibility import eligible
 from masterd.core.placement import FreePool, model_scope, realise, shapes
-from shared.model import Job, JobSpec
+from shared.model import Job, JobSpec, Placement
 
 
 def fewest_nodes_shape(spec: JobSpec, pool: FreePool) -> tuple[int, int] | None:
@@ -72,3 +75,38 @@ def give_back(pool: FreePool, job: Job) -> None:
         pool.assign(alloc.node, gpus=pool.gpus[alloc.node] | frozenset(alloc.gpus),
                     cpus=pool.cpus[alloc.node] | frozenset(alloc.cpus))
         pool.memory.store(alloc.node, pool.memory[alloc.node] + alloc.memory_mib)
+
+
+def free_until_fits(spec: JobSpec, snapshot: ClusterSnapshot, pool: FreePool,
+                    shape: tuple[int, int], candidates: Iterable[Job],
+                    usable: Callable[[str], bool] = lambda node: True,
+                    chosen: Callable[[Job], None] = lambda job: None,
+                    ) -> tuple[list[Job], Placement] | None:
+    """Give ``candidates`` back in ``pool`` one at a time, in their order, until ``spec``
+    fits in ``shape`` (nodes, GPUs per node): the victims its placement needs (on each node
+    only as many as it takes) and the placement; None when all of them would not make it fit.
+
+    A candidate with no node the job may use (``eligible`` and ``usable``) is passed over;
+    ``chosen`` hears each one given back (a caller that weighs the next by what was freed).
+    The search stays cheap on a large cluster: a placement is tried only among the nodes
+    that have (or were given back) enough free GPUs, once there are enough of them."""
+    d_node, d_gpn = shape
+    ok = {n for n in pool.ranked(model_scope(spec), d_gpn, 0, 0, spec) if usable(n)}
+    given: list[Job] = []
+    for victim in candidates:
+        assert victim.placement is not None
+        nodes = [a.node for a in victim.placement.allocations
+                 if a.node in pool.views and usable(a.node)
+                 and eligible(spec, pool.views[a.node].inventory)]
+        if not nodes:
+            continue
+        chosen(victim)
+        given.append(victim)
+        give_back(pool, victim)
+        ok.update(n for n in nodes if len(pool.gpus[n]) >= d_gpn)
+        if len(ok) < d_node:
+            continue
+        placement = realise(spec, pool, d_node, d_gpn, candidates=sorted(ok))
+        if placement is not None:
+            return needed_victims(spec, snapshot, given, placement.nodes, d_gpn), placement
+    return None
