@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +94,21 @@ async def exited(master: Master, node: str, job_id: str, code: int | None = 0,
                  signal: int | None = None) -> None:
     await master.node_event(node, "job_exited", JobExited(
         job_id=job_id, exit_code=code, signal=signal, restarts=_incarnation(master, job_id)))
+
+
+def through_rpc(state: Path, body: Callable[..., Awaitable[None]],
+                nodes: dict[str, tuple[int, int]], clock: Clock | None = None,
+                **config: Any) -> None:
+    """Run ``body(master, rpc, sessions)`` against a master of ``nodes`` whose jobs may run as
+    any user (alice and bob stand for existing Unix users), closing it afterwards."""
+    from masterd.api.rpc import Rpc
+
+    async def go() -> None:
+        master, sessions = make_master(state, clock or Clock(), nodes, **config)
+        master.check_user = lambda user: None  # type: ignore[method-assign]
+        try:
+            await body(master, Rpc(master), sessions)
+        finally:
+            await master.close()
+
+    asyncio.run(go())

@@ -5,13 +5,12 @@ the next master over the same journal, which the configuration then no longer se
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from masterd.api.rpc import Rpc
 from masterd.service.master import Master
-from tests.unit.master_fakes import Clock, make_master
+from tests.unit.master_fakes import through_rpc
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
 
 ACCOUNTS = [
@@ -27,15 +26,8 @@ def job(user: str = "alice", **kw: Any) -> dict[str, Any]:
 
 
 def run(tmp_path: Path, body: Any, accounts: list[dict[str, Any]]) -> None:
-    async def go() -> None:
-        master, _ = make_master(tmp_path, Clock(), {"n1": (4, 8)}, accounts=accounts)
-        master.check_user = lambda user: None  # type: ignore[method-assign]
-        try:
-            await body(master, Rpc(master))
-        finally:
-            await master.close()
-
-    asyncio.run(go())
+    through_rpc(tmp_path, lambda master, rpc, _: body(master, rpc), {"n1": (4, 8)},
+                accounts=accounts)
 
 
 def test_submission_resolves_the_account_and_checks_caps(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from masterd.core.scheduler import SchedulingCore
 from masterd.service.master import Master
 from shared.maintenance import REFRESH_S, MaintenanceError, Window, check, horizons
 from tests.unit.helpers import inventory, job
-from tests.unit.master_fakes import Clock, make_master
+from tests.unit.master_fakes import Clock, through_rpc
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
 
 T = 1_000_000.0
@@ -76,15 +76,8 @@ def test_every_policy_keeps_long_jobs_off_a_node_before_its_window(name: str) ->
 
 
 def scenario(tmp_path: Path, clock: Clock, body: Any) -> None:
-    async def go() -> None:
-        master, _ = make_master(tmp_path, clock, {"n1": (2, 4), "n2": (2, 4)})
-        master.check_user = lambda user: None  # type: ignore[method-assign]
-        try:
-            await body(master, Rpc(master))
-        finally:
-            await master.close()
-
-    asyncio.run(go())
+    through_rpc(tmp_path, lambda master, rpc, _: body(master, rpc),
+                {"n1": (2, 4), "n2": (2, 4)}, clock)
 
 
 def submitted(**kw: Any) -> dict[str, Any]:

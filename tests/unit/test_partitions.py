@@ -7,7 +7,6 @@ spells it as Slurm does."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 from dataclasses import replace
@@ -30,7 +29,7 @@ from shared.model import NodeSelector
 from shared.partitions import Choice, Partition, PartitionError, PartitionTable, duration
 from shared.schema import decode
 from tests.unit.helpers import inventory, job
-from tests.unit.master_fakes import Clock, make_master
+from tests.unit.master_fakes import through_rpc
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
 
 GPU = Partition("gpu", "n[1-2]", default=True, max_time_s=7200, default_time_s=3600)
@@ -123,16 +122,8 @@ def submitted(**kw: Any) -> dict[str, Any]:
 
 
 def run(tmp_path: Path, body: Any, **config: Any) -> None:
-    async def go() -> None:
-        master, _ = make_master(tmp_path, Clock(), {"n1": (4, 8), "n2": (4, 8),
-                                                    "n3": (8, 8)}, **config)
-        master.check_user = lambda user: None  # type: ignore[method-assign]
-        try:
-            await body(master, Rpc(master))
-        finally:
-            await master.close()
-
-    asyncio.run(go())
+    through_rpc(tmp_path, lambda master, rpc, _: body(master, rpc),
+                {"n1": (4, 8), "n2": (4, 8), "n3": (8, 8)}, **config)
 
 
 def test_the_master_writes_partitions_into_jobs_and_refuses_what_none_admits(

@@ -7,7 +7,6 @@ freed node; SIGHUP replaces the classes."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from masterd.api.rpc import Rpc
 from masterd.service.master import Master
 from shared.messages import StopJob
 from shared.priorityclasses import PriorityClass
-from tests.unit.master_fakes import Clock, exited, make_master, started, until
+from tests.unit.master_fakes import exited, started, through_rpc, until
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
 
 CLASSES = [
@@ -34,16 +33,11 @@ def submitted(**kw: Any) -> dict[str, Any]:
 
 
 def scenario(tmp_path: Path, body: Any, **config: Any) -> None:
-    async def go() -> None:
-        master, sessions = make_master(tmp_path, Clock(), {"n1": (2, 4)}, **config)
-        master.check_user = lambda user: None  # type: ignore[method-assign]
+    async def with_sessions(master: Master, rpc: Rpc, sessions: dict[str, Any]) -> None:
         master.sessions_for_test = sessions  # type: ignore[attr-defined]
-        try:
-            await body(master, Rpc(master))
-        finally:
-            await master.close()
+        await body(master, rpc)
 
-    asyncio.run(go())
+    through_rpc(tmp_path, with_sessions, {"n1": (2, 4)}, **config)
 
 
 def test_classes_at_submission(tmp_path: Path) -> None:
