@@ -30,7 +30,7 @@ def test_conditions_are_kept_per_kind_and_shown_most_fundamental_first() -> None
     conditions.clear("n1", POWER)  # clearing twice is harmless
     assert conditions.schedulable("n1") and dict(conditions.closed()) == {}
     with pytest.raises(ValueError, match="node condition 'rebooting' is not one of "
-                                         "disconnected, drained, power"):
+                                         "disconnected, drained, maintenance, power"):
         conditions.set("n1", "rebooting", "why")
 
 
