@@ -25,11 +25,12 @@ def model_fits(wanted: str | None, model: str | None) -> bool:
     return wanted is None or model == wanted
 
 
-def eligible(spec: JobSpec, node: NodeInventory) -> bool:
-    """The job may run on this node."""
+def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
+    """The job may run on this node (``now`` False: at some time, windows aside: whether
+    it could ever run there)."""
     if spec.gpus and spec.gpu_model is not None and node.gpu_model != spec.gpu_model:
         return False
-    if node.maintenance_in_s is not None and (
+    if now and node.maintenance_in_s is not None and (
             spec.time_limit_s is None or spec.time_limit_s > node.maintenance_in_s):
         return False  # it could still run when the node's maintenance window begins
     selector = spec.selector

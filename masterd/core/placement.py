@@ -329,7 +329,7 @@ def fits_cluster(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     """Why a job can never run on this cluster as it is, or None if an empty cluster fits it."""
     nodes = [
         v for v in snapshot.nodes.values()
-        if eligible(spec, v.inventory)
+        if eligible(spec, v.inventory, now=False)  # a window passes: not "never"
     ]
     if not nodes:
         model = f" of model {spec.gpu_model}" if spec.gpu_model else ""

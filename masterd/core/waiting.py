@@ -140,6 +140,12 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
             else f"node ({selector})" if selects(spec) else "node")
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
+        if any(eligible(spec, v.inventory, now=False) for v in pool.views.values()):
+            limit = ("its time limit" if spec.time_limit_s is not None
+                     else "without a time limit it")
+            return (f"{limit} would run into a maintenance window on every {node}{model} "
+                    "up now; it waits until the window has passed (a shorter --time may "
+                    "fit before it)")
         return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
                                                                   else "")
     if spec.gpus:

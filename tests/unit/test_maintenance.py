@@ -152,3 +152,18 @@ def test_times_as_people_write_them() -> None:
     for text in ("tomorrow", "now+soon"):
         with pytest.raises(UsageError, match="--start"):
             parse_when(text, "--start", T)
+
+
+def test_a_window_is_no_reason_to_refuse_a_job_and_its_wait_says_so() -> None:
+    from masterd.core.waiting import WaitExplainer
+
+    core = SchedulingCore(make_policy("fifo"))
+    core.node_up(replace(inventory("a", gpus=4, cpus=16), maintenance_in_s=600.0))
+    endless = job("endless", gpus=2, t=0)
+    core.check_submittable(endless.spec)  # the window passes: it is not "never"
+    core.submit(endless)
+    assert core.schedule(1) == []
+    assert WaitExplainer(core).why(core.jobs["endless"]) == (
+        "no_fit", "without a time limit it would run into a maintenance window on every "
+                  "node up now; it waits until the window has passed (a shorter --time may "
+                  "fit before it)")
