@@ -103,6 +103,10 @@ OPTIONS: tuple[Option, ...] = (
            help="only nodes with every one of these features (a100&ib) or with any of them "
                 "(a100|h100); `trellisctl nodes -o wide` lists each node's. Slurm's "
                 "--constraint"),
+    Option("nodelist", ("-w", "--nodelist"), field="spec.selector.only", metavar="NODES",
+           script=(S("nodelist", "hostlist", short="w", env="SBATCH_NODELIST"),),
+           help="only these nodes: gpu07 or gpu[01-04] (Slurm's --nodelist; Trellis places "
+                "the job among them rather than on every one listed)"),
     Option("exclude", ("-x", "--exclude"), field="spec.selector.exclude", metavar="NODES",
            script=(S("exclude", "hostlist", short="x", env="SBATCH_EXCLUDE"),),
            help="never these nodes: gpu01,gpu07 or gpu[01-04,07] (Slurm's --exclude)"),

@@ -115,13 +115,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def selector_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--constraint, --exclude and --partition as the spec's selector (only what the
-    command line gives)."""
+    """--constraint, --nodelist, --exclude and --partition as the spec's selector (only
+    what the command line gives)."""
     from control.values import parse_constraint, parse_hostlist, parse_partitions
 
     selector: dict[str, Any] = {}
     if getattr(args, "constraint", None) is not None:
         selector.update(parse_constraint(args.constraint))
+    if getattr(args, "nodelist", None) is not None:
+        selector["only"] = parse_hostlist(args.nodelist, "--nodelist")
     if getattr(args, "exclude", None) is not None:
         selector["exclude"] = parse_hostlist(args.exclude)
     if getattr(args, "partition", None) is not None:

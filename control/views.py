@@ -296,6 +296,8 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
         lines.append(f"{'Class:':<12}{j['priority_class']}")
     if j.get("constraint"):
         lines.append(f"{'Constraint:':<12}{j['constraint']}")
+    if j.get("nodelist"):
+        lines.append(f"{'Nodelist:':<12}{','.join(j['nodelist'])}")
     if j.get("exclude"):
         lines.append(f"{'Excludes:':<12}{','.join(j['exclude'])}")
     if j.get("priority"):

@@ -302,9 +302,13 @@ class NodeSelector:
     # ... at least one of these on each node (--constraint=a100|h100; nodes may differ) ...
     any_features: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
                                             pattern=FEATURE_PATTERN)
-    # ... and none of these nodes (Slurm's --exclude) ...
+    # ... none of these nodes (Slurm's --exclude) ...
     exclude: tuple[str, ...] = bounded(default_factory=tuple, max_len=1024,
                                        pattern=NAME_PATTERN)
+    # ... only these nodes (Slurm's --nodelist; Slurm also insists on using every node
+    # listed, Trellis places the job among them) ...
+    only: tuple[str, ...] = bounded(default_factory=tuple, max_len=1024,
+                                    pattern=NAME_PATTERN)
     # ... of one of these partitions (--partition; the master writes the default partition
     # into a job that names none, and keeps only those that admit it).
     partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
@@ -317,6 +321,8 @@ class NodeSelector:
             parts.append("with " + "&".join(self.features))
         if self.any_features:
             parts.append("with " + "|".join(self.any_features))
+        if self.only:
+            parts.append("on " + ",".join(self.only))
         if self.exclude:
             parts.append("not " + ",".join(self.exclude))
         if self.partitions:
@@ -327,13 +333,13 @@ class NodeSelector:
     def only_features(self) -> bool:
         """It selects by ``features`` alone ("with a100&ib" reads without brackets)."""
         return (bool(self.features) and not self.any_features and not self.exclude
-                and not self.partitions)
+                and not self.partitions and not self.only)
 
     @property
     def only_partitions(self) -> bool:
         """It selects by ``partitions`` alone (every job of a cluster with partitions)."""
         return (bool(self.partitions) and not self.features and not self.any_features
-                and not self.exclude)
+                and not self.exclude and not self.only)
 
     @property
     def constraint(self) -> str:

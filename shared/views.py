@@ -72,6 +72,8 @@ class JobView:
     constraint: str = ""
     # The nodes it may not use (Slurm's --exclude).
     exclude: tuple[str, ...] = ()
+    # The only nodes it may use (Slurm's --nodelist; empty: any).
+    nodelist: tuple[str, ...] = ()
     # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
     partition: str = ""
     # Its priority class (None where the cluster has none).

@@ -3,7 +3,8 @@
 A job that asks for no GPU may use any node's cores; one that asks for GPUs without naming a
 model may use any node's; one that names a model only nodes of that model. A job's selector
 (``JobSpec.selector``) narrows that further: nodes with every feature it names (Slurm's
-``--constraint a&b``), with any of them (``a|b``), none it excludes (``--exclude``), in one of
+``--constraint a&b``), with any of them (``a|b``), among those it lists (``--nodelist``), none
+it excludes (``--exclude``), in one of
 its partitions (``--partition``, shared/partitions.py), and only where its time limit ends
 before the node's next maintenance window (shared/maintenance.py). The
 placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
@@ -41,6 +42,8 @@ def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
     if selector.any_features and node.feature_set.isdisjoint(selector.any_features):
         return False
     if selector.partitions and node.partition_set.isdisjoint(selector.partitions):
+        return False
+    if selector.only and node.name not in selector.only:
         return False
     return node.name not in selector.exclude
 

@@ -53,6 +53,8 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         # "a100|h100"; ""), and the nodes it may not use (--exclude).
         "constraint": spec.selector.constraint,
         "exclude": list(spec.selector.exclude),
+        # The only nodes it may use (--nodelist; empty: any).
+        "nodelist": list(spec.selector.only),
         # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
         "partition": ",".join(spec.selector.partitions),
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,

@@ -43,6 +43,7 @@ def reference(job: Job) -> dict[str, Any]:
             ":".join((d.type, *d.jobs)) for d in spec.after),
         "constraint": "&".join(spec.selector.features),
         "exclude": list(spec.selector.exclude),
+        "nodelist": list(spec.selector.only),
         "partition": ",".join(spec.selector.partitions),
         "priority_class": spec.priority_class,
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,

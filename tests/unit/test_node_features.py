@@ -146,3 +146,36 @@ def test_any_of_features_and_excluded_nodes_select_nodes() -> None:
     with pytest.raises(JobError, match=r"no node matches what it selects \(not a,b,c\)"):
         core.check_submittable(job("x", gpus=1, selector=NodeSelector(exclude=("a", "b", "c"))
                                    ).spec)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_policy_places_a_job_only_on_the_nodes_it_lists(name: str) -> None:
+    core = cluster(make_policy(name))  # a is every placer's best fit
+    core.submit(genie("listed", 0, selector=NodeSelector(only=("b",))))
+    started: dict[str, tuple[str, ...]] = {}
+    for now in (10.0, 20.0, 30.0):
+        started.update({d.job_id: d.placement.nodes for d in core.schedule(now)
+                        if isinstance(d, Start)})
+    assert started.get("listed") == ("b",), started
+
+
+def test_nodelist_spellings_and_a_node_that_does_not_exist(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["submit", "--user", "nobody", "-w", "n[1-2]", "--gpus",
+                                      "1", "--", "true"])
+    (wire,), _ = jobs_from_args(args)
+    assert wire["selector"] == {"only": ["n1", "n2"]}
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodelist=gpu07\n#SBATCH -G 1\ntrue\n")
+    args = build_parser().parse_args(["submit", "--user", "nobody", str(script)])
+    (wire,), _ = jobs_from_args(args)
+    assert wire["selector"] == {"only": ["gpu07"]}
+    spec = decode(type(job("x").spec), {**wire, "user": "nobody"})
+    assert str(spec.selector) == "on gpu07"
+    with pytest.raises(UsageError, match=r"--nodelist 'gpu\[3-1\]': range '3-1' is empty"):
+        jobs_from_args(build_parser().parse_args(["submit", "--user", "nobody", "-w",
+                                                  "gpu[3-1]", "--", "true"]))
+    core = cluster(make_policy("fifo"))
+    with pytest.raises(JobError, match=r"no node matches what it selects \(on gpu07\)$"):
+        core.check_submittable(spec)
