@@ -470,3 +470,30 @@ def test_drained_nodes_are_neither_used_nor_lent() -> None:
     core.set_drained("n1", False)
     applied = starts(run_pass(core, 2.0))
     assert set(applied) == {"s8"} and applied["s8"].placement.nodes == ("n1",)
+
+
+def test_a_job_its_array_can_never_hold_is_told_why_it_waits() -> None:
+    """The demo cluster's case: borrowing off, the large-job array one node's 4 GPUs of 16;
+    an 8-GPU job was told it was first in line while nothing would ever start it."""
+    from dataclasses import replace as _replace
+
+    from masterd.core.policies import make_policy
+    from masterd.core.scheduler import SchedulingCore
+    from masterd.core.waiting import WaitExplainer
+    from tests.unit.helpers import inventory, job
+
+    for borrowing, way in ((False, "with borrowing off it runs only once the array grows"),
+                           (True, "it runs only on what other arrays lend it")):
+        core = SchedulingCore(make_policy("soda-arrays", borrowing=borrowing,
+                                          models={"*": {"large": 0.25}}))
+        for i in range(4):
+            core.node_up(_replace(inventory(f"n{i}", gpus=4, cpus=8)))
+        core.submit(job("big", gpus=8, cpus=1, t=0))
+        core.schedule(1)
+        code, sentence = WaitExplainer(core).why(core.jobs["big"])
+        if borrowing and core.jobs["big"].state.value != "queued":
+            continue  # it borrowed the other arrays' GPUs and started
+        assert code == "policy" and sentence.startswith(
+            "waiting: array large:A100 holds 4 GPUs, fewer than the 8 this job asks"), (
+            borrowing, code, sentence)
+        assert way in sentence

@@ -374,7 +374,24 @@ class _Pass:
                     self.home_pass(array)
             dirty = self.borrow_pass() if self.config.borrowing else set()
         self.preempt_pass()
+        self.note_too_big()
         return PassResult(self.decisions, self.notes)
+
+    def note_too_big(self) -> None:
+        """A job its own array could not hold even empty waits for something else than its
+        turn: say what (the wait explainer would otherwise call it first in line)."""
+        for array, jobs in self.waiting.items():
+            for job in jobs:
+                if job.id in self.notes or self.fits_when_empty(job):
+                    continue
+                size = self.amap.size(array)
+                asks = job.spec.gpus if array.holds_gpus else job.spec.cpus
+                way = ("it runs only on what other arrays lend it" if self.config.borrowing
+                       else "with borrowing off it runs only once the array grows "
+                            "(trellisctl pools --resize, or the configuration)")
+                unit = "GPUs" if array.holds_gpus else "cores"
+                self.notes[job.id] = (f"waiting: array {array.name} holds {size} {unit}, "
+                                      f"fewer than the {asks} this job asks; {way}")
 
     def home_pass(self, array: ArrayId) -> None:
         inner = self.policy.inner_for(array)
