@@ -33,6 +33,8 @@ class Preempt:
 
 
 Decision = Start | Preempt
+# A preempted job's reason begins so, the decision's reason after it.
+PREEMPTED_PREFIX = "preempted: "
 
 
 class Policy(Protocol):

@@ -20,7 +20,7 @@ from masterd.core.cluster import AllocationError, ClusterSnapshot, ClusterState
 from masterd.core.conditions import DISCONNECTED, DRAINED, NodeCondition, NodeConditions
 from masterd.core.eligibility import eligible, selects
 from masterd.core.placement import fits_cluster
-from masterd.core.policy import Decision, Policy, Preempt, Start
+from masterd.core.policy import PREEMPTED_PREFIX, Decision, Policy, Preempt, Start
 from masterd.core.preemption import PriorityPreemption
 from masterd.core.profiling import unwrap
 from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
@@ -589,7 +589,7 @@ class SchedulingCore:
         if job is None or job.stopping:
             return
         job.stopping = True
-        job.reason = f"preempted: {decision.reason}"
+        job.reason = PREEMPTED_PREFIX + decision.reason
         if decision.in_place:  # back to its own place, restarts + 1 (see _finish)
             job.end_as = JobState.QUEUED.value
         applied.append(decision)

@@ -21,7 +21,7 @@ from typing import Any
 from masterd.core.conditions import DRAINED, MAINTENANCE, POWER
 from masterd.core.fencing import Judgement, judge_part
 from masterd.core.policies import make_policy
-from masterd.core.policy import Preempt, Start
+from masterd.core.policy import PREEMPTED_PREFIX, Preempt, Start
 from masterd.core.scheduler import JobError, SchedulingCore, Transition
 from masterd.core.timelimits import grace_for
 from masterd.journal.drains import load_drains, save_drain
@@ -161,10 +161,6 @@ class Master:
         # ... and, for a start that went unanswered, when its node will refuse it (its
         # expires_at): a stop waits for that moment too.
         self._unsettled_starts: dict[str, float] = {}
-        # A priority class's preemption of each job being stopped so: every stop of the job
-        # (also one sent again when its start is reported late) warns it and gives it the
-        # class's grace, never the plain SIGTERM of an ordinary stop.
-        self._preemptions: dict[str, Preempt] = {}
         self.tasks = TaskSupervisor()
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.passes = 0
@@ -573,8 +569,6 @@ class Master:
                 self._launching.add(job.id)
                 self.tasks.spawn(self._launch(job))
             elif isinstance(decision, Preempt):
-                if decision.in_place:
-                    self._preemptions[decision.job_id] = decision
                 self.tasks.spawn(self._preempt(decision))
 
     def _wake(self, when: float) -> None:
@@ -766,7 +760,7 @@ class Master:
                 or job.stopping:
             return False
         job.stopping = True
-        job.reason = f"preempted: {decision.reason}"
+        job.reason = PREEMPTED_PREFIX + decision.reason
         self.tasks.spawn(self._preempt(decision))
         return True
 
@@ -876,19 +870,15 @@ class Master:
         written for it on the node."""
         job = self.core.jobs.get(job_id)
         config = self.config
-        preemption = self._preemptions.get(job_id)
-        # (Not once it was cancelled meanwhile: then it ends, and is stopped as any job.)
-        preempted = (preemption is not None and job is not None and job.stopping
-                     and job.end_as == JobState.QUEUED.value)
-        if preempted:
-            assert preemption is not None
-            reason = preemption.reason
-            grace = min(preemption.grace_s if preemption.grace_s is not None
-                        else config.stop_grace_s, config.max_grace_s)
+        preemption = self._preemption(job) if job is not None else None
+        if preemption is not None:
+            reason, grace = preemption
+            grace = min(grace, config.max_grace_s)
         else:
             # The job's own --grace, else stop_grace_s; capped by max_grace_s.
             grace = (grace_for(job.spec, config.stop_grace_s, config.max_grace_s) if job
                      else min(config.stop_grace_s, config.max_grace_s))
+        preempted = preemption is not None
         warning = (job.spec.stop.warning.signal if preempted and job is not None
                    and job.spec.stop.warning is not None else None)
         try:
@@ -899,6 +889,20 @@ class Master:
         except CommandFailed as exc:
             # The node will report the job when it reconnects; reconciliation stops it then.
             log.warning("job=%s node=%s stop not delivered: %s", job_id, node, exc.message)
+
+    def _preemption(self, job: Job) -> tuple[str, float] | None:
+        """(reason, grace) of a priority class's preemption of ``job`` now being stopped,
+        read from the job itself (stopping, to be requeued, "preempted: ..."; all journalled)
+        and its class: every stop of it, also one sent again when its start is reported late
+        or by a master that took over, warns it and gives it its class's grace. None: not
+        so preempted (or cancelled meanwhile: then it ends, and is stopped as any job)."""
+        if not (job.stopping and job.end_as == JobState.QUEUED.value
+                and job.reason.startswith(PREEMPTED_PREFIX)):
+            return None
+        found = self.core.classes.of_job(job.spec.priority_class)
+        if found is None:
+            return None
+        return job.reason[len(PREEMPTED_PREFIX):], float(found.preempt_grace_s)
 
     # -- persistence ---------------------------------------------------------------------
     async def _persist(self, jobs: list[Job], events: list[tuple]) -> None:
@@ -921,7 +925,6 @@ class Master:
             self.journal.wire.forget(job.id)
         if transition.state is not JobState.RUNNING:
             self._unsettled_starts.pop(job.id, None)
-            self._preemptions.pop(job.id, None)  # requeued or ended: that stop is over
         await self.events.job_transition.emit(job, transition)
         # The routine steps of a healthy job are in the journal (trellisctl events); logging
         # each at info cost a tenth of the master's time at a few hundred jobs a second.

@@ -32,6 +32,16 @@ def submitted(**kw: Any) -> dict[str, Any]:
             "gpus": 2, "cpus": 1, **kw}
 
 
+async def launched_victim(rpc: Rpc, session: Any) -> dict[str, Any]:
+    """A preemptible job asking SIGUSR1 as its warning, launched on n1 (its start not yet
+    reported)."""
+    low = (await as_(ALICE, lambda: rpc.call("submit", {"job": submitted(
+        priority_class="preemptible", stop={"warning": {"signal": "SIGUSR1",
+                                                        "seconds": 60}})})))["job"]
+    await until("the preemptible job launched", lambda: session.commands("start_job"))
+    return low  # type: ignore[no-any-return]
+
+
 def scenario(tmp_path: Path, body: Any, **config: Any) -> None:
     async def with_sessions(master: Master, rpc: Rpc, sessions: dict[str, Any]) -> None:
         master.sessions_for_test = sessions  # type: ignore[attr-defined]
@@ -68,10 +78,7 @@ def test_a_production_job_preempts_and_the_victim_is_warned_and_requeued(
     async def body(master: Master, rpc: Rpc) -> None:
         call = rpc.call
         session = master.sessions_for_test["n1"]  # type: ignore[attr-defined]
-        low = (await as_(ALICE, lambda: call("submit", {"job": submitted(
-            priority_class="preemptible", stop={"warning": {"signal": "SIGUSR1",
-                                                            "seconds": 60}})})))["job"]
-        await until("the preemptible job launched", lambda: session.commands("start_job"))
+        low = await launched_victim(rpc, session)
         await started(master, "n1", low["id"])
         prod = (await as_(ADMIN, lambda: call("submit", {"job": submitted(
             priority_class="production")})))["job"]
@@ -115,10 +122,7 @@ def test_a_victim_whose_start_is_reported_late_is_still_warned(tmp_path: Path) -
     async def body(master: Master, rpc: Rpc) -> None:
         call = rpc.call
         session = master.sessions_for_test["n1"]  # type: ignore[attr-defined]
-        low = (await as_(ALICE, lambda: call("submit", {"job": submitted(
-            priority_class="preemptible", stop={"warning": {"signal": "SIGUSR1",
-                                                            "seconds": 60}})})))["job"]
-        await until("the preemptible job launched", lambda: session.commands("start_job"))
+        low = await launched_victim(rpc, session)
         await as_(ADMIN, lambda: call("submit", {"job": submitted(
             priority_class="production")}))
         master._run_pass()
@@ -131,3 +135,33 @@ def test_a_victim_whose_start_is_reported_late_is_still_warned(tmp_path: Path) -
         assert all(not s.reason.startswith("preempted:") for s in stops)
 
     scenario(tmp_path, body, priority_classes=CLASSES)
+
+
+def test_a_master_that_takes_over_still_stops_a_victim_as_preempted(tmp_path: Path) -> None:
+    """The preemption is read from the journalled job (its reason, its end as queued) and
+    its class, not from the memory of the master that decided it."""
+    names: dict[str, str] = {}
+
+    async def first(master: Master, rpc: Rpc) -> None:
+        call = rpc.call
+        session = master.sessions_for_test["n1"]  # type: ignore[attr-defined]
+        low = await launched_victim(rpc, session)
+        await started(master, "n1", low["id"])
+        await as_(ADMIN, lambda: call("submit", {"job": submitted(
+            priority_class="production")}))
+        master._run_pass()
+        await until("the victim's stop", lambda: session.commands("stop_job"))
+        names["low"] = low["id"]
+
+    scenario(tmp_path, first, priority_classes=CLASSES)
+
+    async def second(master: Master, rpc: Rpc) -> None:
+        session = master.sessions_for_test["n1"]  # type: ignore[attr-defined]
+        victim = master.core.jobs[names["low"]]
+        assert victim.stopping and victim.end_as == "queued"
+        await master._stop_part(victim.id, "n1", victim.reason)  # as a reconnect sends it
+        stop = session.commands("stop_job")[-1]
+        assert (stop.warning, stop.preempted, stop.grace_s) == ("SIGUSR1", True, 45.0)
+        assert stop.reason.startswith("for job ")
+
+    scenario(tmp_path, second, priority_classes=CLASSES)
