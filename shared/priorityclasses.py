@@ -12,6 +12,7 @@ after its class's ``preempt_grace_s``, and requeued in its own place with ``rest
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,16 @@ class ClassTable:
     @property
     def enabled(self) -> bool:
         return bool(self.classes)
+
+    @functools.cached_property
+    def victim_classes(self) -> frozenset[str]:
+        """The classes some class may preempt (cached: read at every job start)."""
+        return frozenset(name for c in self.classes.values() for name in c.preempts)
+
+    @functools.cached_property
+    def preempting_floor(self) -> int | None:
+        """The lowest priority of a class that may preempt (None: none may)."""
+        return min((c.priority for c in self.classes.values() if c.preempts), default=None)
 
     @property
     def default(self) -> str | None:

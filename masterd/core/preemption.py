@@ -46,7 +46,6 @@ RETRY_PASSES = 16
 class Nomination:
     """Nodes held for a preemptor while its victims stop."""
 
-    job_id: str
     nodes: frozenset[str]
     victims: set[str]
     passes_left: int = NOMINATION_PASSES
@@ -70,9 +69,6 @@ class PriorityPreemption:
     wake_at: float | None = None
 
     # -- the victims' pool ---------------------------------------------------------------
-    def _victim_classes(self) -> set[str]:
-        return {name for c in self.table.classes.values() for name in c.preempts}
-
     def rebuild(self, active: Iterable[Job]) -> None:
         """The table changed: which running jobs may be victims, afresh."""
         self._exposed = {}
@@ -81,7 +77,7 @@ class PriorityPreemption:
 
     def started(self, job: Job) -> None:
         found = self.table.of_job(job.spec.priority_class)
-        if found is not None and found.name in self._victim_classes():
+        if found is not None and found.name in self.table.victim_classes:
             self._exposed[job.id] = job
 
     def released(self, job: Job) -> None:
@@ -95,9 +91,6 @@ class PriorityPreemption:
             if holder is not None and holder != job.id:
                 return holder
         return None
-
-    def holder_of(self, node: str) -> str | None:
-        return self._holder.get(node)
 
     def forget(self, job_id: str) -> None:
         """The preemptor started, or left the queue: its nodes are free for anyone."""
@@ -140,8 +133,7 @@ class PriorityPreemption:
             self.wake_at = None
         # The queue is ordered by class first: below the lowest class that preempts, no
         # job may preempt, and the walk stops.
-        floor = min((c.priority for c in self.table.classes.values() if c.preempts),
-                    default=None)
+        floor = self.table.preempting_floor
         if floor is None:
             return []
         decisions: list[Preempt] = []
@@ -164,7 +156,7 @@ class PriorityPreemption:
                 continue
             self._retry.pop(job.id, None)
             victims, nodes = found
-            self.nominations[job.id] = Nomination(job.id, nodes, {v.id for v in victims})
+            self.nominations[job.id] = Nomination(nodes, {v.id for v in victims})
             for node in nodes:
                 self._holder.setdefault(node, job.id)
             for victim in victims:

@@ -146,7 +146,7 @@ class SchedulingCore:
         """Install (or replace) the priority classes: the queue is re-ordered by them and
         the preemption stage runs while any class may preempt; nominations carry over."""
         self.classes = table
-        if any(c.preempts for c in table.classes.values()):
+        if table.preempting_floor is not None:
             if self.preemption is None:
                 self.preemption = PriorityPreemption(table, self._within_quota)
             else:
