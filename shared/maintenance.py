@@ -11,6 +11,7 @@ its next window (``NodeInventory.maintenance_in_s``), which the one eligibility 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,11 +38,17 @@ class Window:
     end: float = bounded(min=0)
     reason: str = bounded("", max_len=512)
 
-    def node_names(self) -> list[str]:
-        try:
-            return expand(self.nodes, f"maintenance window {self.name!r}: nodes")
-        except HostlistError as exc:
-            raise MaintenanceError(str(exc)) from None
+    def node_names(self) -> tuple[str, ...]:
+        return _node_names(self.name, self.nodes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_names(name: str, nodes: str) -> tuple[str, ...]:
+    """A window's node list, expanded once (the master reads it at every pass)."""
+    try:
+        return tuple(expand(nodes, f"maintenance window {name!r}: nodes"))
+    except HostlistError as exc:
+        raise MaintenanceError(str(exc)) from None
 
 
 def check(window: Window, others: Iterable[Window], known_nodes: Iterable[str],

@@ -34,7 +34,7 @@ class Maintenance:
         self.ctx = ctx
         self.windows: dict[str, Window] = {}
         self._horizons: dict[str, tuple[float, Window]] = {}
-        self._inside: set[str] = set()  # nodes holding the maintenance condition
+        self._inside: dict[str, Window] = {}  # nodes holding the condition, and for which
         self._ticking = False
         events = ctx.events
         events.effective_inventory.provide(self.stamped)
@@ -43,8 +43,7 @@ class Maintenance:
 
     # -- the nodes -----------------------------------------------------------------------
     def stamped(self, inventory: NodeInventory) -> NodeInventory:
-        held = self._horizons.get(inventory.name)
-        value = held[0] if held is not None else None
+        value = _stamp(self._horizons.get(inventory.name))
         if inventory.maintenance_in_s == value:
             return inventory
         return replace(inventory, maintenance_in_s=value)
@@ -55,15 +54,16 @@ class Maintenance:
         for window in [w for w in self.windows.values() if w.end <= now]:
             del self.windows[window.name]
             self.ctx.tasks.spawn(self._forget(window, "maintenance_ended"))
-        before = set(self._horizons)
-        self._horizons = horizons(self.windows.values(), now)
-        for node in before | set(self._horizons):
-            self.ctx.nodes.reinventory(node)
-        inside = {n for n, (_, w) in self._horizons.items() if w.start <= now}
-        for node in self._inside - inside:
+        before, self._horizons = self._horizons, horizons(self.windows.values(), now)
+        for node in before.keys() | self._horizons.keys():
+            if _stamp(before.get(node)) != _stamp(self._horizons.get(node)):
+                self.ctx.nodes.reinventory(node)  # only nodes whose horizon moved
+        inside = {n: w for n, (_, w) in self._horizons.items() if w.start <= now}
+        for node in self._inside.keys() - inside.keys():
             self.ctx.nodes.set_condition(node, MAINTENANCE, None)
-        for node in inside:
-            window = self._horizons[node][1]
+        for node, window in inside.items():
+            # Every pass, not only when it changed: a node that joins later (its hello
+            # after the master restored) gets it too; setting it again is a no-op.
             self.ctx.nodes.set_condition(
                 node, MAINTENANCE, f"maintenance window {window.name}"
                 + (f": {window.reason}" if window.reason else ""))
@@ -86,11 +86,8 @@ class Maintenance:
             return
         self._ticking = True
 
-        def tick() -> None:
-            self.refresh()
-            self.ctx.request_pass()
-
-        self.ctx.tasks.every(REFRESH_S, tick, "maintenance-refresh")
+        # A pass refreshes the horizons first (before_pass).
+        self.ctx.tasks.every(REFRESH_S, self.ctx.request_pass, "maintenance-refresh")
 
     # -- changes (admins) ----------------------------------------------------------------
     async def plan(self, window: Window) -> Window:
@@ -145,3 +142,8 @@ class Maintenance:
                          "state": "active" if window.start <= now else "planned",
                          "running_across": across})
         return rows
+
+
+def _stamp(horizon: tuple[float, Window] | None) -> float | None:
+    """The seconds a node's inventory carries for a horizon (None: no window ahead)."""
+    return None if horizon is None else horizon[0]
