@@ -37,6 +37,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,6 @@ class Cluster:
         for i in range(NODES):
             node = inventory(i)
             if controlled:
-                from dataclasses import replace
-
                 node = replace(node, partitions=(f"p{i * PARTITIONS // NODES}",))
             self.core.node_up(node)
         if controlled:

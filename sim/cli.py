@@ -301,9 +301,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                      for name in policies}
             # Every policy of the comparison on one engine, so that all face the same truth.
             engine = engine_for(built.values(), trace_dir_if_any(args.trace))
-            if engine.note() is not None and engine.note() not in notes.setdefault(
-                    "engine_notes", []):
-                notes["engine_notes"].append(engine.note())
+            said = engine.note()
+            if said is not None and said not in notes.setdefault("engine_notes", []):
+                notes["engine_notes"].append(said)
             for name, policy in built.items():
                 options = with_oracle(policy_options[name], config.truth, workload)
                 label = workload.name
