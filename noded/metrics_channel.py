@@ -222,20 +222,27 @@ class MetricsChannel:
 
     def note_preempted(self, job_id: str, reason: str) -> None:
         """Write why the job is preempted to its $TRELLIS_PREEMPTED_FILE. The directory is
-        the job's user's: the file is opened without following a link and without blocking
-        on a FIFO, and written only if it is a regular file."""
+        the job's user's, and this daemon is root: the file is opened without following a
+        symbolic link, without blocking on a FIFO and without truncating, and emptied and
+        written only if it is a regular file with no other name (a hard link the user made
+        to someone else's file is left alone)."""
         if not is_valid_name(job_id):
             return
         path = self.root / job_id / PREEMPTED_FILE_NAME
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(path, flags, 0o644)
         except OSError as exc:  # the job's directory is gone, or a link stands there
             log.warning("job=%s preemption notice not written: %s", job_id, exc)
             return
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.write(fd, (reason.replace("\n", " ") + "\n").encode()[:1024])
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+                log.warning("job=%s preemption notice not written: %s is not a plain file",
+                            job_id, path)
+                return
+            os.ftruncate(fd, 0)
+            os.write(fd, (reason.replace("\n", " ") + "\n").encode()[:1024])
         finally:
             os.close(fd)
 

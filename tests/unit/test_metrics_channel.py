@@ -179,3 +179,29 @@ def test_adopt_after_a_restart_keeps_running_jobs_and_cleans_the_rest(tmp_path: 
     second.adopt()
     assert set(second.tails) == {"alive"} and not (root / "gone").exists()
     assert [e.value for e in second.poll()] == [3.0]
+
+
+def test_the_preemption_notice_is_written_only_to_a_plain_file_of_its_own(
+        tmp_path: Path) -> None:
+    """The root daemon writes into a directory the job's user owns: not through a symbolic
+    link, nor into a file the user hard-linked there (someone else's file)."""
+    async def send(_: str, __: dict) -> None:
+        return None
+
+    channel = MetricsChannel(tmp_path / "metrics", send, lambda _: True)
+    env = channel.job_env("victim")
+    notice = Path(env["TRELLIS_PREEMPTED_FILE"])
+    assert not notice.exists()  # absent until a preemption
+    notice.write_text("stale text that is longer than the reason\n")
+    channel.note_preempted("victim", "for job prod-1 of priority class production")
+    assert notice.read_text() == "for job prod-1 of priority class production\n"
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    notice.unlink()
+    os.link(precious, notice)  # a hard link: two names
+    channel.note_preempted("victim", "again")
+    assert precious.read_text() == "keep me\n"
+    notice.unlink()
+    notice.symlink_to(precious)
+    channel.note_preempted("victim", "again")
+    assert precious.read_text() == "keep me\n"
