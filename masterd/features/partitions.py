@@ -156,8 +156,7 @@ class Partitions:
         for view in self.ctx.core.nodes():
             inventory = view.inventory
             open_ = view.schedulable
-            free = sum(1 for g in inventory.gpus if g.index in view.free_gpus and g.healthy
-                       ) if open_ else 0
+            free = len(view.free_gpus) if open_ else 0  # healthy and not held already
             for name in inventory.partitions:
                 row = rows.get(name)
                 if row is None:
