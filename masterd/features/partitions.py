@@ -118,7 +118,8 @@ class Partitions:
         for name, partition in self.table.partitions.items():
             if name in names:
                 continue
-            waiting = [j.id for j in self.ctx.core.queue()
+            # Every queued job, those a gate holds back (held, waiting on another) too.
+            waiting = [j.id for j in self.ctx.core.jobs.values()
                        if j.state is JobState.QUEUED and name in j.spec.selector.partitions
                        and not names.intersection(j.spec.selector.partitions)]
             if waiting:
@@ -165,7 +166,9 @@ class Partitions:
                 row["schedulable"] += open_
                 row["gpus"] += len(inventory.gpus)
                 row["free_gpus"] += free
-        for job in self.ctx.core.queue():
+        for job in self.ctx.core.jobs.values():
+            if job.state is not JobState.QUEUED:
+                continue
             for name in job.spec.selector.partitions:
                 if name in rows:
                     rows[name]["queued"] += 1

@@ -18,7 +18,7 @@ from typing import Any
 from masterd.core.scheduler import JobError
 from masterd.runtime.caller import caller, is_admin
 from masterd.runtime.context import FeatureContext
-from shared.model import JobSpec
+from shared.model import JobSpec, JobState
 from shared.priorityclasses import ClassTable
 
 log = logging.getLogger("trellis.master.priorityclasses")
@@ -73,7 +73,9 @@ class PriorityClasses:
                          "min_runtime_s": c.min_runtime_s,
                          "preempt_grace_s": c.preempt_grace_s, "queued": 0, "running": 0}
                 for c in sorted(self.table.classes.values(), key=lambda c: -c.priority)}
-        for job in self.ctx.core.queue():
+        for job in self.ctx.core.jobs.values():  # queued, gated ones too
+            if job.state is not JobState.QUEUED:
+                continue
             found = self.table.of_job(job.spec.priority_class)
             if found is not None:
                 rows[found.name]["queued"] += 1

@@ -218,3 +218,24 @@ def test_partition_spellings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SBATCH_PARTITION", "gpu")
     assert jobs(str(script))[0]["selector"] == {"partitions": ["gpu"]}
     assert show_partitions([]) == "this cluster has no partitions: jobs may use every node"
+
+
+def test_a_held_job_keeps_its_removed_partition_too(tmp_path: Path) -> None:
+    """A job a gate keeps out of the policy's queue (held here) is queued all the same: a
+    reload that removes its only partition keeps that partition for it."""
+    async def body(master: Master, rpc: Rpc) -> None:
+        call = rpc.call
+        await as_(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=8, selector={"partitions": ["debug"]}, user="bob")}))
+        held = (await as_(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=8, selector={"partitions": ["debug"]})})))["job"]
+        master._run_pass()  # the first starts on n3
+        await as_(ALICE, lambda: call("hold", {"id": held["id"]}))
+        assert held["id"] not in {j.id for j in master.core.queue()}  # gated
+        master.config = replace(master.config, partitions=(GPU,))
+        master.events.config_changed.emit()
+        listing = {p["name"]: p for p in (await as_(ALICE, lambda: call("partitions", {})))[
+            "partitions"]}
+        assert set(listing) == {"gpu", "debug"} and listing["debug"]["queued"] == 1
+
+    run(tmp_path, body, partitions=CONFIG)
