@@ -68,7 +68,9 @@ def make_master(state: Path, clock: Clock, nodes: dict[str, tuple[int, int]],
     return master, sessions
 
 
-async def until(what: str, probe: Callable[[], Any], timeout: float = 5.0) -> Any:
+async def until(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``probe`` until it returns something true (a deadline, not a wait: generous, so
+    the suite holds beside a CPU hog, where a journal write can take seconds)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
