@@ -320,6 +320,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
                          lambda p, c: None),
     "maintenance": ("maintenance windows: list; admins: plan, remove",
                     lambda p, c: _maintenance().add_maintenance(p, c)),
+    "reservation": ("reservations: list; admins: create, update, delete",
+                    lambda p, c: _reservations().add_reservation(p, c)),
     "account": ("accounts: list, show; admins: add, set, remove, add-user, remove-user",
                 lambda p, c: _accounts().add_account(p, c)),
     "estimator": ("QSSF's duration estimator: accuracy, last training (qssf)",
@@ -349,6 +351,12 @@ def _maintenance() -> Any:
     from control import maintenance
 
     return maintenance
+
+
+def _reservations() -> Any:
+    from control import reservations
+
+    return reservations
 
 
 def _accounts() -> Any:
@@ -594,6 +602,8 @@ def run(args: argparse.Namespace) -> int:
         text = show_partitions(result["partitions"])
     elif cmd == "maintenance":
         result, text = _maintenance().run_maintenance(client, args)
+    elif cmd == "reservation":
+        result, text = _reservations().run_reservation(client, args)
     elif cmd == "priority-classes":
         from control.views import show_priority_classes
 

@@ -116,6 +116,11 @@ OPTIONS: tuple[Option, ...] = (
            help="the partition to run in, or several (a,b: any that admits the job); "
                 "default: the cluster's default partition. `trellisctl partitions` lists "
                 "them"),
+    Option("reservation", ("--reservation",), field="spec.selector.reservation",
+           metavar="NAME",
+           script=(S("reservation", "reservation", env="SBATCH_RESERVATION"),),
+           help="run in this reservation (on its nodes, while it lasts; `trellisctl "
+                "reservation list` shows those you may use)"),
     Option("user", ("--user",), field="spec.user",
            help="Unix user the job runs as (default: you)"),
     Option("tenant", ("-A", "--account", "--tenant"), field="spec.tenant", metavar="ACCOUNT",

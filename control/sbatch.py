@@ -374,6 +374,7 @@ PARSERS: dict[str, Any] = {
     "nodes": _nodes, "time": _time, "signal": _signal,
     "dependency": _checked_by("dependency_wire"), "constraint": _checked_by("parse_constraint"),
     "hostlist": _checked_by("parse_hostlist"), "partitions": _checked_by("parse_partitions"),
+    "reservation": _checked_by("parse_reservation"),
     "array": _array, "qos": _qos, "image": _image,
     "yes": lambda where, d, ctx: True, "no": lambda where, d, ctx: False,
     "ntasks": _ntasks, "ntasks_per_node": _ntasks_per_node, "export": _export,

@@ -115,9 +115,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def selector_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--constraint, --nodelist, --exclude and --partition as the spec's selector (only
-    what the command line gives)."""
-    from control.values import parse_constraint, parse_hostlist, parse_partitions
+    """--constraint, --nodelist, --exclude, --partition and --reservation as the spec's
+    selector (only what the command line gives)."""
+    from control.values import (
+        parse_constraint,
+        parse_hostlist,
+        parse_partitions,
+        parse_reservation,
+    )
 
     selector: dict[str, Any] = {}
     if getattr(args, "constraint", None) is not None:
@@ -128,6 +133,8 @@ def selector_options(args: argparse.Namespace) -> dict[str, Any]:
         selector["exclude"] = parse_hostlist(args.exclude)
     if getattr(args, "partition", None) is not None:
         selector["partitions"] = parse_partitions(args.partition)
+    if getattr(args, "reservation", None) is not None:
+        selector["reservation"] = parse_reservation(args.reservation)
     return selector
 
 

@@ -83,6 +83,19 @@ def parse_constraint(text: str, where: str = "--constraint") -> dict[str, list[s
     return {field: list(dict.fromkeys(features))}
 
 
+def parse_reservation(text: str, where: str = "--reservation") -> str:
+    """Slurm's ``--reservation NAME``: the reservation the job runs in."""
+    import re
+
+    from shared.model import NAME_PATTERN
+
+    name = text.strip()
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise UsageError(f"{where} {text!r}: not a reservation name (letters, digits, _ "
+                         "and -; `trellisctl reservation list` shows them)")
+    return name
+
+
 def parse_partitions(text: str, where: str = "--partition") -> list[str]:
     """Slurm's ``--partition a,b``: the partitions the job may run in (any that admits it)."""
     import re

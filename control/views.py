@@ -147,6 +147,8 @@ def show_node(result: dict[str, Any], wide: bool = False) -> str:
     ]
     if n.get("features"):
         lines.append(f"{'Features:':<10}{','.join(n['features'])}")
+    if n.get("reservations"):
+        lines.append(f"{'Reserved:':<10}{','.join(n['reservations'])}")
     # Why it takes no new work, one line each (an older master sends no conditions).
     for condition in n.get("conditions") or ():
         since = condition.get("since")
@@ -292,6 +294,8 @@ def _lifecycle(j: dict[str, Any]) -> list[str]:
         lines.append(f"{'After:':<12}{j['after']}")
     if j.get("partition"):
         lines.append(f"{'Partition:':<12}{j['partition']}")
+    if j.get("reservation"):
+        lines.append(f"Reservation: {j['reservation']}")  # one wider than the others
     if j.get("priority_class"):
         lines.append(f"{'Class:':<12}{j['priority_class']}")
     if j.get("constraint"):

@@ -194,6 +194,21 @@ class AccountTree:
                                f"{', '.join(sorted(self.accounts_of(user))) or 'none'})")
         return named
 
+    def submission_account(self, user: str, tenant: str) -> str | None:
+        """The account a submission by ``user`` whose spec names ``tenant`` will run under
+        (a spec's tenant reads ``default`` when the submission named none), or None when it
+        may not (the accounts feature refuses it and says why). Without accounts, the
+        tenant as named."""
+        if not self.enabled:
+            return tenant
+        named: str | None = tenant
+        if named == DEFAULT_ACCOUNT and DEFAULT_ACCOUNT not in self.accounts_of(user):
+            named = None  # left as it was: the user's default (as the accounts feature reads)
+        try:
+            return self.account_for(user, named)
+        except AccountError:
+            return None
+
     def replaced(self, account: Account) -> AccountTree:
         """The tree with ``account`` added or replacing its namesake; validated whole, so a
         change that breaks the tree raises and applies nothing."""

@@ -75,6 +75,14 @@ def check(window: Window, others: Iterable[Window], known_nodes: Iterable[str],
                                    f"{', '.join(sorted(shared)[:10])}")
 
 
+def seconds_before(start: float, now: float) -> float:
+    """The seconds a node's inventory carries before a block in time that begins at
+    ``start`` (0: it has begun): short by REFRESH_S and rounded down to the minute, so a
+    stamp changes once a minute and never lets through a job that would run into it."""
+    left = start - now - REFRESH_S
+    return 0.0 if left <= 0 else math.floor(left / 60.0) * 60.0
+
+
 def horizons(windows: Iterable[Window], now: float) -> dict[str, tuple[float, Window]]:
     """Per node with a window not over yet: the seconds to stamp before its next one (0:
     inside it), conservative for REFRESH_S, and that window."""
@@ -82,8 +90,7 @@ def horizons(windows: Iterable[Window], now: float) -> dict[str, tuple[float, Wi
     for window in windows:
         if window.end <= now:
             continue
-        left = window.start - now - REFRESH_S
-        stamp = 0.0 if left <= 0 else math.floor(left / 60.0) * 60.0
+        stamp = seconds_before(window.start, now)
         for node in window.node_names():
             held = found.get(node)
             if held is None or window.start < held[1].start:

@@ -79,6 +79,8 @@ class WaitReason(enum.StrEnum):
     DEPENDENCY = "dependency"  # it waits for the jobs it depends on (--after)
     TIME_LIMIT = "time_limit"  # its time limit exceeds what the master allows
     QUOTA = "quota"  # its account is at a cap (governance)
+    # Its reservation (--reservation) has not begun, or is over or deleted.
+    RESERVATION = "reservation"
     NO_FIT = "no_fit"  # no node has the free resources of its shape now
     PRIORITY = "priority"  # behind jobs the policy orders first
     RESERVED = "reserved"  # the resources it needs are reserved for the head job (backfill)
@@ -126,6 +128,15 @@ class RdtCapabilities:
 
 
 @dataclass(frozen=True)
+class ReservationHold:
+    """A reservation not over yet on a node (shared/reservations.py), as the master stamps
+    it: its name, and the seconds left before it begins (0: it has begun), conservative."""
+
+    name: str = bounded(pattern=NAME_PATTERN)
+    in_s: float = bounded(0.0, min=0)
+
+
+@dataclass(frozen=True)
 class NodeInventory:
     name: str = bounded(pattern=NAME_PATTERN)
     hostname: str = bounded(max_len=255)
@@ -153,6 +164,9 @@ class NodeInventory:
     # stamped by the master (shared/maintenance.py): a job starts here only if its time
     # limit ends before then.
     maintenance_in_s: float | None = bounded(None, min=0)
+    # The reservations not over yet that hold it (stamped by the master): a job starts here
+    # only if it is in one of them, or its time limit ends before each begins.
+    reservations: tuple[ReservationHold, ...] = bounded(default_factory=tuple, max_len=64)
 
     @property
     def gpu_model(self) -> str | None:
@@ -313,6 +327,11 @@ class NodeSelector:
     # into a job that names none, and keeps only those that admit it).
     partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=64,
                                           pattern=NAME_PATTERN)
+    # ... in this reservation (--reservation; "": none), on its nodes while it lasts, or
+    # (``flex``, the reservation's flag as it was at submission, which the master writes)
+    # on its nodes at any time and on any other node as a job without one.
+    reservation: str = bounded("", max_len=63, pattern=f"(|{NAME_PATTERN})")
+    flex: bool = False
 
     def __str__(self) -> str:
         """How people read it: "with a100&ib, not gpu-03"."""
@@ -327,19 +346,21 @@ class NodeSelector:
             parts.append("not " + ",".join(self.exclude))
         if self.partitions:
             parts.append("in " + "|".join(self.partitions))
+        if self.reservation:
+            parts.append(f"in reservation {self.reservation}")
         return ", ".join(parts)
 
     @property
     def only_features(self) -> bool:
         """It selects by ``features`` alone ("with a100&ib" reads without brackets)."""
         return (bool(self.features) and not self.any_features and not self.exclude
-                and not self.partitions and not self.only)
+                and not self.partitions and not self.only and not self.reservation)
 
     @property
     def only_partitions(self) -> bool:
         """It selects by ``partitions`` alone (every job of a cluster with partitions)."""
         return (bool(self.partitions) and not self.features and not self.any_features
-                and not self.exclude and not self.only)
+                and not self.exclude and not self.only and not self.reservation)
 
     @property
     def constraint(self) -> str:

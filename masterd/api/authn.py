@@ -46,7 +46,8 @@ CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "
                             # (masterd.api.fairshare), as sshare and sreport are for users.
                             "share", "report",
                             # Names, nodes and limits: what --partition is chosen by.
-                            "partitions", "priority_classes", "maintenance_list"})
+                            "partitions", "priority_classes", "maintenance_list",
+                            "reservation_list"})
 NODE_METHODS = frozenset({"ping"})
 
 

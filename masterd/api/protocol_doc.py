@@ -424,7 +424,8 @@ def why_a_job_waits() -> list[str]:
            "A queued job's view carries `wait`, one code of this vocabulary shared by every "
            "policy, and `reason`, a sentence. `jobs` and `job` compute them when asked "
            "(`masterd.core.waiting`); the first that applies wins: a closed admission gate "
-           "(`held`, `dependency`, `time_limit`, `quota`: the job is kept from the policy "
+           "(`held`, `dependency`, `time_limit`, `quota`, `reservation`: the job is kept from "
+           "the policy "
            "altogether), the policy's own note from its last pass (`policy`), the head job's "
            "reservation (`reserved`), no placement fitting the free resources now (`no_fit`), "
            "a reservation holding what it fits (`reserved`), else `priority`. Jobs that are not "
@@ -435,6 +436,8 @@ def why_a_job_waits() -> list[str]:
         WaitReason.DEPENDENCY: "waits for afterok:prep-3 (running)",
         WaitReason.TIME_LIMIT: "its time limit exceeds the master's maximum",
         WaitReason.QUOTA: "its tenant is at its cap",
+        WaitReason.RESERVATION: "waits for its reservation course, which begins at "
+                                "2026-12-03 14:00",
         WaitReason.NO_FIT: "no node has 4 free GPUs of A100 now",
         WaitReason.PRIORITY: "behind 12 jobs the policy orders first",
         WaitReason.RESERVED: "resources reserved from 14:05 on gpu-3",

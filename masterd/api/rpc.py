@@ -21,6 +21,7 @@ from masterd.api.liquid import method_table as liquid_methods
 from masterd.api.logs import method_table as logs_methods
 from masterd.api.maintenance import method_table as maintenance_methods
 from masterd.api.partitions import method_table as partition_methods
+from masterd.api.reservations import method_table as reservation_methods
 from masterd.api.visibility import check_owner, check_visible, viewer
 from masterd.core.scheduler import JobError
 from masterd.core.waiting import WaitExplainer
@@ -173,6 +174,7 @@ class Rpc:
         # Accounts, quotas and caps (masterd.features.accounts).
         self.methods.update(account_methods(master.features.accounts))
         self.methods.update(maintenance_methods(master.features.maintenance))
+        self.methods.update(reservation_methods(master.features.reservations))
         self.methods.update(partition_methods(master.features.partitions,
                                               master.features.priority_classes))
 
@@ -224,6 +226,8 @@ class Rpc:
               "invalid_partition",
               # A priority class that does not exist (shared/priorityclasses.py).
               "invalid_priority_class",
+              # A reservation that does not exist or is not the job's user's or account's.
+              "invalid_reservation",
               # A dependency (`after`) naming no known job or array, closing a cycle, or an
               # aftercorr without a task to pair with (masterd.core.dependencies).
               "unknown_dependency", "dependency_cycle", "invalid_dependency"))
@@ -377,6 +381,8 @@ class Rpc:
                     for g in inv.gpus
                 ],
                 "features": list(inv.features),
+                # The reservations not over yet that hold it.
+                "reservations": [h.name for h in inv.reservations],
                 "conditions": [{"kind": c.kind, "reason": c.reason, "since": c.since}
                                for c in self.master.core.node_conditions(view.name)],
             })

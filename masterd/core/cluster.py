@@ -236,11 +236,12 @@ class ClusterSnapshot:
 
     @property
     def timed(self) -> bool:
-        """Some node has a maintenance window ahead (its eligibility depends on a job's time
-        limit, so placers ask ``eligible`` of every job, not only of jobs that select)."""
+        """Some node has a maintenance window or a reservation ahead (its eligibility
+        depends on a job's time limit, so placers ask ``eligible`` of every job, not only of
+        jobs that select)."""
         if self._timed is None:
             object.__setattr__(self, "_timed", any(
-                v.inventory.maintenance_in_s is not None for v in self.nodes.values()))
+                _timed(v.inventory) for v in self.nodes.values()))
         assert self._timed is not None
         return self._timed
 
@@ -329,7 +330,8 @@ class ClusterState:
 
     def __init__(self) -> None:
         self._views: dict[str, NodeView] = {}
-        self._timed_nodes: set[str] = set()  # nodes with a maintenance window ahead
+        # Nodes with a maintenance window or a reservation ahead.
+        self._timed_nodes: set[str] = set()
         self._schedulable: dict[str, NodeView] = {}  # _views' order, unless the flag below
         self._schedulable_unordered = False  # a node came back: reorder before it is read
         self._index = FreeIndex()
@@ -357,7 +359,7 @@ class ClusterState:
 
     @property
     def timed(self) -> bool:
-        """Some node has a maintenance window ahead (see ClusterSnapshot.timed)."""
+        """Some node has a window or a reservation ahead (see ClusterSnapshot.timed)."""
         return bool(self._timed_nodes)
 
     def _put(self, view: NodeView) -> None:
@@ -367,7 +369,7 @@ class ClusterState:
         self._views[name] = view
         if old is None or old.inventory is not view.inventory:
             self.inventory_changes += 1
-            if view.inventory.maintenance_in_s is None:
+            if not _timed(view.inventory):
                 self._timed_nodes.discard(name)
             else:
                 self._timed_nodes.add(name)
@@ -691,3 +693,9 @@ class ClusterState:
 
     def views(self) -> Iterable[NodeView]:
         return self._views.values()
+
+
+def _timed(inventory: NodeInventory) -> bool:
+    """Whether a job may start on the node depends on its time limit: a maintenance window
+    or a reservation is ahead there."""
+    return inventory.maintenance_in_s is not None or bool(inventory.reservations)

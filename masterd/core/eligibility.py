@@ -5,8 +5,10 @@ model may use any node's; one that names a model only nodes of that model. A job
 (``JobSpec.selector``) narrows that further: nodes with every feature it names (Slurm's
 ``--constraint a&b``), with any of them (``a|b``), among those it lists (``--nodelist``), none
 it excludes (``--exclude``), in one of
-its partitions (``--partition``, shared/partitions.py), and only where its time limit ends
-before the node's next maintenance window (shared/maintenance.py). The
+its partitions (``--partition``, shared/partitions.py), only where its time limit ends
+before the node's next maintenance window (shared/maintenance.py) and before every
+reservation of others there begins, and in its own reservation (``--reservation``,
+shared/reservations.py) only on that reservation's nodes once it has begun. The
 placers (packing, EASY backfill's shadow, quota reclaim, the profiler, Liquid's
 candidates, SWAF's and SCHED²'s searches, the inference planner) all ask here, and the
 scheduling core checks every start a policy decides against it, so a new condition (a
@@ -18,7 +20,7 @@ on, so no cache can hand one job's placement to a job that may not use its nodes
 
 from __future__ import annotations
 
-from shared.model import NO_SELECTOR, JobSpec, NodeInventory, NodeSelector
+from shared.model import NO_SELECTOR, JobSpec, NodeInventory, NodeSelector, ReservationHold
 
 
 def model_fits(wanted: str | None, model: str | None) -> bool:
@@ -35,8 +37,14 @@ def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
             spec.time_limit_s is None or spec.time_limit_s > node.maintenance_in_s):
         return False  # it could still run when the node's maintenance window begins
     selector = spec.selector
+    if node.reservations and not _reservations_allow(spec, selector.reservation,
+                                                     node.reservations, now):
+        return False
     if selector is NO_SELECTOR:
         return True
+    if selector.reservation and not selector.flex and not any(
+            h.name == selector.reservation for h in node.reservations):
+        return False  # a job in a reservation runs on its nodes only
     if selector.features and not node.feature_set.issuperset(selector.features):
         return False
     if selector.any_features and node.feature_set.isdisjoint(selector.any_features):
@@ -46,6 +54,22 @@ def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
     if selector.only and node.name not in selector.only:
         return False
     return node.name not in selector.exclude
+
+
+def _reservations_allow(spec: JobSpec, mine: str, held: tuple[ReservationHold, ...],
+                        now: bool) -> bool:
+    """The reservations holding a node let this job start there: its own once it has begun
+    (a flex job's at any time), any other only if the job ends before it begins."""
+    for hold in held:
+        if hold.name == mine:
+            if now and hold.in_s > 0 and not spec.selector.flex:
+                return False  # its reservation has not begun
+            continue
+        if not now:
+            continue  # some day it is over
+        if spec.time_limit_s is None or spec.time_limit_s > hold.in_s:
+            return False  # it could still run when another's reservation begins
+    return True
 
 
 def selects(spec: JobSpec) -> bool:

@@ -140,12 +140,14 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
             else f"node ({selector})" if selects(spec) else "node")
     memory = f" and {spec.memory_mib} MiB" if spec.memory_mib else ""
     if not nodes:
-        if any(eligible(spec, v.inventory, now=False) for v in pool.views.values()):
+        later = [v.inventory for v in pool.views.values()
+                 if eligible(spec, v.inventory, now=False)]
+        if later:
             limit = ("its time limit" if spec.time_limit_s is not None
                      else "without a time limit it")
-            return (f"{limit} would run into a maintenance window on every {node}{model} "
-                    "up now; it waits until the window has passed (a shorter --time may "
-                    "fit before it)")
+            return (f"{limit} would run into {_blocks(spec, later)} on every {node}{model} "
+                    "up now; it waits until it has passed (a shorter --time may fit before "
+                    "it)")
         return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
                                                                   else "")
     if spec.gpus:
@@ -158,6 +160,19 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
         return (f"no {node} has {spec.gpus} free GPUs{model} with {spec.cpus} free "
                 f"cores{memory} now")
     return f"no {node} has {spec.cpus} free cores{memory} now"
+
+
+def _blocks(spec: JobSpec, nodes: list[NodeInventory]) -> str:
+    """What keeps the job off nodes it may use some day: "a maintenance window", "reservation
+    course" (the blocks ahead of it there, as the nodes are stamped)."""
+    found: dict[str, None] = {}
+    for node in nodes:
+        if node.maintenance_in_s is not None:
+            found["a maintenance window"] = None
+        for hold in node.reservations:
+            if hold.name != spec.selector.reservation:
+                found[f"reservation {hold.name}"] = None
+    return " or ".join(list(found)[:3]) or "a reservation"
 
 
 def _when(moment: float) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from masterd.core.scheduler import JobError
 from masterd.runtime.context import FeatureContext
-from shared.accounts import DEFAULT_ACCOUNT, AccountError, AccountTree
+from shared.accounts import AccountTree
 from shared.model import JobSpec, JobState, NodeInventory
 from shared.partitions import Partition, PartitionError, PartitionTable
 
@@ -68,15 +68,7 @@ class Partitions:
     def _account(self, spec: JobSpec) -> str | None:
         """The account the job will run under (None: it cannot; the accounts feature says
         why)."""
-        if not self.tree.enabled:
-            return spec.tenant
-        named: str | None = spec.tenant
-        if named == DEFAULT_ACCOUNT and DEFAULT_ACCOUNT not in self.tree.accounts_of(spec.user):
-            named = None  # left as it was: the user's default (as the accounts feature reads)
-        try:
-            return self.tree.account_for(spec.user, named)
-        except AccountError:
-            return None
+        return self.tree.submission_account(spec.user, spec.tenant)
 
     def _placed(self, spec: JobSpec) -> JobSpec:
         """The spec in the partitions that admit it, with their default time limit."""

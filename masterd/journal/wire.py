@@ -57,6 +57,8 @@ def spec_view(spec: JobSpec) -> dict[str, Any]:
         "nodelist": list(spec.selector.only),
         # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
         "partition": ",".join(spec.selector.partitions),
+        # The reservation it runs in ("" for none).
+        "reservation": spec.selector.reservation,
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
     }
 

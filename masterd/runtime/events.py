@@ -266,6 +266,10 @@ class MasterEvents:
     # "disconnected"/"unreachable" (the node loss feature: "down"); None: the master's own.
     node_status: Provider[[str], str | None] = field(
         default_factory=lambda: Provider("node_status", _no_status))
+    # The status of a connected node taking work when a feature knows better than "ready"
+    # (reservations: "reserved" while one holds it); None: "ready".
+    ready_status: Provider[[str], str | None] = field(
+        default_factory=lambda: Provider("ready_status", _no_status))
     # The inventory the master takes from a node (its hello, the journal on restore, or
     # NodeCommands.reinventory), each feature in turn: GPUs held out of service whatever the
     # node says (GPU faults), the partitions the configuration puts it in. Each step must

@@ -34,6 +34,7 @@ from masterd.features.nodeloss import NodeLoss
 from masterd.features.partitions import Partitions
 from masterd.features.priorityclasses import PriorityClasses
 from masterd.features.relays import Relays
+from masterd.features.reservations import Reservations
 from masterd.features.selffence import NodeLeases
 from masterd.features.timelimits import TimeLimits
 from masterd.runtime.context import FeatureContext
@@ -59,6 +60,7 @@ class Features:
     priority_classes: PriorityClasses
     # Maintenance windows: no job starts where its limit would cross one.
     maintenance: Maintenance
+    reservations: Reservations
     timelimits: TimeLimits  # time limits: default, maximum, warning signal, timeout
     # Job dependencies (--after), then holds, updates and QoS permissions: in this order, so
     # a restore resolves dependencies before holds close their gates.
@@ -113,7 +115,8 @@ def assemble(ctx: FeatureContext, config: MasterConfig) -> tuple[Features, Polic
                         power=PowerManager(ctx), logs=JobLogs(ctx),
                         partitions=Partitions(ctx),
                         priority_classes=PriorityClasses(ctx),
-                        maintenance=Maintenance(ctx), timelimits=TimeLimits(ctx),
+                        maintenance=Maintenance(ctx),
+                        reservations=Reservations(ctx), timelimits=TimeLimits(ctx),
                         dependencies=Dependencies(ctx),
                         controls=JobControls(ctx), nodeloss=NodeLoss(ctx),
                         gpufaults=GpuFaults(ctx), fencing=Fencing(ctx),

@@ -1304,7 +1304,9 @@ class Master:
         if name in self.sessions:
             if self.is_drained(name):
                 return "drained"
-            return "maintenance" if self.core.conditions.has(name, MAINTENANCE) else "ready"
+            if self.core.conditions.has(name, MAINTENANCE):
+                return "maintenance"
+            return self.events.ready_status(name) or "ready"
         told = self.events.node_status(name)  # e.g. "down": declared lost (node loss)
         if told is not None:
             return told

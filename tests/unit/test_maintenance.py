@@ -165,5 +165,5 @@ def test_a_window_is_no_reason_to_refuse_a_job_and_its_wait_says_so() -> None:
     assert core.schedule(1) == []
     assert WaitExplainer(core).why(core.jobs["endless"]) == (
         "no_fit", "without a time limit it would run into a maintenance window on every "
-                  "node up now; it waits until the window has passed (a shorter --time may "
-                  "fit before it)")
+                  "node up now; it waits until it has passed (a shorter --time may fit "
+                  "before it)")
