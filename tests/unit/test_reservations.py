@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from control.reservations import show_reservations
+from control.cli import build_parser
+from control.reservations import run_reservation, show_reservations
+from control.submit import jobs_from_args
+from control.usage import UsageError
 from masterd.api.authn import CLIENT_METHODS
 from masterd.api.rpc import Rpc
 from masterd.core.eligibility import eligible
@@ -267,3 +270,66 @@ def test_a_count_of_gpus_and_a_flex_job(tmp_path: Path) -> None:
         assert master.core.jobs[flex["id"]].spec.selector.flex
 
     scenario(tmp_path, clock, body)
+
+
+def test_reservation_spellings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def jobs(*argv: str) -> list[dict[str, Any]]:
+        args = build_parser().parse_args(["submit", "--user", "nobody", *argv])
+        return jobs_from_args(args)[0]
+
+    assert jobs("--reservation", "course", "--", "true")[0]["selector"] == {
+        "reservation": "course"}
+    with pytest.raises(UsageError, match="--reservation 'a b': not a reservation name"):
+        jobs("--reservation", "a b", "--", "true")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --reservation=demo\ntrue\n")
+    assert jobs(str(script))[0]["selector"] == {"reservation": "demo"}
+    monkeypatch.setenv("SBATCH_RESERVATION", "course")
+    assert jobs(str(script))[0]["selector"] == {"reservation": "course"}
+
+
+class _Client:
+    """Records what trellisctl asks the master and answers as it would."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.calls.append((method, params or {}))
+        view = {"name": "course", "nodes": "n[1-2]", "gpus": 16, "start": T, "end": T + 60,
+                "users": [], "accounts": ["course"], "flags": [], "reason": "",
+                "state": "planned", "jobs": [], "running_across": []}
+        if method == "reservation_list":
+            return {"reservations": [view]}
+        if method == "reservation_delete":
+            return {"reservation": params["name"] if params else ""}
+        return {"reservation": view}
+
+
+def test_trellisctl_reservation_reads_times_and_names() -> None:
+    def run(*argv: str) -> tuple[_Client, str]:
+        client = _Client()
+        args = build_parser().parse_args(["reservation", *argv])
+        _, text = run_reservation(client, args, now=T)  # type: ignore[arg-type]
+        return client, text
+
+    client, text = run("create", "course", "--nodes", "n[1-2]", "--start", "now+1:00:00",
+                       "--duration", "2:00:00", "--accounts", "course,lab",
+                       "--flags", "ignore_jobs")
+    assert client.calls == [("reservation_create", {
+        "name": "course", "start": T + 3600, "duration_s": 7200.0,
+        "accounts": ["course", "lab"], "flags": ["ignore_jobs"], "nodes": "n[1-2]"})]
+    assert text.startswith("reservation course created: n[1-2] (16 GPUs)")
+    client, _ = run("create", "demo", "--gpus", "8", "--gpu-model", "H200", "--start", "now",
+                    "--end", "now+30:00", "--users", "alice")
+    assert client.calls[0][1] == {"name": "demo", "start": T, "end": T + 1800,
+                                  "users": ["alice"], "gpus": 8, "gpu_model": "H200"}
+    client, _ = run("update", "course", "--reason", "moved", "--end", "now+3:00:00")
+    assert client.calls == [("reservation_update", {"name": "course", "end": T + 10800,
+                                                    "reason": "moved"})]
+    client, text = run("list")
+    assert "account:course" in text
+    with pytest.raises(UsageError, match="--start 'soon'"):
+        run("create", "x", "--nodes", "n1", "--start", "soon", "--duration", "1:00:00")
