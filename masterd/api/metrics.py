@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from masterd.service.leader import Leadership
     from masterd.service.master import Master
 
-NODE_STATUSES = ("ready", "drained", "disconnected", "unreachable", "down", "powering_down",
-                 "powered_down", "powering_up")
+NODE_STATUSES = ("ready", "drained", "maintenance", "reserved", "disconnected", "unreachable",
+                 "down", "powering_down", "powered_down", "powering_up")
 PENDING_QUEUES = ("active", "requeued")
 ARRAY_FAMILIES = ("cpu", "small", "large")
 ATTEMPT_RESULTS = ("scheduled", "unschedulable")
@@ -117,6 +117,17 @@ class MasterStateCollector(Collector):
         yield cores_used
         yield GaugeMetricFamily("trellis_nodes_connected", "Nodes with a live session.",
                                 value=len(master.sessions))
+        # Reservations and maintenance windows not over yet, planned or begun.
+        now = self.clock()
+        for name, help_, starts in (
+                ("trellis_reservations", "Reservations not over yet, by state.",
+                 [r.start for r in master.features.reservations.reservations.values()]),
+                ("trellis_maintenance_windows", "Maintenance windows not over yet, by state.",
+                 [w.start for w in master.features.maintenance.windows.values()])):
+            family = GaugeMetricFamily(name, help_, labels=["state"])
+            family.add_metric(["planned"], sum(1 for s in starts if s > now))
+            family.add_metric(["active"], sum(1 for s in starts if s <= now))
+            yield family
         power = master.features.power
         if power.enabled:  # Helios' Cluster Energy Saving
             yield GaugeMetricFamily("trellis_nodes_powered_down",

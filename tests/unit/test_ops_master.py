@@ -301,8 +301,11 @@ async def test_metrics_follow_the_master(daemon: MasterDaemon) -> None:
     assert value(m["trellis_queue_head_wait_seconds"], "trellis_queue_head_wait_seconds") == 0
     # n1 was registered without a session: disconnected, one-hot.
     statuses = {s.labels["status"]: s.value for s in m["trellis_node_status"]}
-    assert statuses == {"ready": 0, "drained": 0, "disconnected": 1, "unreachable": 0,
-                        "down": 0, "powering_down": 0, "powered_down": 0, "powering_up": 0}
+    assert statuses == {"ready": 0, "drained": 0, "maintenance": 0, "reserved": 0,
+                        "disconnected": 1, "unreachable": 0, "down": 0, "powering_down": 0,
+                        "powered_down": 0, "powering_up": 0}
+    assert {s.labels["state"]: s.value for s in m["trellis_reservations"]} == {
+        "planned": 0, "active": 0}
     assert value(m["trellis_node_gpus"], "trellis_node_gpus", node="n1") == 4
 
     # Queue two jobs: with n1 not schedulable (no session) they wait.
