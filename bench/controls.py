@@ -8,10 +8,12 @@ GPUs full of running jobs and 10,000 waiting; then, repeatedly, one running job 
 job arrives, and one pass (``core.schedule``) is timed. Two cores are built alike and
 measured alternately in the same run: **bare**, and **controlled**: 8 partitions (125 nodes
 each, the first the default), 4 priority classes (the top two preempting the lowest), 200
-accounts with GPU quotas and borrowing under quota admission, and every job in a partition,
-a class and an account drawn at random. ``overhead_ratio`` is controlled over bare, p99 of
-the pass's wall time (``*_cpu_ms`` beside it: the thread's CPU time). Reservations and
-per-flavor quotas do not exist yet and are not in it.
+accounts with GPU quotas and borrowing under quota admission, 20 reservations of 5 nodes each
+(half begun, half ahead by 1 to 19 hours, stamped on the nodes as the master stamps them),
+and every job in a partition, a class and an account drawn at random, with a time limit drawn
+from 30 min, 1 h, 4 h or none, and one in 20 in a begun reservation. ``overhead_ratio`` is
+controlled over bare, p99 of the pass's wall time (``*_cpu_ms`` beside it: the thread's CPU
+time). Per-flavor quotas do not exist yet and are not in it.
 
 **preempt** (root, real daemons): a master with classes ``production`` (preempts
 ``preemptible``), ``normal`` and ``preemptible`` (``preempt_grace_s`` 20) and one
@@ -50,13 +52,15 @@ from masterd.core.policy import Start  # noqa: E402
 from masterd.core.quotas import QuotaAdmission  # noqa: E402
 from masterd.core.scheduler import SchedulingCore  # noqa: E402
 from shared.accounts import Account, AccountTree, Resources  # noqa: E402
-from shared.model import Job, JobKind, JobSpec, NodeSelector  # noqa: E402
+from shared.model import Job, JobKind, JobSpec, NodeSelector, ReservationHold  # noqa: E402
 from shared.priorityclasses import ClassTable, PriorityClass  # noqa: E402
 
 NODES = 1000
 WAITING = 10_000
 PARTITIONS = 8
 ACCOUNTS = 200
+RESERVATIONS = 20
+RESERVED_NODES = 5  # per reservation: nodes 0-99
 CLASSES = ClassTable.of([
     PriorityClass("production", 100, preempts=("preemptible",)),
     PriorityClass("high", 50, preempts=("preemptible",)),
@@ -82,6 +86,10 @@ class Cluster:
             node = inventory(i)
             if controlled:
                 node = replace(node, partitions=(f"p{i * PARTITIONS // NODES}",))
+                k = i // RESERVED_NODES
+                if k < RESERVATIONS:  # even ones have begun, odd ones begin in k hours
+                    node = replace(node, reservations=(
+                        ReservationHold(f"r{k}", 0.0 if k % 2 == 0 else 3600.0 * k),))
             self.core.node_up(node)
         if controlled:
             self.core.set_priority_classes(CLASSES)
@@ -97,10 +105,14 @@ class Cluster:
         gpus = rng.choice((1, 1, 2, 4, 8))
         extra: dict[str, Any] = {}
         if self.controlled:
+            reservation = (f"r{2 * rng.randrange(RESERVATIONS // 2)}"
+                           if rng.random() < 0.05 else "")
             extra = {
                 "tenant": f"a{rng.randrange(ACCOUNTS)}",
                 "priority_class": rng.choices(list(CLASSES.classes), weights=(1, 2, 6, 3))[0],
-                "selector": NodeSelector(partitions=(f"p{rng.randrange(PARTITIONS)}",)),
+                "selector": NodeSelector(partitions=() if reservation else (
+                    f"p{rng.randrange(PARTITIONS)}",), reservation=reservation),
+                "time_limit_s": rng.choice((1800.0, 3600.0, 4 * 3600.0, None)),
             }
         spec = JobSpec(name=f"j{self.seq}", command=("true",), user="bench",
                        kind=JobKind.TRAINING, gpus=gpus, cpus=gpus, **extra)

@@ -76,6 +76,8 @@ class JobView:
     nodelist: tuple[str, ...] = ()
     # The partitions it may run in ("gpu,debug"; "" where the cluster has none).
     partition: str = ""
+    # The reservation it runs in ("" for none).
+    reservation: str = ""
     # Its priority class (None where the cluster has none).
     priority_class: str | None = None
     # The array it is a task of, and its index there.

@@ -45,6 +45,7 @@ def reference(job: Job) -> dict[str, Any]:
         "exclude": list(spec.selector.exclude),
         "nodelist": list(spec.selector.only),
         "partition": ",".join(spec.selector.partitions),
+        "reservation": spec.selector.reservation,
         "priority_class": spec.priority_class,
         "array": {"id": spec.array.id, "index": spec.array.index} if spec.array else None,
         "nodes": [a.node for a in placement.allocations] if placement else [],
