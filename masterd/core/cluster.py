@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from shared.model import Job, NodeAllocation, NodeInventory, Placement
+from masterd.core.eligibility import EligibilityKey, eligibility_key, eligible
+from shared.model import Job, JobSpec, NodeAllocation, NodeInventory, Placement
 
 
 class AllocationError(RuntimeError):
@@ -210,6 +211,12 @@ class ClusterSnapshot:
     _index_source: Callable[[], FreeIndex | None] | None = field(
         default=None, init=False, repr=False, compare=False)
     _timed: bool | None = field(default=None, init=False, repr=False, compare=False)
+    # Gives the nodes a job may use as its owner keeps them, or None if its nodes'
+    # inventories have changed since (see eligible_names).
+    _eligible_source: Callable[[JobSpec], frozenset[str] | None] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    _eligible: dict[EligibilityKey, frozenset[str]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def indexed(
@@ -220,6 +227,7 @@ class ClusterSnapshot:
         index_source: Callable[[], FreeIndex | None],
         sizes: NodeSizes,
         timed: bool = False,
+        eligible_source: Callable[[JobSpec], frozenset[str] | None] | None = None,
     ) -> ClusterSnapshot:
         """A snapshot whose derived views are already known.
 
@@ -232,7 +240,21 @@ class ClusterSnapshot:
         object.__setattr__(snapshot, "_schedulable", schedulable)
         object.__setattr__(snapshot, "_index_source", index_source)
         object.__setattr__(snapshot, "_sizes", sizes)
+        object.__setattr__(snapshot, "_eligible_source", eligible_source)
         return snapshot
+
+    def eligible_names(self, spec: JobSpec) -> frozenset[str]:
+        """The nodes ``spec`` may use now (masterd.core.eligibility), of every node: asked
+        once per kind of job (its eligibility key) while the nodes' inventories stay as they
+        are, where a placer would otherwise ask each node again for each shape it tries."""
+        if self._eligible_source is not None:
+            found = self._eligible_source(spec)
+            if found is not None:
+                return found
+        if self._eligible is None:
+            object.__setattr__(self, "_eligible", {})
+        assert self._eligible is not None
+        return _eligible_names(self._eligible, spec, self.timed, self.nodes)
 
     @property
     def timed(self) -> bool:
@@ -341,6 +363,9 @@ class ClusterState:
         # Bumped whenever a node joins, leaves or changes inventory (not on allocations), so
         # answers that depend only on what the cluster is made of can be cached.
         self.inventory_changes = 0
+        # The nodes each kind of job may use, as of ``_eligible_at`` (inventory_changes).
+        self._eligible: dict[EligibilityKey, frozenset[str]] = {}
+        self._eligible_at = -1
         self._allocations: dict[str, Placement] = {}
         # node -> the jobs holding anything there (a dict as an ordered set): a node's own
         # jobs without a scan of every allocation (a reconnect storm is O(parts), not
@@ -684,8 +709,20 @@ class ClusterState:
             return self._index
 
         sizes = {model: dict(by_size) for model, by_size in self._sizes.items()}  # tiny
+        made_at = self.inventory_changes
+
+        def eligible_then(spec: JobSpec) -> frozenset[str] | None:
+            """The nodes ``spec`` may use, shared between snapshots while no inventory has
+            changed since this one was taken (None once one has)."""
+            if self.inventory_changes != made_at:
+                return None
+            if self._eligible_at != made_at:
+                self._eligible.clear()
+                self._eligible_at = made_at
+            return _eligible_names(self._eligible, spec, bool(self._timed_nodes), self._views)
+
         return ClusterSnapshot.indexed(nodes, running, schedulable, index_then, sizes,
-                                       bool(self._timed_nodes))
+                                       bool(self._timed_nodes), eligible_then)
 
     def free_index(self) -> FreeIndex:
         """The live index of schedulable nodes by free GPUs (read-only; for tests)."""
@@ -699,3 +736,19 @@ def _timed(inventory: NodeInventory) -> bool:
     """Whether a job may start on the node depends on its time limit: a maintenance window
     or a reservation is ahead there."""
     return inventory.maintenance_in_s is not None or bool(inventory.reservations)
+
+
+# Kinds of job remembered per inventory version: a bound, should every job differ.
+ELIGIBLE_KINDS = 4096
+
+
+def _eligible_names(cache: dict[EligibilityKey, frozenset[str]], spec: JobSpec, timed: bool,
+                    nodes: Mapping[str, NodeView]) -> frozenset[str]:
+    key = eligibility_key(spec, timed)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= ELIGIBLE_KINDS:
+            cache.clear()
+        found = cache[key] = frozenset(
+            name for name, view in nodes.items() if eligible(spec, view.inventory))
+    return found

@@ -79,6 +79,15 @@ def selects(spec: JobSpec) -> bool:
     return selector is not NO_SELECTOR and selector != NO_SELECTOR
 
 
+EligibilityKey = tuple[bool, "str | None", "float | None", NodeSelector]
+
+
+def eligibility_key(spec: JobSpec, timed: bool) -> EligibilityKey:
+    """What :func:`eligible` reads of a job (its time limit only where some node has a
+    window or a reservation ahead, ``timed``): two jobs with one key may use the same nodes."""
+    return (spec.gpus > 0, spec.gpu_model, spec.time_limit_s if timed else None, spec.selector)
+
+
 PlacementKey = tuple[int, "str | None", int, int, "int | None", NodeSelector]
 
 

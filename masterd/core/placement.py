@@ -162,7 +162,8 @@ class FreePool:
         """Nodes the job may use (masterd.core.eligibility)."""
         if not selects(spec) and not self.timed and (spec.gpus == 0 or spec.gpu_model is None):
             return list(self.views)
-        return [n for n, v in self.views.items() if eligible(spec, v.inventory)]
+        allowed = self._snapshot.eligible_names(spec)
+        return [n for n in self.views if n in allowed]
 
     def ranked(
         self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int,
@@ -172,11 +173,22 @@ class FreePool:
         free GPUs, then fewest free cores, then name); only those ``spec`` may use where it
         selects nodes beyond their model (the index is by model alone)."""
         memory = self.memory
-        views = self.views
-        check = spec if spec is not None and (self.timed or selects(spec)) else None
+        allowed = (self._snapshot.eligible_names(spec)
+                   if spec is not None and (self.timed or selects(spec)) else None)
+        if allowed is None:
+            for name in self.index.ranked(scope, min_gpus, min_cpus):
+                if memory[name] >= min_memory:
+                    yield name
+            return
+        if len(allowed) * 4 < len(self.views):
+            # A few nodes (a partition, a reservation): rank them rather than walk the
+            # index past every other node (the same order: _rank is the index's).
+            views = self.views
+            yield from _rank(self, [n for n in allowed if n in views], min_gpus, min_cpus,
+                             min_memory)
+            return
         for name in self.index.ranked(scope, min_gpus, min_cpus):
-            if memory[name] >= min_memory and (
-                    check is None or eligible(check, views[name].inventory)):
+            if name in allowed and memory[name] >= min_memory:
                 yield name
 
 
