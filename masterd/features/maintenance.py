@@ -13,7 +13,6 @@ the RPC (``trellisctl maintenance``), journalled, and kept in force on the nodes
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import replace
 from typing import Any
@@ -77,17 +76,11 @@ class Maintenance:
         self._tick()
 
     def _tick(self) -> None:
-        """Refresh every REFRESH_S (a window's start and end need no event to take hold)."""
-        if self._ticking:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # a restore outside the loop (tests): the first plan starts it
-            return
-        self._ticking = True
-
-        # A pass refreshes the horizons first (before_pass).
-        self.ctx.tasks.every(REFRESH_S, self.ctx.request_pass, "maintenance-refresh")
+        """Refresh every REFRESH_S (a window's start and end need no event to act): a pass
+        refreshes the horizons first (before_pass). Outside a loop (a restore in tests) the
+        next change starts it."""
+        if not self._ticking:
+            self._ticking = self.ctx.pass_every(REFRESH_S, "maintenance-refresh")
 
     # -- changes (admins) ----------------------------------------------------------------
     async def plan(self, window: Window) -> Window:

@@ -16,7 +16,6 @@ admin through the RPC (``trellisctl reservation``), journalled, and kept in forc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import replace
@@ -130,16 +129,11 @@ class Reservations:
         self._tick()
 
     def _tick(self) -> None:
-        """Refresh every REFRESH_S (a reservation's start and end need no event to act)."""
-        if self._ticking:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # a restore outside the loop (tests): the first create starts it
-            return
-        self._ticking = True
-        # A pass refreshes the stamps and the gates first (before_pass).
-        self.ctx.tasks.every(REFRESH_S, self.ctx.request_pass, "reservations-refresh")
+        """Refresh every REFRESH_S (a reservation's start and end need no event to act):
+        a pass refreshes the stamps and the gates first (before_pass). Outside a loop (a
+        restore in tests) the next change starts it."""
+        if not self._ticking:
+            self._ticking = self.ctx.pass_every(REFRESH_S, "reservations-refresh")
 
     # -- jobs ----------------------------------------------------------------------------
     def accounts_changed(self, tree: AccountTree) -> None:

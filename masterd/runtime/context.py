@@ -276,3 +276,14 @@ class FeatureContext:
     tasks: TaskSupervisor
     events: MasterEvents
     workers: Workers
+
+    def pass_every(self, seconds: float, name: str) -> bool:
+        """Ask for a scheduling pass every ``seconds``, for a feature whose state moves with
+        time alone (maintenance windows, reservations: their ``before_pass`` refresh then
+        runs). False outside a running loop (a restore in tests): ask again later."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        self.tasks.every(seconds, self.request_pass, name)
+        return True
