@@ -47,6 +47,7 @@ from masterd.core.quotas import QuotaAdmission
 from masterd.core.scheduler import SchedulingCore
 from masterd.core.timelimits import deadlines, stop_reason
 from shared.accounts import Account, AccountTree
+from shared.maintenance import Window
 from shared.model import (
     Job,
     JobKind,
@@ -56,6 +57,7 @@ from shared.model import (
     Placement,
     QosClass,
 )
+from sim.calendar import CalendarError, Drain, NodeCalendar
 from sim.metrics import fragmentation
 from sim.truth import (
     JobTruth,
@@ -130,6 +132,11 @@ class SimConfig:
     # Accounts with quotas (docs/governance.md): the master's quota admission on the core,
     # jobs charged to their spec's tenant. Empty: no accounts, as before.
     accounts: tuple[Account, ...] = ()
+    # Maintenance windows (times on the replay's clock) and drains by hand, and the nodes
+    # whose allocated GPUs the result records (sim/calendar.py).
+    windows: tuple[Window, ...] = ()
+    drains: tuple[Drain, ...] = ()
+    watch_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -203,6 +210,10 @@ class SimResult:
     # counts it (a node is busy while any job runs on it).
     busy_nodes: list[tuple[float, int]] = field(default_factory=list)
     total_nodes: int = 0
+    # (time, GPUs allocated on SimConfig.watch_nodes) at every change.
+    watched_usage: list[tuple[float, int]] = field(default_factory=list)
+    # Per maintenance window: the jobs placed on its nodes when it began.
+    running_at_window_start: dict[str, int] = field(default_factory=dict)
 
 
 class Annotator(Protocol):
@@ -262,6 +273,11 @@ class Simulator:
         if len(self.inventories) != len(workload.nodes):
             raise SimulationError(f"workload {workload.name}: duplicate node names")
         self.topology = NodeTopology.of(workload.nodes)
+        try:
+            self.calendar = NodeCalendar(self.core, self.config.windows, self.config.drains,
+                                         self.inventories, self.config.watch_nodes)
+        except CalendarError as exc:
+            raise SimulationError(str(exc)) from None
         self.total_gpus = sum(len(n.gpus) for n in workload.nodes)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
@@ -321,6 +337,8 @@ class Simulator:
                     repair = failures.repair_hours * 3600.0
                     self._push(t + repair, RECOVER, name)
                     t += repair + r.expovariate(1.0 / (failures.mtbf_hours * 3600.0))
+        for when, act in self.calendar.events(self._node_jobs):
+            self._push(when, CALL, act)
         for outage in self.config.outages:
             if outage.node not in self.inventories:
                 raise SimulationError(f"outage names unknown node {outage.node!r}")
@@ -494,6 +512,7 @@ class Simulator:
         return True  # a pass follows, as after any event
 
     def _schedule_once(self, now: float) -> None:
+        self.calendar.before_pass(now)
         decisions = self.core.schedule(now)
         self.passes += 1
         queue = self.core.queue()
@@ -513,6 +532,7 @@ class Simulator:
         record.attempts += 1
         self._queued.discard(job_id)
         self._placements[job_id] = placement
+        self.calendar.placed(placement, now, +1)
         for node in placement.nodes:
             if not self._node_jobs[node]:
                 self._note_busy(now, +1)
@@ -637,6 +657,7 @@ class Simulator:
                 self._reprice(self._runs[other], now)
         placement = self._placements.pop(job_id, None)
         if placement is not None:
+            self.calendar.placed(placement, now, -1)
             for node in placement.nodes:
                 self._node_jobs[node].discard(job_id)
                 if not self._node_jobs[node]:
@@ -829,6 +850,8 @@ class Simulator:
             notes=dict(self.workload.notes),
             busy_nodes=self.busy_nodes,
             total_nodes=len(self.inventories),
+            watched_usage=self.calendar.watched,
+            running_at_window_start=dict(self.calendar.running_at_start),
         )
 
 
