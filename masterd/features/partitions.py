@@ -4,9 +4,10 @@
   (``events.effective_inventory``), so the one eligibility test every placer asks
   (masterd/core/eligibility.py) keeps a job on its partitions' nodes under every policy.
 * At submission a job naming partitions keeps those that admit it (its account, its time
-  limit); one naming none gets the default partition; a job without a time limit gets its
-  partitions' default. A job no named partition admits, or that no node of its partitions
-  could ever hold, is refused with one sentence (``invalid_partition``, ``unsatisfiable``).
+  limit); one naming none gets the default partition (unless it is in a reservation: it runs
+  where the reservation is); a job without a time limit gets its partitions' default. A job
+  no named partition admits, or that no node of its partitions could ever hold, is refused
+  with one sentence (``invalid_partition``, ``unsatisfiable``).
 * SIGHUP re-reads ``[[master.partitions]]``: nodes are re-labelled and a pass runs. A
   partition removed while queued jobs name only it stays until they are gone (logged), so a
   reload never strands a job.
@@ -92,13 +93,15 @@ class Partitions:
                 raise JobError("invalid_partition", f"job {spec.name}: this cluster has no "
                                "partitions; submit without --partition")
             return
+        if _in_reservation(spec):
+            return
         placed = self._placed(spec)
         reason = self.ctx.core.unsatisfiable(placed)
         if reason is not None:
             raise JobError("unsatisfiable", f"job {spec.name}: {reason}")
 
     def with_partitions(self, spec: JobSpec) -> JobSpec:
-        if not self.table.enabled:
+        if not self.table.enabled or _in_reservation(spec):
             return spec
         return self._placed(spec)  # checked at submission: refuses nothing here
 
@@ -169,3 +172,10 @@ class Partitions:
                 if name in rows:
                     rows[name]["running"] += 1
         return list(rows.values())
+
+
+def _in_reservation(spec: JobSpec) -> bool:
+    """A job in a reservation that names no partition runs where the reservation is, under
+    its rules (an admin made it for these users): no default partition is written into it,
+    which would keep it off a reservation made on another partition's nodes."""
+    return bool(spec.selector.reservation) and not spec.selector.partitions

@@ -333,3 +333,31 @@ def test_trellisctl_reservation_reads_times_and_names() -> None:
     assert "account:course" in text
     with pytest.raises(UsageError, match="--start 'soon'"):
         run("create", "x", "--nodes", "n1", "--start", "soon", "--duration", "1:00:00")
+
+
+def test_a_job_in_a_reservation_is_not_confined_to_the_default_partition(
+        tmp_path: Path) -> None:
+    """With partitions, a job naming a reservation and no partition runs where the
+    reservation is: the default partition is not written into it (the reservation here is
+    on the debug partition's node)."""
+    from tests.unit.test_partitions import CONFIG
+
+    clock = Clock(T)
+
+    async def body(master: Master, rpc: Rpc, sessions: Any) -> None:
+        call = rpc.call
+        await as_(ADMIN, lambda: call("reservation_create", {
+            "name": "demo", "nodes": "n3", "start": T, "duration_s": 3600,
+            "users": ["alice"]}))
+        job_view = (await as_(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=8, selector={"reservation": "demo"})})))["job"]
+        assert job_view["partition"] == "" and job_view["reservation"] == "demo"
+        master._run_pass()
+        assert master.core.cluster.allocation(job_view["id"]).nodes == ("n3",)
+        # Naming a partition still confines it: gpu's nodes hold no part of demo.
+        error = await refused(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=1, selector={"reservation": "demo", "partitions": ["gpu"]})}))
+        assert error.code == "unsatisfiable", error
+
+    through_rpc(tmp_path, lambda master, rpc, sessions: body(master, rpc, sessions),
+                {"n1": (4, 8), "n2": (4, 8), "n3": (8, 8)}, clock, partitions=CONFIG)
