@@ -121,6 +121,11 @@ OPTIONS: tuple[Option, ...] = (
            script=(S("reservation", "reservation", env="SBATCH_RESERVATION"),),
            help="run in this reservation (on its nodes, while it lasts; `trellisctl "
                 "reservation list` shows those you may use)"),
+    Option("exclusive", ("--exclusive",), field="spec.selector.exclusive",
+           action="store_const", const=True,
+           script=(S("exclusive", "yes", flag=True, env="SBATCH_EXCLUSIVE"),),
+           help="whole nodes to itself: only nodes running nothing else, with every GPU, "
+                "core and byte of memory of them (Slurm's --exclusive)"),
     Option("user", ("--user",), field="spec.user",
            help="Unix user the job runs as (default: you)"),
     Option("tenant", ("-A", "--account", "--tenant"), field="spec.tenant", metavar="ACCOUNT",

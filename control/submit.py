@@ -115,8 +115,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def selector_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--constraint, --nodelist, --exclude, --partition and --reservation as the spec's
-    selector (only what the command line gives)."""
+    """--constraint, --nodelist, --exclude, --partition, --reservation and --exclusive as
+    the spec's selector (only what the command line gives)."""
     from control.values import (
         parse_constraint,
         parse_hostlist,
@@ -135,6 +135,8 @@ def selector_options(args: argparse.Namespace) -> dict[str, Any]:
         selector["partitions"] = parse_partitions(args.partition)
     if getattr(args, "reservation", None) is not None:
         selector["reservation"] = parse_reservation(args.reservation)
+    if getattr(args, "exclusive", None):
+        selector["exclusive"] = True
     return selector
 
 

@@ -332,6 +332,10 @@ class NodeSelector:
     # on its nodes at any time and on any other node as a job without one.
     reservation: str = bounded("", max_len=63, pattern=f"(|{NAME_PATTERN})")
     flex: bool = False
+    # ... and whole nodes to itself (Slurm's --exclusive): only nodes running nothing else,
+    # every GPU, core and byte of memory of each allocated to it, nothing else placed there
+    # while it runs.
+    exclusive: bool = False
 
     def __str__(self) -> str:
         """How people read it: "with a100&ib, not gpu-03"."""
@@ -348,19 +352,23 @@ class NodeSelector:
             parts.append("in " + "|".join(self.partitions))
         if self.reservation:
             parts.append(f"in reservation {self.reservation}")
+        if self.exclusive:
+            parts.append("whole nodes")
         return ", ".join(parts)
 
     @property
     def only_features(self) -> bool:
         """It selects by ``features`` alone ("with a100&ib" reads without brackets)."""
         return (bool(self.features) and not self.any_features and not self.exclude
-                and not self.partitions and not self.only and not self.reservation)
+                and not self.partitions and not self.only and not self.reservation
+                and not self.exclusive)
 
     @property
     def only_partitions(self) -> bool:
         """It selects by ``partitions`` alone (every job of a cluster with partitions)."""
         return (bool(self.partitions) and not self.features and not self.any_features
-                and not self.exclude and not self.only and not self.reservation)
+                and not self.exclude and not self.only and not self.reservation
+                and not self.exclusive)
 
     @property
     def constraint(self) -> str:

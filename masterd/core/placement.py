@@ -172,6 +172,24 @@ class FreePool:
         """Nodes of ``scope`` with enough free GPUs, cores and memory, best fit first (fewest
         free GPUs, then fewest free cores, then name); only those ``spec`` may use where it
         selects nodes beyond their model (the index is by model alone)."""
+        if spec is not None and spec.selector.exclusive:
+            found = self._ranked(scope, min_gpus, min_cpus, min_memory, spec)
+            yield from (name for name in found if self.idle(name))
+            return
+        yield from self._ranked(scope, min_gpus, min_cpus, min_memory, spec)
+
+    def idle(self, node: str) -> bool:
+        """Nothing is allocated on the node now: an exclusive job may take it whole."""
+        view = self.views[node]
+        inventory = view.inventory
+        return (not view.shared_gpus and len(self.cpus[node]) == len(inventory.cpus)
+                and len(self.gpus[node]) == sum(1 for g in inventory.gpus if g.healthy)
+                and self.memory[node] >= inventory.memory_mib)
+
+    def _ranked(
+        self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int,
+        spec: JobSpec | None,
+    ) -> Iterator[str]:
         memory = self.memory
         allowed = (self._snapshot.eligible_names(spec)
                    if spec is not None and (self.timed or selects(spec)) else None)
@@ -273,7 +291,8 @@ def realise(
         ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node, spec)
     else:
         if pool.timed or selects(spec):  # a caller's list is of the model's nodes
-            candidates = [n for n in candidates if eligible(spec, pool.views[n].inventory)]
+            candidates = [n for n in candidates if eligible(spec, pool.views[n].inventory)
+                          and (not spec.selector.exclusive or pool.idle(n))]
         ranked = _rank(pool, candidates, d_gpn, cpus_per_node, mem_per_node)
     # Know that enough nodes fit before choosing GPUs and cores on any of them.
     first = list(islice(ranked, d_node))

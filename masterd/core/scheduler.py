@@ -23,7 +23,15 @@ from masterd.core.placement import fits_cluster
 from masterd.core.policy import PREEMPTED_PREFIX, Decision, Policy, Preempt, Start
 from masterd.core.preemption import PriorityPreemption
 from masterd.core.profiling import unwrap
-from shared.model import Job, JobSpec, JobState, NodeInventory, Placement, WaitReason
+from shared.model import (
+    Job,
+    JobSpec,
+    JobState,
+    NodeAllocation,
+    NodeInventory,
+    Placement,
+    WaitReason,
+)
 from shared.priorityclasses import ClassTable
 
 # The order in which a job's admission gates are reported (the first one that holds it is
@@ -534,6 +542,11 @@ class SchedulingCore:
         if (self.cluster.timed or selects(job.spec)) \
                 and not self._may_use(job.spec, decision.placement):
             return  # a policy that searched by model alone: it waits, never misplaced
+        if job.spec.selector.exclusive:
+            whole = self._whole_nodes(decision.placement)
+            if whole is None:
+                return  # a node of it runs something else now: it waits for idle nodes
+            decision = Start(decision.job_id, whole)
         if self.preemption is not None:
             holder = self.preemption.permit(job, decision.placement)
             if holder is not None:  # freed for a preemptor: it waits for them
@@ -574,6 +587,23 @@ class SchedulingCore:
             placement = self.preemption.placement(job, self.snapshot())
             if placement is not None:
                 self._start(Start(job_id, placement), {}, held_back, applied)
+
+    def _whole_nodes(self, placement: Placement) -> Placement | None:
+        """An exclusive job's placement widened to every free GPU, core and byte of memory
+        of its nodes (Slurm's --exclusive), or None if any of them holds another job."""
+        allocations = []
+        for alloc in placement.allocations:
+            view = self.cluster.node(alloc.node)
+            if view is None or self.cluster.jobs_on(alloc.node) or view.shared_gpus:
+                return None
+            inventory = view.inventory
+            if len(view.free_cpus) != len(inventory.cpus) or len(view.free_gpus) != sum(
+                    1 for g in inventory.gpus if g.healthy):
+                return None  # held by a part the master does not own (an older run)
+            allocations.append(NodeAllocation(alloc.node, tuple(sorted(view.free_gpus)),
+                                              tuple(sorted(view.free_cpus)),
+                                              view.free_memory_mib))
+        return Placement(tuple(allocations))
 
     def _may_use(self, spec: JobSpec, placement: Placement) -> bool:
         """The node filter on a policy's start: every node of it is one the job may use."""

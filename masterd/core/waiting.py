@@ -150,6 +150,9 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
                     "it)")
         return f"no {node}{model} is up and schedulable now" + (f" ({closed})" if closed
                                                                   else "")
+    if spec.selector.exclusive and not any(pool.idle(n) for n in nodes):
+        return (f"no {node}{model} is idle now (--exclusive takes whole nodes that run "
+                "nothing else)")
     if spec.gpus:
         if max(len(pool.views[n].inventory.gpus) for n in nodes) < spec.gpus:
             where = f" of the nodes it selects ({spec.selector})" if selects(spec) else ""

@@ -105,7 +105,8 @@ class LiquidPass:
         found = self._by_model.get(key)
         if found is None:
             found = [c for c in self.caps.values()
-                     if (spec.gpus == 0 or c.total_gpus > 0) and eligible(spec, c.inventory)]
+                     if (spec.gpus == 0 or c.total_gpus > 0) and eligible(spec, c.inventory)
+                     and (not spec.selector.exclusive or self.pool.idle(c.name))]
             self._by_model[key] = found
             self._groups[key] = similar_groups(found)
         return found
