@@ -316,6 +316,8 @@ COMMANDS: dict[str, tuple[str, Builder]] = {
     "pools": ("SODA's arrays: sizes, use, loans (soda-arrays)", _pools),
     "partitions": ("partitions: their nodes, limits, accounts, free GPUs and jobs (sinfo)",
                    lambda p, c: None),
+    "partition": ("admins: partition update NAME --state up|down|drain|inactive",
+                  lambda p, c: _partition().add_partition(p, c)),
     "priority-classes": ("priority classes: who queues first and who may preempt whom",
                          lambda p, c: None),
     "maintenance": ("maintenance windows: list; admins: plan, remove",
@@ -351,6 +353,12 @@ def _maintenance() -> Any:
     from control import maintenance
 
     return maintenance
+
+
+def _partition() -> Any:
+    from control import partitions
+
+    return partitions
 
 
 def _reservations() -> Any:
@@ -600,6 +608,8 @@ def run(args: argparse.Namespace) -> int:
 
         result = client.call("partitions")
         text = show_partitions(result["partitions"])
+    elif cmd == "partition":
+        result, text = _partition().run_partition(client, args)
     elif cmd == "maintenance":
         result, text = _maintenance().run_maintenance(client, args)
     elif cmd == "reservation":

@@ -107,7 +107,9 @@ def show_partitions(partitions: list[dict[str, Any]]) -> str:
     def limit(seconds: float | None) -> str:
         return "-" if seconds is None else duration(seconds)
 
-    rows = [[p["name"] + ("*" if p["default"] else ""), f"{p['schedulable']}/{p['node_count']}",
+    rows = [[p["name"] + ("*" if p["default"] else ""), p.get("state", "up")
+             + (f" ({p['state_reason']})" if p.get("state_reason") else ""),
+             f"{p['schedulable']}/{p['node_count']}",
              f"{p['free_gpus']}/{p['gpus']}", limit(p["max_time_s"]),
              limit(p["default_time_s"]),
              ",".join(p["allow_accounts"]) or ("not " + ",".join(p["deny_accounts"])
@@ -115,7 +117,7 @@ def show_partitions(partitions: list[dict[str, Any]]) -> str:
              str(p["queued"]), str(p["running"]), p["nodes"]]
             for p in partitions]
     # As sinfo marks it: the default partition's name ends in "*".
-    return render_table(["PARTITION", "UP/NODES", "FREE GPUS", "MAX TIME", "DEFAULT TIME",
+    return render_table(["PARTITION", "STATE", "UP/NODES", "FREE GPUS", "MAX TIME", "DEFAULT TIME",
                          "ACCOUNTS", "QUEUED", "RUNNING", "NODELIST"], rows)
 
 

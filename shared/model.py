@@ -160,6 +160,9 @@ class NodeInventory:
     # the master on the inventory it takes, whatever a node sends.
     partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=256,
                                           pattern=NAME_PATTERN)
+    # Those of them that start no job now (down or inactive; set by the master too).
+    closed_partitions: tuple[str, ...] = bounded(default_factory=tuple, max_len=256,
+                                                 pattern=NAME_PATTERN)
     # Seconds left before its next maintenance window (0: in one; None: none planned),
     # stamped by the master (shared/maintenance.py): a job starts here only if its time
     # limit ends before then.
@@ -179,6 +182,11 @@ class NodeInventory:
     @functools.cached_property
     def partition_set(self) -> frozenset[str]:
         return frozenset(self.partitions)
+
+    @functools.cached_property
+    def open_partition_set(self) -> frozenset[str]:
+        """Its partitions that start jobs now."""
+        return self.partition_set.difference(self.closed_partitions)
 
     @functools.cached_property
     def cpu_ids(self) -> frozenset[int]:

@@ -12,13 +12,17 @@ may run is then what any selector says: the nodes of its partitions
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.hostlist import HostlistError, expand
 from shared.model import NAME_PATTERN
 from shared.schema import bounded
 
 ALL_NODES = "ALL"  # a partition of every node, as Slurm's Nodes=ALL
+# Slurm's partition states: which take new jobs (submissions) and which start them.
+STATES = ("up", "down", "drain", "inactive")
+TAKES_JOBS = frozenset({"up", "down"})
+STARTS_JOBS = frozenset({"up", "drain"})
 
 
 class PartitionError(ValueError):
@@ -44,6 +48,14 @@ class Partition:
     # ... or those whose jobs may not (AllowAccounts / DenyAccounts; one or the other).
     deny_accounts: tuple[str, ...] = bounded(default_factory=tuple, max_len=100_000,
                                              pattern=NAME_PATTERN)
+    # Slurm's State: up; down (jobs queue, none starts); drain (no new jobs, queued ones
+    # start); inactive (neither). An admin's `trellisctl partition update` overrides it.
+    state: str = bounded("up", pattern="up|down|drain|inactive")
+
+    @property
+    def starts_jobs(self) -> bool:
+        """Jobs start on its nodes through it (up or drain)."""
+        return self.state in STARTS_JOBS
 
     @property
     def time_for_unlimited(self) -> int | None:
@@ -52,6 +64,8 @@ class Partition:
 
     def refusal(self, account: str | None, time_limit_s: int | None) -> str | None:
         """Why this partition does not take a job of ``account`` with that limit, or None."""
+        if self.state not in TAKES_JOBS:
+            return f"partition {self.name!r} is {self.state}: it takes no new jobs"
         if account is not None:
             if self.allow_accounts and account not in self.allow_accounts:
                 return (f"partition {self.name!r} admits only accounts "
@@ -129,6 +143,16 @@ class PartitionTable:
         """The partitions ``node`` is in, in configuration order."""
         return tuple(name for name in self.partitions
                      if name in self._everywhere or node in self._members.get(name, ()))
+
+    def closed_on(self, node: str) -> tuple[str, ...]:
+        """Those of ``node``'s partitions that start no job now (down or inactive)."""
+        return tuple(name for name in self.of_node(node)
+                     if not self.partitions[name].starts_jobs)
+
+    def with_states(self, states: dict[str, str]) -> PartitionTable:
+        """The table with these partitions' states (unknown names are left out)."""
+        return PartitionTable.of(replace(p, state=states.get(p.name, p.state))
+                                 for p in self.partitions.values())
 
     def unknown_nodes(self, known: Iterable[str]) -> dict[str, list[str]]:
         """Per partition, the nodes it names that are not in ``known``."""

@@ -11,7 +11,9 @@ from typing import Any
 
 from masterd.features.partitions import Partitions
 from masterd.features.priorityclasses import PriorityClasses
+from shared.model import NAME_PATTERN
 from shared.rpcdoc import returns
+from shared.schema import bounded
 
 
 @dataclass(frozen=True)
@@ -19,9 +21,18 @@ class NoParams:
     pass
 
 
+@dataclass(frozen=True)
+class StateParams:
+    name: str = bounded(pattern=NAME_PATTERN)
+    # up; down (jobs queue, none starts); drain (no new jobs, queued ones start); inactive.
+    state: str = bounded(pattern="up|down|drain|inactive")
+    reason: str = bounded("", max_len=512)
+
+
 PARTITION_VIEW = (
-    "a partition view: `name`, `default` (jobs naming no partition run here), `nodes` (its "
-    "node list as configured, or `ALL`), `max_time_s` and `default_time_s` (nil: none), "
+    "partition view: `name`, `default` (jobs naming no partition run here), `nodes` (its "
+    "node list as configured, or `ALL`), `state` (`up`, `down`, `drain` or `inactive`) and "
+    "`state_reason` (an admin's, when one set it), `max_time_s` and `default_time_s` (nil: none), "
     "`allow_accounts` and `deny_accounts` (empty: every account), and now: `node_count` "
     "(its registered nodes), `schedulable` (those up and schedulable), `gpus`, `free_gpus` "
     "(free on schedulable nodes), `queued` and `running` (jobs that may run there)")
@@ -51,5 +62,14 @@ def method_table(partitions: Partitions, classes: PriorityClasses
         """The cluster's priority classes with their rules and jobs now."""
         return {"classes": classes.listing()}
 
+    @returns(f"`partition`: its {PARTITION_VIEW}.", ("invalid_partition", "forbidden"))
+    async def partition_update(p: StateParams) -> dict[str, Any]:
+        """Set a partition's state (admins only), at once and across restarts and reloads:
+        `down` starts nothing through it (its jobs queue), `drain` takes no new job (its
+        queued ones start), `inactive` both, `up` neither."""
+        await partitions.set_state(p.name, p.state, " ".join(p.reason.split()))
+        return {"partition": next(r for r in partitions.listing() if r["name"] == p.name)}
+
     return {"partitions": (NoParams, partitions_list),
+            "partition_update": (StateParams, partition_update),
             "priority_classes": (NoParams, priority_classes)}

@@ -49,8 +49,10 @@ def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
         return False
     if selector.any_features and node.feature_set.isdisjoint(selector.any_features):
         return False
-    if selector.partitions and node.partition_set.isdisjoint(selector.partitions):
-        return False
+    if selector.partitions and (
+            node.open_partition_set if now else node.partition_set).isdisjoint(
+                selector.partitions):
+        return False  # (a partition down or inactive starts nothing, but will again)
     if selector.only and node.name not in selector.only:
         return False
     return node.name not in selector.exclude

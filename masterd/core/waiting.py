@@ -142,6 +142,11 @@ def _sentence(spec: JobSpec, pool: FreePool, closed: str = "") -> str:
     if not nodes:
         later = [v.inventory for v in pool.views.values()
                  if eligible(spec, v.inventory, now=False)]
+        down = sorted({name for inv in later for name in inv.closed_partitions
+                       if name in spec.selector.partitions})
+        if down:
+            return (f"partition {', '.join(down)} starts no job now (down or inactive); "
+                    "`trellisctl partitions` says why")
         if later:
             limit = ("its time limit" if spec.time_limit_s is not None
                      else "without a time limit it")

@@ -11,6 +11,11 @@
 * SIGHUP re-reads ``[[master.partitions]]``: nodes are re-labelled and a pass runs. A
   partition removed while queued jobs name only it stays until they are gone (logged), so a
   reload never strands a job.
+* A partition's state (Slurm's up, down, drain, inactive), configured or set by an admin at
+  run time (``trellisctl partition update``, journalled, kept across restarts and reloads):
+  nodes are stamped with their partitions that start no job (down, inactive), so nothing
+  starts through one down; one drained or inactive takes no new job (one sentence at
+  submission).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from dataclasses import replace
 from typing import Any
 
 from masterd.core.scheduler import JobError
+from masterd.journal.partitions import load_states, save_state
+from masterd.runtime.caller import caller
 from masterd.runtime.context import FeatureContext
 from shared.accounts import AccountTree
 from shared.model import JobSpec, JobState, NodeInventory
-from shared.partitions import Partition, PartitionError, PartitionTable
+from shared.partitions import STATES, Partition, PartitionError, PartitionTable
 
 log = logging.getLogger("trellis.master.partitions")
 
@@ -31,6 +38,9 @@ log = logging.getLogger("trellis.master.partitions")
 class Partitions:
     def __init__(self, ctx: FeatureContext) -> None:
         self.ctx = ctx
+        # States an admin set at run time (trellisctl partition update): (state, reason,
+        # since) by partition; they win over the configuration's.
+        self.states: dict[str, tuple[str, str, float]] = {}
         self.table = PartitionTable.of(ctx.config().partitions)
         self.tree = AccountTree.of(())
         events = ctx.events
@@ -47,12 +57,50 @@ class Partitions:
     def labelled(self, inventory: NodeInventory) -> NodeInventory:
         """The inventory with the partitions the configuration puts the node in."""
         partitions = self.table.of_node(inventory.name)
-        if inventory.partitions == partitions:
+        closed = self.table.closed_on(inventory.name)
+        if inventory.partitions == partitions and inventory.closed_partitions == closed:
             return inventory
-        return replace(inventory, partitions=partitions)
+        return replace(inventory, partitions=partitions, closed_partitions=closed)
 
     def restored(self) -> None:
+        self.states = self.ctx.journal.now(load_states)
+        if self.states:
+            self._apply(self.table)
+            log.info("partition states set by admins: %s", ", ".join(
+                f"{name}={state}" for name, (state, _, _) in self.states.items()))
         self._warn_unknown_nodes()
+
+    def _apply(self, table: PartitionTable) -> None:
+        """Put ``table``, with the states admins set, in force: re-stamp every node."""
+        states = {name: state for name, (state, _, _) in self.states.items()}
+        table = table.with_states(states)
+        if table == self.table:
+            return
+        self.table = table
+        for view in list(self.ctx.core.nodes()):
+            self.ctx.nodes.reinventory(view.inventory.name)
+        self.ctx.request_pass()
+
+    async def set_state(self, name: str, state: str, reason: str) -> Partition:
+        """An admin's ``trellisctl partition update NAME --state``: journalled, in force at
+        once (a partition down or inactive starts nothing; drain or inactive takes no new
+        job), kept across restarts and reloads."""
+        if name not in self.table.partitions:
+            raise JobError("invalid_partition", f"no partition {name!r} (partitions: "
+                           f"{', '.join(self.table.partitions) or 'none'})")
+        if state not in STATES:
+            raise JobError("invalid_partition", f"partition state {state!r}: one of "
+                           f"{', '.join(STATES)}")
+        who = caller()
+        now = self.ctx.clock()
+        await self.ctx.journal.call(save_state, name, state, reason, now, (
+            now, None, None, "partition_state", {"name": name, "state": state,
+                                                 "reason": reason,
+                                                 "who": "local" if who is None else who.name}))
+        self.states[name] = (state, reason, now)
+        log.info("partition=%s state=%s reason=%r", name, state, reason)
+        self._apply(self.table)
+        return self.table[name]
 
     def _warn_unknown_nodes(self) -> None:
         known = [v.inventory.name for v in self.ctx.core.nodes()]
@@ -127,22 +175,22 @@ class Partitions:
         except PartitionError as exc:  # the configuration was validated: only `kept` can
             log.error("partitions not reconfigured: %s", exc)
             return
-        if table == self.table:
+        before = self.table
+        self._apply(table)
+        if self.table == before:
             return
-        self.table = table
-        for view in list(self.ctx.core.nodes()):
-            self.ctx.nodes.reinventory(view.inventory.name)
         self._warn_unknown_nodes()
         log.info("partitions reconfigured: %s", ", ".join(table.partitions) or "none")
-        self.ctx.request_pass()
 
     # -- the view ------------------------------------------------------------------------
     def listing(self) -> list[dict[str, Any]]:
         """Each partition with its nodes, GPUs and jobs now (``trellisctl partitions``)."""
         rows: dict[str, dict[str, Any]] = {}
         for p in self.table.partitions.values():
+            state = self.states.get(p.name)
             rows[p.name] = {
-                "name": p.name, "default": p.default, "nodes": p.nodes,
+                "name": p.name, "default": p.default, "nodes": p.nodes, "state": p.state,
+                "state_reason": state[1] if state is not None else "",
                 "max_time_s": p.max_time_s, "default_time_s": p.time_for_unlimited,
                 "allow_accounts": list(p.allow_accounts),
                 "deny_accounts": list(p.deny_accounts),

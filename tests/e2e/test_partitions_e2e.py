@@ -1,7 +1,8 @@
 """End-to-end: partitions configured on a real master with real nodes. A job naming none runs
 in the default partition's nodes with its default time; -p (and #SBATCH -p) puts it on the
 other's; what no partition admits is refused with one sentence; trellisctl partitions shows
-them; SIGHUP moves a node into another partition and the next job follows."""
+them; an admin takes one down and up again; SIGHUP moves a node into another partition and
+the next job follows."""
 
 from __future__ import annotations
 
@@ -73,7 +74,19 @@ def test_jobs_run_in_their_partitions_and_a_reload_moves_a_node(
     assert (rows["main"]["default"], rows["main"]["node_count"], rows["main"]["gpus"]) == (
         True, 1, 2)
     code, text, err = ctl_text(cluster, "partitions", json_out=False)
-    assert code == 0 and text.splitlines()[1].split()[:3] == ["main*", "1/1", "2/2"], text
+    assert code == 0 and text.splitlines()[1].split()[:4] == ["main*", "up", "1/1", "2/2"], text
+
+    # An admin takes debug down: its job queues and waits; back up, it runs.
+    code, text, err = ctl_text(cluster, "partition", "update", "debug", "--state", "down",
+                               "--reason", "fabric repair", json_out=False)
+    assert code == 0 and text.strip() == "partition debug is down", (text, err)
+    waiting = submit(cluster, "-p", "debug", "--", "true")
+    cluster.wait_for("the down partition's job to say why it waits", lambda: "starts no job"
+                     in (ctl(cluster, "show", waiting["id"])[1]["job"]["reason"] or ""), 30)
+    code, _, err = ctl(cluster, "partition", "update", "debug", "--state", "up")
+    assert code == 0, err
+    done = wait_states(cluster, [waiting["id"]], {"finished", "failed"}, timeout=60)
+    assert done[waiting["id"]]["nodes"] == [N2], done[waiting["id"]]
 
     # SIGHUP: main now holds both nodes, debug none of them.
     config = cluster.root / "master.toml"

@@ -19,6 +19,7 @@ from control.cli import build_parser
 from control.submit import jobs_from_args
 from control.usage import UsageError
 from control.views import show_partitions
+from masterd.api.authn import CLIENT_METHODS
 from masterd.api.rpc import Rpc
 from masterd.core.policies import REGISTRY, make_policy
 from masterd.core.policy import Start
@@ -157,7 +158,7 @@ def test_the_master_writes_partitions_into_jobs_and_refuses_what_none_admits(
                 listing["gpu"]["running"]) == (2, 8, 2)
         assert (listing["debug"]["free_gpus"], listing["debug"]["default_time_s"]) == (0, 1800)
         text = show_partitions(list(listing.values()))
-        assert text.splitlines()[1].split()[:5] == ["gpu*", "2/2", "6/8", "2h", "1h"]
+        assert text.splitlines()[1].split()[:6] == ["gpu*", "up", "2/2", "6/8", "2h", "1h"]
 
     run(tmp_path, body, partitions=CONFIG)
 
@@ -239,3 +240,48 @@ def test_a_held_job_keeps_its_removed_partition_too(tmp_path: Path) -> None:
         assert set(listing) == {"gpu", "debug"} and listing["debug"]["queued"] == 1
 
     run(tmp_path, body, partitions=CONFIG)
+
+
+def test_an_admin_sets_a_partitions_state_and_it_outlives_a_restart(tmp_path: Path) -> None:
+    """down: jobs queue, nothing starts through it; drain: no new jobs, queued ones start;
+    the state is journalled and a new master keeps it; bad names and states are refused."""
+    async def first(master: Master, rpc: Rpc) -> None:
+        call = rpc.call
+        for params, code in (({"name": "nope", "state": "down"}, "invalid_partition"),
+                             ({"name": "debug", "state": "sideways"}, "invalid_params")):
+            error = await refused(ADMIN, lambda p=params: call("partition_update", p))
+            assert error.code == code, error
+        assert "partition_update" not in CLIENT_METHODS  # an admin's only
+        down = (await as_(ADMIN, lambda: call("partition_update", {
+            "name": "debug", "state": "down", "reason": "fabric repair"})))["partition"]
+        assert (down["state"], down["state_reason"], down["node_count"]) == (
+            "down", "fabric repair", 1)
+        assert master.core.cluster.node("n3").inventory.closed_partitions == ("debug",)
+        # Down: the job is taken and waits; nothing starts on debug's node.
+        queued = (await as_(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=8, selector={"partitions": ["debug"]})})))["job"]
+        master._run_pass()
+        assert master.core.cluster.allocation(queued["id"]) is None
+        shown = (await as_(ALICE, lambda: call("job", {"id": queued["id"]})))["job"]
+        assert shown["reason"] == ("partition debug starts no job now (down or inactive); "
+                                   "`trellisctl partitions` says why"), shown
+        # Drain: no new job, the queued one starts.
+        await as_(ADMIN, lambda: call("partition_update", {"name": "debug", "state": "drain"}))
+        error = await refused(ALICE, lambda: call("submit", {"job": submitted(
+            gpus=1, selector={"partitions": ["debug"]})}))
+        assert error.message == "job j: partition 'debug' is drain: it takes no new jobs"
+        master._run_pass()
+        assert master.core.cluster.allocation(queued["id"]).nodes == ("n3",)
+        await as_(ADMIN, lambda: call("partition_update", {"name": "gpu", "state": "inactive"}))
+
+    run(tmp_path, first, partitions=CONFIG)
+
+    async def second(master: Master, rpc: Rpc) -> None:
+        listing = {p["name"]: p["state"] for p in (await as_(
+            ALICE, lambda: rpc.call("partitions", {})))["partitions"]}
+        assert listing == {"gpu": "inactive", "debug": "drain"}
+        assert master.core.cluster.node("n1").inventory.closed_partitions == ("gpu",)
+        error = await refused(ALICE, lambda: rpc.call("submit", {"job": submitted()}))
+        assert "partition 'gpu' is inactive" in error.message
+
+    run(tmp_path, second, partitions=CONFIG)
