@@ -491,9 +491,11 @@ class NodeAgent:
                                                                 cmd.restarts)))
             return result
         if isinstance(cmd, StopJob):
-            if cmd.preempted and self.preempted_note is not None:
-                self.preempted_note(cmd.job_id, cmd.reason)
-            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason, cmd.restarts, cmd.warning)
+            note = self.preempted_note
+            before = (None if not cmd.preempted or note is None
+                      else lambda: note(cmd.job_id, cmd.reason))
+            self.runner.stop(cmd.job_id, cmd.grace_s, cmd.reason, cmd.restarts, cmd.warning,
+                             before)
             return {}
         if isinstance(cmd, ForgetJob):
             self.runner.forget(cmd.job_id, cmd.restarts)

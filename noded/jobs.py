@@ -465,10 +465,13 @@ class JobRunner:
         return part is not None and part.state == "running"
 
     def stop(self, job_id: str, grace_s: float, reason: str,
-             restarts: int | None = None, warning: str | None = None) -> None:
+             restarts: int | None = None, warning: str | None = None,
+             before: Callable[[], None] | None = None) -> None:
         """Stop a part (``restarts``: only that incarnation or an older one; a newer part
         of the job is left alone): ``warning`` (default SIGTERM) at once, SIGKILL after
-        ``grace_s`` if it still runs."""
+        ``grace_s`` if it still runs. ``before`` runs just before the first signal, once per
+        part: a stop sent again (the master does when a start is reported late) must not
+        redo it (the preemption notice, rewritten while the job reads it, read empty)."""
         part = self.parts.get(job_id)
         if part is None or part.state == "exited":
             return
@@ -486,6 +489,8 @@ class JobRunner:
             return
         part.stopping = True
         log.info("job=%s stopping grace=%.1fs reason=%s", job_id, grace_s, reason)
+        if before is not None:
+            before()
         if part.prepare.spec.launch.pty:
             # A job on a terminal is stopped as a hung-up terminal stops a session: an
             # interactive shell ignores SIGTERM, not SIGHUP.
