@@ -70,7 +70,7 @@ def easy_backfill(snapshot: ClusterSnapshot, queue: Iterable[Job], placement: st
         ends.append((own_end(job.spec, now), chosen))
     if head is None:
         return decisions, None
-    found = shadow(head.spec, snapshot, decisions, ends, placement)
+    found = shadow(head.spec, snapshot, decisions, ends, placement, now)
     if found is None:  # it fits no schedulable node even when all is free: nothing to hold
         return decisions + _plain(jobs, fit_now), None
     start, promised = found
@@ -118,7 +118,7 @@ def _pool_after(snapshot: ClusterSnapshot, decisions: list[Decision]) -> FreePoo
 
 
 def shadow(spec: JobSpec, snapshot: ClusterSnapshot, decisions: list[Decision],
-           ends: list[tuple[float, Placement]], placement: str
+           ends: list[tuple[float, Placement]], placement: str, now: float = 0.0
            ) -> tuple[float, Placement] | None:
     """The earliest instant (the "shadow time") and place at which ``spec`` fits once the
     jobs of ``ends`` release their resources by their limits; None if it never fits."""
@@ -142,6 +142,9 @@ def shadow(spec: JobSpec, snapshot: ClusterSnapshot, decisions: list[Decision],
             free += _release(future, ordered[i][1], shared, spec.gpus > 0, counted)
             i += 1
         if free >= want:
+            # Only nodes it may use then: no window or reservation there that its limit
+            # would cross from that instant (a promise no block will break).
+            future.after = max(0.0, instant - now) if future.timed else 0.0
             chosen = place(spec, future, placement)
             if chosen is not None:
                 return instant, chosen

@@ -28,17 +28,22 @@ def model_fits(wanted: str | None, model: str | None) -> bool:
     return wanted is None or model == wanted
 
 
-def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
+def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True,
+             after: float = 0.0) -> bool:
     """The job may run on this node (``now`` False: at some time, windows aside: whether
-    it could ever run there)."""
+    it could ever run there). ``after``: started that many seconds from now (EASY
+    backfill's promise to its head job), judged as if every block ahead on the node (a
+    window, a reservation) lasted for ever once begun: the stamps carry no end, so a
+    promise is never made that a block would break."""
     if spec.gpus and spec.gpu_model is not None and node.gpu_model != spec.gpu_model:
         return False
     if now and node.maintenance_in_s is not None and (
-            spec.time_limit_s is None or spec.time_limit_s > node.maintenance_in_s):
+            spec.time_limit_s is None
+            or spec.time_limit_s + after > node.maintenance_in_s):
         return False  # it could still run when the node's maintenance window begins
     selector = spec.selector
     if node.reservations and not _reservations_allow(spec, selector.reservation,
-                                                     node.reservations, now):
+                                                     node.reservations, now, after):
         return False
     if selector is NO_SELECTOR:
         return True
@@ -59,17 +64,18 @@ def eligible(spec: JobSpec, node: NodeInventory, *, now: bool = True) -> bool:
 
 
 def _reservations_allow(spec: JobSpec, mine: str, held: tuple[ReservationHold, ...],
-                        now: bool) -> bool:
-    """The reservations holding a node let this job start there: its own once it has begun
-    (a flex job's at any time), any other only if the job ends before it begins."""
+                        now: bool, after: float = 0.0) -> bool:
+    """The reservations holding a node let this job start there (``after`` seconds from
+    now): its own once it has begun (a flex job's at any time), any other only if the job
+    ends before it begins."""
     for hold in held:
         if hold.name == mine:
-            if now and hold.in_s > 0 and not spec.selector.flex:
+            if now and hold.in_s > after and not spec.selector.flex:
                 return False  # its reservation has not begun
             continue
         if not now:
             continue  # some day it is over
-        if spec.time_limit_s is None or spec.time_limit_s > hold.in_s:
+        if spec.time_limit_s is None or spec.time_limit_s + after > hold.in_s:
             return False  # it could still run when another's reservation begins
     return True
 

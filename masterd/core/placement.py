@@ -101,6 +101,9 @@ class FreePool:
         # Some node's eligibility depends on a job's time limit (a maintenance window
         # ahead): every search asks ``eligible``, not only for jobs that select nodes.
         self.timed = snapshot.timed
+        # Seconds from now this pool stands for (EASY backfill's shadow time): with blocks
+        # ahead on nodes, a job may use only the nodes it may use then.
+        self.after = 0.0
 
     @property
     def index(self) -> FreeIndex:
@@ -193,6 +196,11 @@ class FreePool:
         memory = self.memory
         allowed = (self._snapshot.eligible_names(spec)
                    if spec is not None and (self.timed or selects(spec)) else None)
+        if allowed is not None and self.after > 0 and self.timed:
+            assert spec is not None
+            views = self.views
+            allowed = frozenset(n for n in allowed if n in views and eligible(
+                spec, views[n].inventory, after=self.after))
         if allowed is None:
             for name in self.index.ranked(scope, min_gpus, min_cpus):
                 if memory[name] >= min_memory:
@@ -291,7 +299,8 @@ def realise(
         ranked = pool.ranked(model_scope(spec), d_gpn, cpus_per_node, mem_per_node, spec)
     else:
         if pool.timed or selects(spec):  # a caller's list is of the model's nodes
-            candidates = [n for n in candidates if eligible(spec, pool.views[n].inventory)
+            candidates = [n for n in candidates
+                          if eligible(spec, pool.views[n].inventory, after=pool.after)
                           and (not spec.selector.exclusive or pool.idle(n))]
         ranked = _rank(pool, candidates, d_gpn, cpus_per_node, mem_per_node)
     # Know that enough nodes fit before choosing GPUs and cores on any of them.

@@ -209,3 +209,29 @@ def test_backfill_option_is_checked() -> None:
         with pytest.raises(ValueError, match="backfill must be true, false or \"easy\""):
             FifoPolicy(backfill=bad)  # type: ignore[arg-type]
     assert FifoPolicy(backfill=True).reservation is None
+
+
+@pytest.mark.parametrize("block", ["maintenance", "reservation"])
+def test_the_heads_promise_keeps_clear_of_a_block_ahead(block: str) -> None:
+    """The head's shadow start is judged on the nodes it may use then: n1 frees first, at
+    3,600 s, but its window (or another's reservation) begins at 10,800 s and the head's
+    2.5-hour limit would cross it from there; n2 frees at 7,200 s with nothing ahead. Judged
+    as of now (the limit ends before the block) the promise was n1 at 3,600 s: a promise the
+    block breaks."""
+    from dataclasses import replace
+
+    from shared.model import ReservationHold
+
+    policy = FifoPolicy(backfill="easy")
+    core = SchedulingCore(policy)
+    n1 = inventory("n1", gpus=4, cpus=16)
+    core.node_up(replace(n1, maintenance_in_s=10_800.0) if block == "maintenance" else
+                 replace(n1, reservations=(ReservationHold("course", 10_800.0),)))
+    core.node_up(inventory("n2", gpus=4, cpus=16))
+    run(core, job("on-n1", gpus=4, time_limit_s=3_600), now=0.0)
+    run(core, job("on-n2", gpus=4, time_limit_s=7_200), now=0.0)
+    core.submit(job("head", gpus=4, t=1.0, time_limit_s=9_000))
+    assert core.schedule(10.0) == []
+    reservation = policy.reservation
+    assert reservation is not None
+    assert (reservation.start, reservation.nodes) == (7_200.0, ("n2",))
