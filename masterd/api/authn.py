@@ -111,7 +111,13 @@ def warn_if_open(auth: Authenticator, config: MasterConfig) -> None:
                  auth.tls_clients)
 
 
-def _refuse(status: int, code: str, message: str) -> web.Response:
+# Paths read by tools that speak text (Prometheus, curl): a refusal there is text too.
+TEXT_PATHS = frozenset({"/metrics"})
+
+
+def _refuse(status: int, code: str, message: str, path: str = "") -> web.Response:
+    if path in TEXT_PATHS:
+        return web.Response(text=f"{code}: {message}\n", status=status)
     return web.Response(body=encode_rpc_error(None, code, message), status=status,
                         content_type="application/msgpack")
 
@@ -137,7 +143,7 @@ def auth_handler(
                         peer)
             return _refuse(401, "unauthenticated",
                            "missing or invalid credentials: send 'Authorization: Bearer "
-                           "TOKEN' or a client certificate the master trusts")
+                           "TOKEN' or a client certificate the master trusts", request.path)
         request[PRINCIPAL_KEY] = principal
         return await handler(request)
 

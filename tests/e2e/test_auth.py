@@ -366,3 +366,19 @@ def test_unknown_endpoints_need_credentials_and_answer_with_a_coded_error(
     assert status == 405 and allow == "GET"
     # The master still serves the real endpoints afterwards.
     assert call(secured, "admin", "ping")["version"]
+
+
+def test_metrics_without_credentials_is_refused_in_text(secured: LocalCluster) -> None:
+    """curl or Prometheus without a token read a sentence, not a msgpack body."""
+
+    async def go(token: str | None) -> tuple[int, str, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession() as s, s.get(secured.url + "/metrics",
+                                                       headers=headers) as r:
+            return r.status, r.headers.get("Content-Type", ""), await r.text()
+
+    status, kind, text = asyncio.run(go(None))
+    assert status == 401 and kind.startswith("text/plain"), (status, kind)
+    assert text.startswith("unauthenticated: missing or invalid credentials"), text
+    status, kind, text = asyncio.run(go(secured.tokens["admin"]))
+    assert status == 200 and "trellis_queue_length" in text
