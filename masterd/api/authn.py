@@ -47,7 +47,9 @@ CLIENT_METHODS = frozenset({"ping", "submit", "submit_many", "cancel", "jobs", "
                             "share", "report",
                             # Names, nodes and limits: what --partition is chosen by.
                             "partitions", "priority_classes", "maintenance_list",
-                            "reservation_list"})
+                            "reservation_list",
+                            # One job's events, of a job the client may see (masterd.api.rpc).
+                            "events"})
 NODE_METHODS = frozenset({"ping"})
 
 

@@ -449,7 +449,14 @@ class Rpc:
              "`last`: the cursor to pass as `after` next time.")
     async def events(self, p: EventsParams) -> dict[str, Any]:
         """Journal rows after sequence number ``after`` (or the newest ``tail`` ones), oldest
-        first; ``last`` is the cursor to pass as ``after`` next time."""
+        first; ``last`` is the cursor to pass as ``after`` next time. A client follows one
+        job's rows (``job``), of a job it may see (its own, or its accounts')."""
+        accounts_of = self.master.features.accounts.visible_accounts
+        if viewer(accounts_of) is not None:
+            if p.job is None:
+                raise ProtocolError("forbidden", "a client reads the events of one job at a "
+                                    "time: give job (trellisctl events --job ID)")
+            check_visible(await self._job(p.job), "follow", accounts_of)
         if p.tail is not None:
             rows = await self.master.journal.call(Store.events_tail, p.job, p.tail)
         else:
