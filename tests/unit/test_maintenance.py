@@ -23,6 +23,7 @@ from masterd.core.policy import Start
 from masterd.core.scheduler import SchedulingCore
 from masterd.service.master import Master
 from shared.maintenance import REFRESH_S, MaintenanceError, Window, check, horizons
+from shared.model import NodeInventory
 from tests.unit.helpers import inventory, job
 from tests.unit.master_fakes import Clock, through_rpc
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
@@ -57,11 +58,11 @@ def test_horizons_are_conservative_between_refreshes() -> None:
     assert horizons([window], T + 7200) == {}
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_every_policy_keeps_long_jobs_off_a_node_before_its_window(name: str) -> None:
+def long_and_short(name: str, blocked: NodeInventory) -> tuple[SchedulingCore, dict[str, Any]]:
+    """Under policy ``name``: ``blocked`` (4 GPUs: every placer's best fit, with a block an
+    hour ahead) beside b (8 GPUs); a 2-h and a 30-min job. Where each started."""
     core = SchedulingCore(make_policy(name))
-    # a is every placer's best fit (fewest GPUs), and goes into maintenance in an hour.
-    core.node_up(replace(inventory("a", gpus=4, cpus=16), maintenance_in_s=3540.0))
+    core.node_up(blocked)
     core.node_up(inventory("b", gpus=8, cpus=16))
     common: dict[str, Any] = {"iterations": 1000, "batch": 64, "model_type": "resnet50"}
     core.submit(job("long", gpus=2, t=0, time_limit_s=7200, **common))
@@ -70,6 +71,13 @@ def test_every_policy_keeps_long_jobs_off_a_node_before_its_window(name: str) ->
     for now in (10.0, 20.0, 30.0):
         started.update({d.job_id: d.placement.nodes for d in core.schedule(now)
                         if isinstance(d, Start)})
+    return core, started
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_policy_keeps_long_jobs_off_a_node_before_its_window(name: str) -> None:
+    core, started = long_and_short(name, replace(inventory("a", gpus=4, cpus=16),
+                                                 maintenance_in_s=3540.0))
     assert started.get("long") == ("b",), started
     assert not eligible(job("x", time_limit_s=None).spec, core.cluster.node("a").inventory)
     assert eligible(job("x", time_limit_s=3540).spec, core.cluster.node("a").inventory)

@@ -20,9 +20,7 @@ from control.usage import UsageError
 from masterd.api.authn import CLIENT_METHODS
 from masterd.api.rpc import Rpc
 from masterd.core.eligibility import eligible
-from masterd.core.policies import REGISTRY, make_policy
-from masterd.core.policy import Start
-from masterd.core.scheduler import SchedulingCore
+from masterd.core.policies import REGISTRY
 from masterd.service.master import Master
 from shared.model import JobSpec, JobState, NodeSelector, ReservationHold
 from shared.reservations import (
@@ -36,7 +34,7 @@ from shared.reservations import (
 from tests.unit.helpers import inventory, job
 from tests.unit.master_fakes import Clock, exited, started, through_rpc, until
 from tests.unit.test_holds_updates import ADMIN, ALICE, as_, refused
-from tests.unit.test_maintenance import journalled
+from tests.unit.test_maintenance import journalled, long_and_short
 
 T = 1_000_000.0
 BOB = replace(ALICE, name="bob")
@@ -111,19 +109,9 @@ def test_eligibility_inside_and_outside_a_reservation() -> None:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_policy_keeps_other_jobs_off_a_reserved_node(name: str) -> None:
-    core = SchedulingCore(make_policy(name))
-    # a is every placer's best fit (fewest GPUs), and is reserved in an hour.
-    core.node_up(replace(inventory("a", gpus=4, cpus=16),
-                         reservations=(ReservationHold("course", 3540.0),)))
-    core.node_up(inventory("b", gpus=8, cpus=16))
-    common: dict[str, Any] = {"iterations": 1000, "batch": 64, "model_type": "resnet50"}
-    core.submit(job("long", gpus=2, t=0, time_limit_s=7200, **common))
-    core.submit(job("short", gpus=4, t=1, time_limit_s=1800, **common))
-    started_on: dict[str, tuple[str, ...]] = {}
-    for now in (10.0, 20.0, 30.0):
-        started_on.update({d.job_id: d.placement.nodes for d in core.schedule(now)
-                           if isinstance(d, Start)})
-    assert started_on.get("long") == ("b",), started_on
+    _, started = long_and_short(name, replace(
+        inventory("a", gpus=4, cpus=16), reservations=(ReservationHold("course", 3540.0),)))
+    assert started.get("long") == ("b",), started
 
 
 def scenario(tmp_path: Path, clock: Clock, body: Any, **config: Any) -> None:
