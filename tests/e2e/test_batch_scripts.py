@@ -153,9 +153,9 @@ def test_not_a_file_missing_or_unreadable(cluster: LocalCluster, work: Path) -> 
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert job_count(cluster) == before
     # --ignore-unsupported submits, saying what it ignored; the old form is untouched.
-    (work / "extra.sh").write_text("#!/bin/sh\n#SBATCH --exclusive\necho ok\n")
+    (work / "extra.sh").write_text("#!/bin/sh\n#SBATCH --licenses=db\necho ok\n")
     r = ctl(cluster, work, "submit", "--user", USER, "--ignore-unsupported", "extra.sh")
-    assert r.returncode == 0 and "ignoring unsupported --exclusive (line 2)" in r.stderr
+    assert r.returncode == 0 and "ignoring unsupported --licenses (line 2)" in r.stderr
     r = ctl(cluster, work, "submit", "--user", USER, "--", "true")
     assert r.returncode == 0, r.stderr
     assert job_count(cluster) == before + 2

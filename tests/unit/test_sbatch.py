@@ -92,10 +92,12 @@ def test_trellis_lines_win_over_sbatch_lines_whatever_their_order() -> None:
 
 
 def test_unsupported_options_are_named_with_their_lines() -> None:
-    opts = parse("#SBATCH --licenses db -J a --mail-type=END\n#SBATCH --exclusive\n")
+    opts = parse("#SBATCH --licenses db -J a --mail-type=END\n#SBATCH --mail-user=x\n")
     assert opts.unsupported == ["--licenses (line 2)", "--mail-type (line 2)",
-                                "--exclusive (line 3)"]
+                                "--mail-user (line 3)"]
     assert opts.values == {"name": "a"}
+    # Whole nodes are a Trellis option now too.
+    assert parse("#SBATCH --exclusive\n").values == {"exclusive": True}
     # Partitions are a Trellis option now: -p as sbatch spells it, checked at its line.
     assert parse("#SBATCH -p gpu,debug\n").values == {"partition": "gpu,debug"}
     with pytest.raises(UsageError, match=r"line 2: --partition=a,,b: give partition names"):
