@@ -955,8 +955,14 @@ class Master:
         # What strays held there is reported afresh by this hello (_reconcile).
         self.core.cluster.clear_holds(name)
         self.core.node_up(inventory)  # connected: its other conditions (drained, power) stay
-        await self.journal.call(Store.save_node, inventory, self.is_drained(name),
-                                self.clock())
+        try:
+            await self.journal.call(Store.save_node, inventory, self.is_drained(name),
+                                    self.clock())
+        except StoreError as exc:
+            # The row is what a restarted master knows of the node until its next hello;
+            # the node is here now. Refusing the hello (a full disk) would leave it cut off
+            # and its jobs unreconciled for nothing: it is saved at its next hello.
+            log.warning("node=%s inventory not journalled: %s", name, exc)
         # The node's inventory replaces the old one; jobs on what it no longer has are
         # stopped (the fencing feature) before their resources are claimed.
         await self.events.node_inventory.emit(name, inventory)
