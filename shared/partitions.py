@@ -51,6 +51,9 @@ class Partition:
     # Slurm's State: up; down (jobs queue, none starts); drain (no new jobs, queued ones
     # start); inactive (neither). An admin's `trellisctl partition update` overrides it.
     state: str = bounded("up", pattern="up|down|drain|inactive")
+    # Slurm's PriorityTier: jobs that may run here queue before those of lower tiers (after
+    # their priority class); a job in several partitions takes the highest.
+    priority_tier: int = bounded(0, min=-1000, max=1000)
 
     @property
     def starts_jobs(self) -> bool:
@@ -148,6 +151,11 @@ class PartitionTable:
         """Those of ``node``'s partitions that start no job now (down or inactive)."""
         return tuple(name for name in self.of_node(node)
                      if not self.partitions[name].starts_jobs)
+
+    def tiers(self) -> dict[str, int]:
+        """Each partition's priority tier, where one is set (the others' is 0)."""
+        return {name: p.priority_tier for name, p in self.partitions.items()
+                if p.priority_tier}
 
     def with_states(self, states: dict[str, str]) -> PartitionTable:
         """The table with these partitions' states (unknown names are left out)."""

@@ -32,7 +32,8 @@ class StateParams:
 PARTITION_VIEW = (
     "partition view: `name`, `default` (jobs naming no partition run here), `nodes` (its "
     "node list as configured, or `ALL`), `state` (`up`, `down`, `drain` or `inactive`) and "
-    "`state_reason` (an admin's, when one set it), `max_time_s` and `default_time_s` (nil: none), "
+    "`state_reason` (an admin's, when one set it), `priority_tier` (its jobs queue before those "
+    "of lower tiers, after their class), `max_time_s` and `default_time_s` (nil: none), "
     "`allow_accounts` and `deny_accounts` (empty: every account), and now: `node_count` "
     "(its registered nodes), `schedulable` (those up and schedulable), `gpus`, `free_gpus` "
     "(free on schedulable nodes), `queued` and `running` (jobs that may run there)")

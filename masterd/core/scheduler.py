@@ -37,7 +37,7 @@ from shared.priorityclasses import ClassTable
 # The order in which a job's admission gates are reported (the first one that holds it is
 # its wait reason): what the user can act on first.
 _GATE_ORDER = {code.value: rank for rank, code in enumerate(WaitReason)}
-_QueueKey = tuple[int, int, int, float, int]
+_QueueKey = tuple[int, int, int, int, float, int]
 
 
 class Admission(Protocol):
@@ -148,7 +148,24 @@ class SchedulingCore:
         # Priority classes (shared/priorityclasses.py): the queue's first key, and the
         # preemption stage when a class may preempt (masterd/core/preemption.py).
         self.classes = ClassTable()
+        # Partitions' priority tiers (only those not 0): the queue's second key.
+        self.partition_tiers: dict[str, int] = {}
         self.preemption: PriorityPreemption | None = None
+
+    def set_partition_tiers(self, tiers: Mapping[str, int]) -> None:
+        """Install the partitions' priority tiers (Slurm's PriorityTier; only those not 0):
+        the queue is re-ordered by them, after the priority classes."""
+        if dict(tiers) == self.partition_tiers:
+            return
+        self.partition_tiers = dict(tiers)
+        for job_id in list(self._queued):
+            self.reorder(job_id)
+
+    def _partition_tier(self, spec: JobSpec) -> int:
+        tiers = self.partition_tiers
+        if not tiers or not spec.selector.partitions:
+            return 0
+        return max(tiers.get(name, 0) for name in spec.selector.partitions)
 
     def set_priority_classes(self, table: ClassTable) -> None:
         """Install (or replace) the priority classes: the queue is re-ordered by them and
@@ -359,10 +376,10 @@ class SchedulingCore:
             self._note_gate(job)
             return
         self._queued[job.id] = job
-        # Higher priority classes first, then re-queued (preempted) jobs, then the job's
-        # priority, then submission order.
-        key = (-self.classes.tier(job.spec.priority_class), -job.requeue_priority,
-               -job.spec.priority, job.submit_time, next(self._seq))
+        # Higher priority classes first, then higher partition tiers, then re-queued
+        # (preempted) jobs, then the job's priority, then submission order.
+        key = (-self.classes.tier(job.spec.priority_class), -self._partition_tier(job.spec),
+               -job.requeue_priority, -job.spec.priority, job.submit_time, next(self._seq))
         self._order[job.id] = key
         if self.admission is not None:
             self.admission.ordered(job, key)

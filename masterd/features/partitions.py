@@ -42,6 +42,7 @@ class Partitions:
         # since) by partition; they win over the configuration's.
         self.states: dict[str, tuple[str, str, float]] = {}
         self.table = PartitionTable.of(ctx.config().partitions)
+        ctx.jobs.set_partition_tiers(self.table.tiers())
         self.tree = AccountTree.of(())
         events = ctx.events
         events.effective_inventory.provide(self.labelled)
@@ -77,6 +78,7 @@ class Partitions:
         if table == self.table:
             return
         self.table = table
+        self.ctx.jobs.set_partition_tiers(table.tiers())
         for view in list(self.ctx.core.nodes()):
             self.ctx.nodes.reinventory(view.inventory.name)
         self.ctx.request_pass()
@@ -190,6 +192,7 @@ class Partitions:
             state = self.states.get(p.name)
             rows[p.name] = {
                 "name": p.name, "default": p.default, "nodes": p.nodes, "state": p.state,
+                "priority_tier": p.priority_tier,
                 "state_reason": state[1] if state is not None else "",
                 "max_time_s": p.max_time_s, "default_time_s": p.time_for_unlimited,
                 "allow_accounts": list(p.allow_accounts),

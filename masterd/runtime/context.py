@@ -188,6 +188,9 @@ class JobActions:
     # (table): install priority classes in the scheduling core: the queue's order and the
     # preemption stage (SchedulingCore.set_priority_classes; masterd.features.priorityclasses).
     set_priority_classes: Callable[[ClassTable], None] = lambda table: None
+    # (tiers): the partitions' priority tiers, the queue's order after the classes
+    # (SchedulingCore.set_partition_tiers; masterd.features.partitions).
+    set_partition_tiers: Callable[[Mapping[str, int]], None] = lambda tiers: None
 
 
 @dataclass(frozen=True)

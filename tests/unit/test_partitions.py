@@ -285,3 +285,36 @@ def test_an_admin_sets_a_partitions_state_and_it_outlives_a_restart(tmp_path: Pa
         assert "partition 'gpu' is inactive" in error.message
 
     run(tmp_path, second, partitions=CONFIG)
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "drf"])
+def test_a_higher_tier_partitions_job_queues_first_on_shared_nodes(name: str) -> None:
+    """Slurm's PriorityTier: two partitions over one node; the job of the higher tier,
+    submitted later, takes the node first. Classes come before tiers, priority after."""
+    core = SchedulingCore(make_policy(name))
+    core.node_up(replace(inventory("n1", gpus=4, cpus=16), partitions=("low", "high")))
+    core.set_partition_tiers(PartitionTable.of([
+        Partition("low", "n1", default=True), Partition("high", "n1", priority_tier=10),
+    ]).tiers())
+    common: dict[str, Any] = {"iterations": 1000, "batch": 64, "model_type": "resnet50"}
+    for job_id, t, partition in (("early", 0.0, "low"), ("late", 1.0, "high")):
+        made = job(job_id, gpus=4, t=t, **common)
+        core.submit(replace(made, spec=replace(made.spec, selector=NodeSelector(
+            partitions=(partition,)))))
+    assert [j.id for j in core.queue()] == ["late", "early"]
+    started = [d.job_id for d in core.schedule(2.0) if isinstance(d, Start)]
+    assert started == ["late"]
+    core.set_partition_tiers({})  # tiers gone: submission order again
+    assert [j.id for j in core.queue()] == ["early"]
+
+
+def test_the_master_installs_tiers_and_lists_them(tmp_path: Path) -> None:
+    tiered = [dataclasses.asdict(replace(GPU, priority_tier=5)), dataclasses.asdict(DEBUG)]
+
+    async def body(master: Master, rpc: Rpc) -> None:
+        assert master.core.partition_tiers == {"gpu": 5}
+        listing = {p["name"]: p["priority_tier"] for p in (await as_(
+            ALICE, lambda: rpc.call("partitions", {})))["partitions"]}
+        assert listing == {"gpu": 5, "debug": 0}
+
+    run(tmp_path, body, partitions=tiered)
