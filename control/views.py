@@ -114,11 +114,11 @@ def show_partitions(partitions: list[dict[str, Any]]) -> str:
              limit(p["default_time_s"]),
              ",".join(p["allow_accounts"]) or ("not " + ",".join(p["deny_accounts"])
                                                if p["deny_accounts"] else "all"),
-             str(p["queued"]), str(p["running"]), p["nodes"]]
+             str(p.get("priority_tier", 0)), str(p["queued"]), str(p["running"]), p["nodes"]]
             for p in partitions]
     # As sinfo marks it: the default partition's name ends in "*".
     return render_table(["PARTITION", "STATE", "UP/NODES", "FREE GPUS", "MAX TIME", "DEFAULT TIME",
-                         "ACCOUNTS", "QUEUED", "RUNNING", "NODELIST"], rows)
+                         "ACCOUNTS", "TIER", "QUEUED", "RUNNING", "NODELIST"], rows)
 
 
 def show_priority_classes(classes: list[dict[str, Any]]) -> str:
