@@ -93,7 +93,9 @@ async def test_a_gpus_busy_refusal_is_reconciled_and_not_counted(tmp_path: Path)
         job = await master.submit(one_gpu())
         # Refused once, then the master asked what holds GPU 0, held it and stopped the
         # stray; the job waits in the queue, not failed (max_start_failures is 1).
-        await until("the stray stopped", lambda: node.commands("stop_job"))
+        # (The stray's stop may go out before the refused start is settled: wait for both.)
+        await until("the stray stopped and the job queued again", lambda: node.commands(
+            "stop_job") and job.state is JobState.QUEUED)
         assert node.commands("list_parts")
         stop = node.commands("stop_job")[0]
         assert (stop.job_id, stop.restarts) == ("ghost", 2)
