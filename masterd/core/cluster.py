@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -44,6 +45,22 @@ class NodeView:
     @property
     def total_gpus(self) -> int:
         return len(self.inventory.gpus)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is allocated on the node (see :func:`idle_node`)."""
+        return idle_node(self, self.free_gpus, self.free_cpus, self.free_memory_mib)
+
+
+def idle_node(view: NodeView, free_gpus: AbstractSet[int], free_cpus: AbstractSet[int],
+              free_memory_mib: int) -> bool:
+    """With these free resources, nothing is allocated on the node (every healthy GPU, every
+    core and all its memory free, no GPU shared): an exclusive job may take it whole. One
+    test for the pool's search (its own free sets mid-pass) and the core's start."""
+    inventory = view.inventory
+    return (not view.shared_gpus and len(free_cpus) == len(inventory.cpus)
+            and len(free_gpus) == sum(1 for g in inventory.gpus if g.healthy)
+            and free_memory_mib >= inventory.memory_mib)
 
 
 class AnyModel(enum.Enum):

@@ -17,7 +17,14 @@ from collections.abc import Set as AbstractSet
 from itertools import chain, islice
 from typing import Any, TypeVar
 
-from masterd.core.cluster import ANY_MODEL, ClusterSnapshot, FreeIndex, ModelScope, NodeView
+from masterd.core.cluster import (
+    ANY_MODEL,
+    ClusterSnapshot,
+    FreeIndex,
+    ModelScope,
+    NodeView,
+    idle_node,
+)
 from masterd.core.eligibility import eligible, missing_features, selects
 from shared.model import JobSpec, NodeAllocation, Placement
 
@@ -183,11 +190,8 @@ class FreePool:
 
     def idle(self, node: str) -> bool:
         """Nothing is allocated on the node now: an exclusive job may take it whole."""
-        view = self.views[node]
-        inventory = view.inventory
-        return (not view.shared_gpus and len(self.cpus[node]) == len(inventory.cpus)
-                and len(self.gpus[node]) == sum(1 for g in inventory.gpus if g.healthy)
-                and self.memory[node] >= inventory.memory_mib)
+        return idle_node(self.views[node], self.gpus[node], self.cpus[node],
+                         self.memory[node])
 
     def _ranked(
         self, scope: ModelScope, min_gpus: int, min_cpus: int, min_memory: int,

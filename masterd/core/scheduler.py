@@ -611,12 +611,9 @@ class SchedulingCore:
         allocations = []
         for alloc in placement.allocations:
             view = self.cluster.node(alloc.node)
-            if view is None or self.cluster.jobs_on(alloc.node) or view.shared_gpus:
+            # (Not idle also when a part the master does not own holds something there.)
+            if view is None or self.cluster.jobs_on(alloc.node) or not view.idle:
                 return None
-            inventory = view.inventory
-            if len(view.free_cpus) != len(inventory.cpus) or len(view.free_gpus) != sum(
-                    1 for g in inventory.gpus if g.healthy):
-                return None  # held by a part the master does not own (an older run)
             allocations.append(NodeAllocation(alloc.node, tuple(sorted(view.free_gpus)),
                                               tuple(sorted(view.free_cpus)),
                                               view.free_memory_mib))
