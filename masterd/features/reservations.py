@@ -80,8 +80,10 @@ class Reservations:
                 return "maintenance" if reservation.maint else "reserved"
         return None
 
-    def refresh(self) -> None:
-        """Re-stamp the nodes and the gates as time passes; end reservations that are over."""
+    def refresh(self, regate: bool = False) -> None:
+        """Re-stamp the nodes and the gates as time passes; end reservations that are over.
+        The queued jobs in reservations are gated again when one begins or ends, or
+        (``regate``) when the reservations themselves changed."""
         now = self.ctx.clock()
         for reservation in [r for r in self.reservations.values() if r.end <= now]:
             del self.reservations[reservation.name]
@@ -93,7 +95,7 @@ class Reservations:
                 self.ctx.nodes.reinventory(node)  # only nodes whose stamp moved
         phase = {r.name: "active" if r.start <= now else "planned"
                  for r in self.reservations.values()}
-        if phase != self._phase:
+        if phase != self._phase or regate:
             self._phase = phase
             self._gate_all()
 
@@ -121,9 +123,7 @@ class Reservations:
 
     def restored(self) -> None:
         self.reservations = {r.name: r for r in self.ctx.journal.now(load_reservations)}
-        self._phase = {}  # every queued job in a reservation is gated afresh
-        self.refresh()
-        self._gate_all()
+        self.refresh(regate=True)  # every queued job in a reservation is gated afresh
         if self.reservations:
             log.info("reservations: %s", ", ".join(self.reservations))
         self._tick()
@@ -279,8 +279,7 @@ class Reservations:
         self.reservations[reservation.name] = reservation
         log.info("reservation %s %s on %s from %s to %s for %s", r.name, kind.split("_")[1],
                  r.nodes, r.start, r.end, r.who())
-        self._phase = {}  # a change can move its start: gate its jobs afresh
-        self.refresh()
+        self.refresh(regate=True)  # a change can move its start: gate its jobs afresh
         self._tick()
         self.ctx.request_pass()
 
