@@ -105,21 +105,9 @@ class Reservations:
             selector = job.spec.selector
             if (selector.reservation == reservation.name and not selector.flex
                     and job.state is JobState.RUNNING):
-                self.ctx.tasks.spawn(self._stop(job, reservation),
-                                     name=f"reservation-stop-{job.id}")
-
-    async def _stop(self, job: Job, reservation: NodeReservation) -> None:
-        if job.stopping or job.state.terminal:
-            return
-        stop = self.ctx.jobs.stop
-        if stop is None:
-            raise RuntimeError("this master cannot stop jobs into a state of their own")
-        reason = f"its reservation {reservation.name} ended"
-        log.info("job=%s %s; stopping it", job.id, reason)
-        try:
-            await stop(job.id, JobState.TIMEOUT, reason)
-        except JobError as exc:  # it ended meanwhile
-            log.debug("job=%s not stopped at its reservation's end: %s", job.id, exc)
+                self.ctx.tasks.spawn(
+                    self.ctx.jobs.time_out(job, f"its reservation {reservation.name} ended"),
+                    name=f"reservation-stop-{job.id}")
 
     def restored(self) -> None:
         self.reservations = {r.name: r for r in self.ctx.journal.now(load_reservations)}

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from masterd.core.scheduler import JobError, Transition
+from masterd.core.scheduler import Transition
 from masterd.core.timelimits import (
     STOP,
     LimitSchedule,
@@ -166,23 +166,11 @@ class TimeLimits:
             if job is None or job.state is not JobState.RUNNING:
                 continue
             if action == STOP:
-                self.ctx.tasks.spawn(self._stop(job), name=f"timelimit-stop-{job_id}")
+                self.ctx.tasks.spawn(self.ctx.jobs.time_out(job, stop_reason(job.spec)),
+                                     name=f"timelimit-stop-{job_id}")
             else:
                 self.ctx.tasks.spawn(self._warn(job), name=f"timelimit-warn-{job_id}")
         self._reset_timer()
-
-    async def _stop(self, job: Job) -> None:
-        if job.stopping or job.state.terminal:
-            return  # being cancelled or preempted already: that ending stands
-        stop = self.ctx.jobs.stop
-        if stop is None:
-            raise RuntimeError("this master cannot stop jobs into a state of their own")
-        reason = stop_reason(job.spec)
-        log.info("job=%s %s; stopping it", job.id, reason)
-        try:
-            await stop(job.id, JobState.TIMEOUT, reason)
-        except JobError as exc:  # it ended meanwhile
-            log.debug("job=%s not stopped at its limit: %s", job.id, exc)
 
     async def _warn(self, job: Job) -> None:
         warning = job.spec.stop.warning

@@ -25,7 +25,7 @@ from masterd.core.cluster import ClusterSnapshot, NodeView
 from masterd.core.policy import Policy, Preempt
 from masterd.core.profiling import unwrap
 from masterd.core.quotas import QuotaAdmission
-from masterd.core.scheduler import SchedulingCore
+from masterd.core.scheduler import JobError, SchedulingCore
 from masterd.journal.journal import Journal
 from masterd.journal.store import Store, StoreError
 from masterd.runtime.events import MasterEvents
@@ -191,6 +191,20 @@ class JobActions:
     # (tiers): the partitions' priority tiers, the queue's order after the classes
     # (SchedulingCore.set_partition_tiers; masterd.features.partitions).
     set_partition_tiers: Callable[[Mapping[str, int]], None] = lambda tiers: None
+
+    async def time_out(self, job: Job, reason: str) -> None:
+        """Stop a running job into ``timeout`` with ``reason`` (its time limit, its
+        reservation's end): SIGTERM, SIGKILL after its grace. A job ending already (being
+        cancelled or preempted) keeps that ending; one that ended meanwhile is left."""
+        if job.stopping or job.state.terminal:
+            return
+        if self.stop is None:
+            raise RuntimeError("this master cannot stop jobs into a state of their own")
+        log.info("job=%s %s; stopping it", job.id, reason)
+        try:
+            await self.stop(job.id, JobState.TIMEOUT, reason)
+        except JobError as exc:
+            log.debug("job=%s not stopped (%s): %s", job.id, reason, exc)
 
 
 @dataclass(frozen=True)
