@@ -16,6 +16,7 @@ admin through the RPC (``trellisctl reservation``), journalled, and kept in forc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import replace
@@ -87,8 +88,7 @@ class Reservations:
         now = self.ctx.clock()
         for reservation in [r for r in self.reservations.values() if r.end <= now]:
             del self.reservations[reservation.name]
-            self._stop_jobs(reservation)
-            self.ctx.tasks.spawn(self._forget(reservation, "reservation_ended"))
+            self.ctx.tasks.spawn(self._end(reservation), name=f"reservation-end-{reservation.name}")
         before, self._holds = self._holds, holds(self.reservations.values(), now)
         for node in before.keys() | self._holds.keys():
             if before.get(node, ()) != self._holds.get(node, ()):
@@ -99,15 +99,17 @@ class Reservations:
             self._phase = phase
             self._gate_all()
 
-    def _stop_jobs(self, reservation: NodeReservation) -> None:
-        """Its jobs still running are stopped at its end (a flex job runs on)."""
-        for job in list(self.ctx.core.active_jobs().values()):
-            selector = job.spec.selector
-            if (selector.reservation == reservation.name and not selector.flex
-                    and job.state is JobState.RUNNING):
-                self.ctx.tasks.spawn(
-                    self.ctx.jobs.time_out(job, f"its reservation {reservation.name} ended"),
-                    name=f"reservation-stop-{job.id}")
+    async def _end(self, reservation: NodeReservation) -> None:
+        """Its jobs still running are stopped (a flex job runs on), and only then is it
+        forgotten: a master that dies in between still has the reservation in its journal
+        and ends it again when restored, rather than leaving its jobs running past it."""
+        reason = f"its reservation {reservation.name} ended"
+        await asyncio.gather(*(
+            self.ctx.jobs.time_out(job, reason)
+            for job in list(self.ctx.core.active_jobs().values())
+            if job.spec.selector.reservation == reservation.name
+            and not job.spec.selector.flex and job.state is JobState.RUNNING))
+        await self._forget(reservation, "reservation_ended")
 
     def restored(self) -> None:
         self.reservations = {r.name: r for r in self.ctx.journal.now(load_reservations)}
